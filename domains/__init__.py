@@ -1,0 +1,1 @@
+"""Bundled domains (installed as `pivot_envs.domains`); each folder is one domain plugin."""

@@ -1,0 +1,5 @@
+import sys
+
+from pivot_envs.cli import main
+
+sys.exit(main())

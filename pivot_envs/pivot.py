@@ -1,0 +1,204 @@
+"""The pivot record: one assistant turn of an expert trajectory, with the state before it.
+
+A record is one JSONL line, stable across the whole pipeline (extract -> profile -> filter ->
+train -> eval). Fields follow the paper: `messages` is the state s_t, `expert` the expert action
+a*_t, and `profile` the reference policy's statistics at s_t (Eq. 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class PivotFormatError(ValueError):
+    """A pivot record that cannot be read; the message names the file, line and reason."""
+
+
+@dataclass
+class Profile:
+    """Offline profile of a candidate under a frozen reference policy (paper Eq. 3).
+
+    `rewards` are functional rewards, `strict_rewards` the exact-match ones, one per sample;
+    `valid[i]` is False where the infrastructure (not the action) failed. `mean` and `var`
+    are over the valid samples only (population variance, as in Eq. 3).
+    """
+
+    k: int
+    rewards: list[float]
+    mean: float
+    var: float
+    policy: str = ""
+    strict_rewards: list[float] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
+    valid: list[bool] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_samples(
+        cls,
+        rewards: list[float],
+        *,
+        policy: str = "",
+        strict_rewards: list[float] | None = None,
+        categories: list[str] | None = None,
+        valid: list[bool] | None = None,
+        actions: list[str] | None = None,
+    ) -> Profile:
+        """Build a profile, computing mean and variance over the valid samples."""
+        valid = list(valid) if valid is not None else [True] * len(rewards)
+        kept = [r for r, ok in zip(rewards, valid) if ok]
+        mean = sum(kept) / len(kept) if kept else 0.0
+        var = sum((r - mean) ** 2 for r in kept) / len(kept) if kept else 0.0
+        return cls(
+            k=len(rewards),
+            rewards=list(rewards),
+            mean=mean,
+            var=var,
+            policy=policy,
+            strict_rewards=list(strict_rewards or []),
+            categories=list(categories or []),
+            valid=valid,
+            actions=list(actions or []),
+        )
+
+    @property
+    def n_valid(self) -> int:
+        return sum(1 for ok in self.valid if ok) if self.valid else self.k
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Pivot:
+    """A pivot candidate (s_t, a*_t).
+
+    id:       stable and unique: "<trajectory id>/t<assistant-turn index>".
+    domain:   the domain name ("tool-use", "terminal", ...).
+    messages: the prefix s_t in OpenAI chat form (system/user/assistant/tool messages).
+    tools:    OpenAI function tool schemas ({"type": "function", "function": {...}}).
+    expert:   the expert assistant message a*_t.
+    context:  domain data (tool backend, sandbox image and setup, ...).
+    source:   {"trajectory": id, "turn": index, "reward": source reward or None, "format": ...}.
+    profile:  the reference policy's profile, once profiled.
+    """
+
+    id: str
+    domain: str
+    messages: list[dict[str, Any]]
+    expert: dict[str, Any]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    profile: Profile | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSONL form of this record."""
+        data = {
+            "id": self.id,
+            "domain": self.domain,
+            "messages": self.messages,
+            "tools": self.tools,
+            "expert": self.expert,
+            "context": self.context,
+            "source": self.source,
+        }
+        if self.profile is not None:
+            data["profile"] = self.profile.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pivot:
+        """Read the JSONL form; raises PivotFormatError naming the missing or bad field."""
+        if not isinstance(data, dict):
+            raise PivotFormatError(f"a pivot record must be a JSON object, got {type(data).__name__}")
+        for name, kind in (("id", str), ("messages", list), ("expert", dict)):
+            if name not in data:
+                raise PivotFormatError(f"pivot record has no '{name}' field")
+            if not isinstance(data[name], kind):
+                raise PivotFormatError(f"pivot field '{name}' must be {kind.__name__}, got {type(data[name]).__name__}")
+        profile = data.get("profile")
+        return cls(
+            id=data["id"],
+            domain=str(data.get("domain", "")),
+            messages=data["messages"],
+            expert=data["expert"],
+            tools=list(data.get("tools") or []),
+            context=dict(data.get("context") or {}),
+            source=dict(data.get("source") or {}),
+            profile=Profile.from_dict(profile) if isinstance(profile, dict) else None,
+        )
+
+    @property
+    def trajectory_id(self) -> str:
+        """The source trajectory's id (the split unit: never split a trajectory's turns)."""
+        return str(self.source.get("trajectory", self.id.rsplit("/t", 1)[0]))
+
+    @property
+    def observation(self) -> dict[str, Any]:
+        """The env observation at this pivot: {"messages", "tools"}."""
+        return {"messages": self.messages, "tools": self.tools}
+
+
+def iter_pivots(path: str | os.PathLike[str]) -> Iterator[Pivot]:
+    """Stream pivots from a JSONL file; a bad line raises PivotFormatError with its line number."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Pivot.from_dict(json.loads(line))
+            except (json.JSONDecodeError, PivotFormatError) as error:
+                raise PivotFormatError(f"{path}:{number}: {error}") from None
+
+
+def read_pivots(path: str | os.PathLike[str]) -> list[Pivot]:
+    """All pivots of a JSONL file (see iter_pivots)."""
+    return list(iter_pivots(path))
+
+
+def write_pivots(pivots: Iterable[Pivot], path: str | os.PathLike[str]) -> int:
+    """Write pivots as JSONL, streaming; returns how many were written."""
+    count = 0
+    with PivotWriter(path, append=False) as writer:
+        for pivot in pivots:
+            writer.write(pivot)
+            count += 1
+    return count
+
+
+class PivotWriter:
+    """Appends pivots to a JSONL file, each line flushed and fsynced at once (nothing lost on a crash)."""
+
+    def __init__(self, path: str | os.PathLike[str], append: bool = True, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._handle = self.path.open("a" if append else "w", encoding="utf-8")
+
+    def write(self, pivot: Pivot | dict[str, Any]) -> None:
+        record = pivot.to_dict() if isinstance(pivot, Pivot) else pivot
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        if self.fsync:
+            os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> PivotWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,52 @@
+"""The Policy protocol: what generation backends (adapters) implement.
+
+The core uses policies for profiling and judging; `pivot_envs.adapters` implements them (hf,
+openai, vllm). A chat is an env observation: {"messages": [...], "tools": [...]}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    """How to sample: temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled action: its text, the sampled token ids and their logprobs under the policy.
+
+    `message` is set when the backend already parsed the turn (an OpenAI-compatible server's
+    assistant message with `tool_calls`); envs accept either the text or the message.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    message: dict[str, Any] | None = None
+    finish_reason: str = ""
+
+    @property
+    def action(self) -> str | dict[str, Any]:
+        """What to pass to `env.step`."""
+        return self.message if self.message is not None else self.text
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Generates n completions for each chat."""
+
+    name: str
+
+    def generate(
+        self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]: ...

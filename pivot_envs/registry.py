@@ -1,0 +1,138 @@
+"""Domain plugins: the entry-point group `pivot_envs.domains`, registered with gymnasium lazily.
+
+An entry point `NAME = module:ATTR` registers the env id `pivot/NAME-v0`. The module is imported
+by `gym.make`, not by `import pivot_envs`; at import time we only check that the module can be
+found, and a broken plugin produces a warning that names it, never an import error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import gymnasium as gym
+
+GROUP = "pivot_envs.domains"
+NAMESPACE = "pivot"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+@dataclass
+class DomainSpec:
+    """What a domain plugin exposes through its entry point.
+
+    name:         the domain name; the env id is `pivot/<name>-v0`.
+    env_class:    a PivotEnv subclass; `gym.make` passes its keyword arguments to it.
+    description:  one line for `pivotrl domains` and the docs.
+    verifiers:    the verifier names the env accepts (informational; the env class decides).
+    max_episode_steps: always 1: a pivot episode is one action.
+    """
+
+    name: str
+    env_class: type
+    description: str = ""
+    verifiers: tuple[str, ...] = ("strict",)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class PluginError(RuntimeError):
+    """A domain plugin could not be loaded; the message names the plugin and the cause."""
+
+
+def env_id(name: str) -> str:
+    return f"{NAMESPACE}/{name}-v0"
+
+
+def load_domain(entry_point: EntryPoint) -> DomainSpec:
+    """Import a domain's module and return its DomainSpec (raises PluginError naming it)."""
+    try:
+        spec = entry_point.load()
+    except Exception as error:
+        raise PluginError(f"domain plugin {entry_point.name!r} ({entry_point.value}) failed to load: {error!r}") from error
+    if not isinstance(spec, DomainSpec):
+        raise PluginError(
+            f"domain plugin {entry_point.name!r} ({entry_point.value}) is a {type(spec).__name__}, not a DomainSpec"
+        )
+    return spec
+
+
+def make_domain_env(entry_point_value: str, name: str, **kwargs: Any) -> gym.Env:
+    """The gymnasium entry point of every registered domain: load the plugin, build its env."""
+    spec = load_domain(EntryPoint(name=name, value=entry_point_value, group=GROUP))
+    return spec.env_class(**{**spec.kwargs, **kwargs})
+
+
+def _module_findable(value: str) -> bool:
+    module = value.split(":", 1)[0].strip()
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def discover() -> dict[str, EntryPoint]:
+    """The domain entry points installed, by name (the first of duplicate names wins, with a warning)."""
+    found: dict[str, EntryPoint] = {}
+    for entry_point in entry_points(group=GROUP):
+        if entry_point.name in found:
+            if found[entry_point.name].value != entry_point.value:
+                warnings.warn(
+                    f"pivot-envs: domain plugin {entry_point.name!r} is defined twice "
+                    f"({found[entry_point.name].value} and {entry_point.value}); keeping the first",
+                    stacklevel=2,
+                )
+            continue
+        found[entry_point.name] = entry_point
+    return found
+
+
+def register_domains() -> list[str]:
+    """Register `pivot/<name>-v0` for every domain plugin found; returns the env ids registered."""
+    registered = []
+    for name, entry_point in discover().items():
+        if not _NAME.match(name) or ":" not in entry_point.value:
+            warnings.warn(
+                f"pivot-envs: skipping domain plugin {name!r}: the entry point must be "
+                f"'<lowercase-name> = module:attribute', got {name} = {entry_point.value}",
+                stacklevel=2,
+            )
+            continue
+        if not _module_findable(entry_point.value):
+            warnings.warn(
+                f"pivot-envs: domain plugin {name!r} is broken: module of {entry_point.value!r} cannot be found",
+                stacklevel=2,
+            )
+            continue
+        identifier = env_id(name)
+        if identifier not in gym.registry:
+            gym.register(
+                id=identifier,
+                entry_point=partial(make_domain_env, entry_point.value, name),
+                max_episode_steps=None,
+                disable_env_checker=False,
+            )
+        registered.append(identifier)
+    return registered
+
+
+def domain_spec(name: str) -> DomainSpec:
+    """Load a domain's spec by name (imports the domain module)."""
+    found = discover()
+    if name not in found:
+        raise PluginError(f"no domain named {name!r}; installed: {sorted(found)}")
+    return load_domain(found[name])
+
+
+def import_object(path: str) -> Any:
+    """Import `module:attribute`."""
+    module, _, attribute = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attribute.split(".") if attribute else []:
+        obj = getattr(obj, part)
+    return obj

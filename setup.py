@@ -1,0 +1,15 @@
+"""Package layout: `domains/` and `adapters/` install inside the `pivot_envs` namespace.
+
+The folders stay top-level (see docs), but their import names are `pivot_envs.domains` and
+`pivot_envs.adapters`, so nothing is importable as a bare `domains` or `adapters`.
+"""
+
+from setuptools import find_packages, setup
+
+MAPPED = {"pivot_envs.domains": "domains", "pivot_envs.adapters": "adapters"}
+
+packages = find_packages(include=["pivot_envs", "pivot_envs.*"])
+for namespace, folder in MAPPED.items():
+    packages += [namespace + name[len(folder) :] for name in find_packages(include=[folder, folder + ".*"])]
+
+setup(packages=packages, package_dir={"pivot_envs": "pivot_envs", **MAPPED})
