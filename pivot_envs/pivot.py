@@ -7,6 +7,7 @@ a*_t, and `profile` the reference policy's statistics at s_t (Eq. 3).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -151,9 +152,10 @@ class Pivot:
 
 
 def iter_pivots(path: str | os.PathLike[str]) -> Iterator[Pivot]:
-    """Stream pivots from a JSONL file; a bad line raises PivotFormatError with its line number."""
+    """Stream pivots from a JSONL file (or .jsonl.gz); a bad line raises PivotFormatError with its line number."""
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

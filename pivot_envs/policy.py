@@ -25,6 +25,9 @@ class SamplingParams:
 class Completion:
     """One sampled action: its text, the sampled token ids and their logprobs under the policy.
 
+    `prompt_token_ids` are the ids of the rendered prompt the action was sampled after (set by
+    local backends), so a trainer trains on exactly the tokens that were sampled.
+
     `message` is set when the backend already parsed the turn (an OpenAI-compatible server's
     assistant message with `tool_calls`); envs accept either the text or the message.
     """
@@ -34,6 +37,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     message: dict[str, Any] | None = None
     finish_reason: str = ""
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     @property
     def action(self) -> str | dict[str, Any]:
