@@ -7,7 +7,10 @@ are registered with gymnasium's vector utilities so `gym.make_vec` batches them 
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -73,15 +76,65 @@ class Completion(spaces.Space[Any]):
         return isinstance(other, Completion) and other.max_length == self.max_length
 
 
+SHARED_OBSERVATION_BYTES = 4 << 20  # per env in AsyncVectorEnv's shared memory; prefixes are far smaller
+
+
+class SharedChatBatch(Sequence):
+    """The observations of an AsyncVectorEnv, read from shared memory when accessed.
+
+    AsyncVectorEnv reads its shared memory once and expects in-place updates; each slot here
+    is a byte buffer holding the latest observation as JSON, decoded on access (and by
+    `deepcopy`, which AsyncVectorEnv applies when `copy=True`, the default).
+    """
+
+    def __init__(self, buffers: list[Any]) -> None:
+        self._buffers = buffers
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        buffer = self._buffers[index]
+        size = int.from_bytes(bytes(buffer[:8]), "little")
+        return json.loads(bytes(buffer[8 : 8 + size])) if size else None
+
+    def __deepcopy__(self, memo: dict) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"SharedChatBatch({list(self)!r})"
+
+
+def _create_shared_memory(space: Chat, n: int = 1, ctx: Any = mp) -> list[Any]:
+    return [ctx.Array("B", SHARED_OBSERVATION_BYTES, lock=False) for _ in range(n)]
+
+
+def _write_to_shared_memory(space: Chat, index: int, value: Any, shared_memory: list[Any]) -> None:
+    data = json.dumps(value, ensure_ascii=False).encode()
+    if len(data) + 8 > SHARED_OBSERVATION_BYTES:
+        raise ValueError(
+            f"observation of {len(data)} bytes exceeds the shared-memory slot of {SHARED_OBSERVATION_BYTES} bytes; "
+            "use gym.make_vec(..., vector_kwargs={'shared_memory': False})"
+        )
+    buffer = shared_memory[index]
+    buffer[8 : 8 + len(data)] = data
+    buffer[:8] = len(data).to_bytes(8, "little")
+
+
 def _register_vector_support() -> None:
-    """Batch our spaces as tuples, like gymnasium does for Text and Graph."""
+    """Batch our spaces as tuples, like gymnasium does for Text and Graph (iteration then falls back to
+    `iter(items)` over the batch, which is what we want)."""
     for space_type in (Chat, Completion):
         vector_utils.batch_space.register(space_type)(lambda space, n=1: spaces.Tuple([space] * n, seed=space.np_random))
         vector_utils.concatenate.register(space_type)(lambda space, items, out: tuple(items))
-        vector_utils.iterate.register(space_type)(lambda space, items: iter(items))
         vector_utils.create_empty_array.register(space_type)(
             lambda space, n=1, fn=np.zeros: tuple(None for _ in range(n))
         )
+    vector_utils.create_shared_memory.register(Chat)(_create_shared_memory)
+    vector_utils.write_to_shared_memory.register(Chat)(_write_to_shared_memory)
+    vector_utils.read_from_shared_memory.register(Chat)(lambda space, shared_memory, n=1: SharedChatBatch(shared_memory))
 
 
 _register_vector_support()

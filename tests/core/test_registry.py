@@ -1,0 +1,121 @@
+"""Domain plugins through entry points, and a light `import pivot_envs`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from pivot_envs.registry import PluginError, register_domains
+
+PLUGIN_MODULE = '''
+from pivot_envs import Pivot, PivotEnv
+from pivot_envs.registry import DomainSpec
+
+PIVOTS = [
+    Pivot(id=f"greet/{i}", domain="{name}", messages=[{"role": "user", "content": f"say hello {i}"}],
+          expert={"role": "assistant", "content": f"hello {i}"})
+    for i in range(3)
+]
+
+
+class GreetEnv(PivotEnv):
+    domain = "{name}"
+
+    def default_pivots(self):
+        return PIVOTS
+
+
+DOMAIN = DomainSpec(name="{name}", env_class=GreetEnv, description="a throwaway plugin")
+'''
+
+
+def install_plugin(root: Path, name: str, module_source: str | None, value: str | None = None) -> None:
+    """A real distribution on sys.path: a package plus a .dist-info with entry_points.txt."""
+    package = name.replace("-", "_") + "_plugin"
+    if module_source is not None:
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text(module_source.replace("{name}", name))
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    entry = value or f"{package}:DOMAIN"
+    (info / "entry_points.txt").write_text(f"[pivot_envs.domains]\n{name} = {entry}\n")
+
+
+def test_a_plugin_distribution_registers_its_env_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "pivot/greet-v0" in register_domains()
+    assert "greet_plugin" not in sys.modules  # registered without importing the plugin
+    env = gym.make("pivot/greet-v0")
+    assert "greet_plugin" in sys.modules
+    obs, info = env.reset(options={"pivot": "greet/1"})
+    assert obs["messages"][0]["content"] == "say hello 1"
+    _, reward, terminated, _, info = env.step("hello 1")
+    assert reward == 1.0 and terminated and info["category"] == "exact_match"
+    env.close()
+
+
+def test_a_broken_plugin_warns_with_its_name_and_does_not_break_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_plugin(tmp_path, "ghost", None, value="ghost_missing_module:DOMAIN")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = register_domains()
+    assert "pivot/ghost-v0" not in ids
+    assert any("'ghost'" in str(w.message) and "broken" in str(w.message) for w in caught)
+
+
+def test_a_plugin_that_fails_on_import_names_itself_at_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_plugin(tmp_path, "crashy", "raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "pivot/crashy-v0" in register_domains()
+    with pytest.raises(PluginError, match=r"'crashy'.*boom at import"):
+        gym.make("pivot/crashy-v0")
+
+
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_import_pivot_envs_imports_no_heavy_dependency(tmp_path: Path) -> None:
+    result = run_python(
+        """
+        import sys, gymnasium as gym, pivot_envs
+        gym.register_envs(pivot_envs)
+        heavy = [m for m in ("torch", "transformers", "vllm", "trl", "docker") if m in sys.modules]
+        print("HEAVY", heavy)
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+
+
+def test_domains_and_adapters_are_not_importable_as_top_level_names(tmp_path: Path) -> None:
+    result = run_python(
+        """
+        import importlib.util, pivot_envs.domains, pivot_envs.adapters
+        print("TOP", importlib.util.find_spec("domains"), importlib.util.find_spec("adapters"))
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "TOP None None" in result.stdout
+
+
+def test_bundled_domains_are_registered_through_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    names = {ep.name for ep in entry_points(group="pivot_envs.domains")}
+    assert {"tool-use", "terminal"} <= names
