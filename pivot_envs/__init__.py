@@ -10,7 +10,15 @@ plugin (lazily: a domain's module is imported by `gym.make`). It imports no heav
 """
 
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv
-from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots, read_pivots, write_pivots
+from pivot_envs.pivot import (
+    Pivot,
+    PivotFormatError,
+    PivotWriter,
+    Profile,
+    iter_pivots,
+    read_pivots,
+    write_pivots,
+)
 from pivot_envs.registry import DomainSpec, register_domains
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
 

@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
-from pivot_envs.pivot import Pivot, read_pivots
+from pivot_envs.pivot import Pivot
 from pivot_envs.spaces import Chat, Completion
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
 
