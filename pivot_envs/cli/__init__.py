@@ -19,7 +19,11 @@ def _commands() -> dict[str, object]:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        try:
+            module = importlib.import_module(f"{__name__}.{info.name}")
+        except Exception as error:  # one broken command must not take the others down
+            print(f"pivotrl: command module {info.name!r} failed to import: {error!r}", file=sys.stderr)
+            continue
         if hasattr(module, "main") and hasattr(module, "add_arguments"):
             found[getattr(module, "NAME", info.name)] = module
     return dict(sorted(found.items()))
