@@ -1,0 +1,134 @@
+"""Render a pivot's chat (messages + tools) into a generation prompt for any tokenizer.
+
+Tokenizers whose chat template speaks tools (it references `tools`) get the canonical chat
+form through `apply_chat_template(messages, tools=...)`. Templates that do not (SmolLM2, the
+embedded default, ignores `tools` and fails on `content=None` and on role `tool`) get the
+messages normalised Hermes-style first: the tools are described in the system prompt inside
+`<tools>` with the instruction to answer with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+blocks, assistant tool calls become such blocks in the content, and tool replies become
+`<tool_response>` blocks in a user turn. Domain parsers read the same `<tool_call>` blocks back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pivot_envs.chat import parse_arguments, text_of, tool_to_chat
+
+TOOLS_PREAMBLE = (
+    "# Tools\n\n"
+    "You can call functions to help with the request. Their signatures are listed, one JSON "
+    "object per line, inside <tools></tools> tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, answer with one block per call, each holding a JSON object with the "
+    "function's name and its arguments:\n"
+    '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as a JSON object>}}}}\n</tool_call>\n'
+    "To reply to the user instead, answer with plain text."
+)
+
+
+def template_speaks_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders the `tools` argument itself."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one is what renders
+        template = template.get("default") or template.get("tool_use") or ""
+    return isinstance(template, str) and "tools" in template
+
+
+def tools_block(tools: Sequence[dict[str, Any]]) -> str:
+    """The system-prompt section describing `tools` Hermes-style."""
+    lines = "\n".join(json.dumps(tool_to_chat(tool), ensure_ascii=False) for tool in tools)
+    return TOOLS_PREAMBLE.format(tools=lines)
+
+
+def tool_call_block(name: str, arguments: Any) -> str:
+    """One `<tool_call>` block; arguments that are not valid JSON are kept as their raw string."""
+    parsed, _ = parse_arguments(arguments)
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def _assistant_text(message: dict[str, Any]) -> str:
+    parts = [text_of(message)] if text_of(message) else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        parts.append(tool_call_block(str(function.get("name", "")), function.get("arguments")))
+    return "\n".join(parts)
+
+
+def _content_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ("" if content is None else json.dumps(content))
+
+
+def prompt_messages(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The messages normalised for a template that does not speak tools.
+
+    Returns plain {"role", "content": str} messages (roles system/user/assistant only): the
+    tools described in the system prompt (added if there is none), assistant tool calls as
+    `<tool_call>` blocks, and consecutive tool replies merged into one user turn of
+    `<tool_response>` blocks. Reasoning content is dropped (it is not part of the state shown).
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            block = "<tool_response>\n" + _content_text(message) + "\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool": True})
+        elif role == "assistant":
+            out.append({"role": "assistant", "content": _assistant_text(message)})
+        elif role in ("system", "developer"):
+            out.append({"role": "system", "content": _content_text(message)})
+        else:
+            out.append({"role": str(role or "user"), "content": _content_text(message)})
+    for message in out:
+        message.pop("_tool", None)
+    if tools:
+        section = tools_block(tools)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = (out[0]["content"].rstrip() + "\n\n" + section).lstrip()
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def _native_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Canonical messages prepared for a tool-aware template: arguments as objects, no None content."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("content") is None:
+            message["content"] = ""
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = dict(call.get("function", call))
+                function["arguments"], _ = parse_arguments(function.get("arguments"))
+                calls.append({**call, "type": "function", "function": function})
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+    """The generation prompt for a chat: the rendered messages ending with the assistant header."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
+    if template_speaks_tools(tokenizer):
+        return tokenizer.apply_chat_template(
+            _native_messages(messages),
+            tools=[tool_to_chat(tool) for tool in tools] if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    return tokenizer.apply_chat_template(prompt_messages(messages, tools), add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """The token ids of `render_prompt` (the template already holds the special tokens)."""
+    return list(tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"])
