@@ -1,0 +1,604 @@
+"""The bundled GRPO trainer: PivotRL's Algorithm 1, lines 5-15, in one file.
+
+Read it top to bottom: the config (`GRPOConfig`), the group advantage (Eq. 1), the shared-prefix
+log-probabilities of a group's actions, the clipped objective (Eq. 6 with the k3 KL to the frozen
+reference), then `train`: set-up, and per step: sample B pivots, sample G actions at each, score
+them through the envs, normalise the rewards per group, update, log, evaluate, checkpoint.
+
+A pivot's group shares one long prefix (the state s) and differs only in short actions, so the
+prefix runs once per group, with gradients, and its key/value cache is shared by the G actions
+(`action_logprobs`); `sequence_logprobs` is the naive per-sequence computation it equals.
+The tokens trained on are the tokens sampled: `Completion.prompt_token_ids + token_ids`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.config import option
+from pivot_envs.evaluate import EnvPool, EvalConfig, evaluate, resolve_env
+from pivot_envs.pivot import Pivot
+from pivot_envs.policy import SamplingParams
+
+
+@dataclass
+class GRPOConfig:
+    """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 6 and Algorithm 1)."""
+
+    policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH or hf:smollm2)")
+    batch_pivots: int = option(4, "B: pivots sampled per step (Algorithm 1, line 6)")
+    group_size: int = option(8, "G: actions sampled per pivot, the group of Eq. 1 (Algorithm 1, line 8)")
+    learning_rate: float = option(1e-6, "AdamW learning rate")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    epsilon_low: float = option(0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 6)")
+    epsilon_high: float = option(0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 6; DAPO raises it)")
+    beta: float = option(0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 6); 0 loads no reference")
+    iterations: int = option(1, "optimizer steps per sampled batch (mu); >1 makes w_i differ from 1")
+    temperature: float = option(1.0, "sampling temperature of the G actions; logprobs are taken at the same temperature")
+    top_p: float = option(1.0, "nucleus sampling threshold of the G actions")
+    max_new_tokens: int = option(256, "longest action sampled, in tokens")
+    leave_one_out: bool = option(False, "baseline r_i minus the mean of the other G-1 rewards instead of the group mean (Eq. 1)")
+    std_epsilon: float = option(1e-4, "epsilon_std added to the group's reward std (Eq. 1)")
+    scale_by_std: bool = option(True, "divide by the group's reward std (Eq. 1); off gives Dr. GRPO's unscaled advantage")
+    max_grad_norm: float = option(1.0, "clip the gradient's global norm to this (0 disables)")
+    seed: int = option(0, "seed of pivot sampling, action sampling and torch")
+    lora: bool = option(False, "train LoRA adapters (peft) instead of all weights; the reference is the base model")
+    lora_rank: int = option(16, "LoRA rank r")
+    lora_alpha: int = option(32, "LoRA alpha")
+    steps: int = option(100, "training steps K_train (Algorithm 1, line 5)")
+    checkpoint_every: int = option(50, "save a checkpoint every N steps (and at the end); 0 saves only at the end")
+    eval_every: int = option(25, "turn accuracy on the held-out pivots every N steps (greedy); 0 disables")
+    eval_pivots: int = option(64, "at most this many held-out pivots per evaluation")
+    num_envs: int = option(4, "envs scoring actions concurrently (threads)")
+    out: str = option("runs/grpo", "output directory: metrics.jsonl, checkpoints/, final/")
+    resume: bool = option(False, "continue from the latest checkpoint in --out")
+
+
+@dataclass
+class TrainResult:
+    """What `train` leaves behind: where, how far, and the metrics of every step."""
+
+    out: Path
+    steps: int
+    final: Path
+    metrics_path: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+# -- Eq. 1: group-normalised advantages -----------------------------------------------------------
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    valid: Sequence[bool],
+    std_epsilon: float = 1e-4,
+    leave_one_out: bool = False,
+    scale_by_std: bool = True,
+) -> list[float] | None:
+    """The advantages A_i of one group (Eq. 1) over its valid samples; None when the group carries no signal.
+
+    Invalid samples (infrastructure failures) are left out of the mean and std and get advantage 0
+    (the caller masks their tokens). A group whose valid rewards are all equal, or with fewer than
+    two valid samples, has zero advantage everywhere (Proposition 1): None, so it is skipped.
+    """
+    kept = [r for r, ok in zip(rewards, valid) if ok]
+    n = len(kept)
+    if n < 2:
+        return None
+    mean = sum(kept) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in kept) / n)
+    if std == 0.0:
+        return None
+    out = []
+    for r, ok in zip(rewards, valid):
+        if not ok:
+            out.append(0.0)
+            continue
+        baseline = (mean * n - r) / (n - 1) if leave_one_out else mean
+        out.append((r - baseline) / (std + std_epsilon) if scale_by_std else r - baseline)
+    return out
+
+
+# -- log pi(a_i | s) with the prefix shared across the group ---------------------------------------
+
+
+def _pad(actions: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
+    """Right-padded action ids [G, T] and their mask."""
+    import torch
+
+    width = max(len(a) for a in actions)
+    ids = torch.zeros(len(actions), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(actions), width, dtype=torch.bool, device=device)
+    for i, action in enumerate(actions):
+        ids[i, : len(action)] = torch.tensor(list(action), dtype=torch.long, device=device)
+        mask[i, : len(action)] = True
+    return ids, mask
+
+
+def token_logprobs(logits: Any, ids: Any, temperature: float = 1.0) -> Any:
+    """log softmax(logits / T)[ids] per position, without materialising the full log-softmax."""
+    logits = logits.float() / temperature
+    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def token_entropy(logits: Any, temperature: float = 1.0) -> Any:
+    """Entropy of softmax(logits / T) per position (no gradient)."""
+    import torch
+
+    with torch.no_grad():
+        logits = logits.float() / temperature
+        logz = logits.logsumexp(-1, keepdim=True)
+        return -(torch.exp(logits - logz) * (logits - logz)).sum(-1)
+
+
+def action_logprobs(
+    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0, entropy: bool = False
+) -> tuple[Any, Any, Any]:
+    """Per-token log pi(a_i | s) of G actions after one shared prefix, computed with the prefix run once.
+
+    The prefix s runs once (batch 1) and keeps its key/value cache; the cache is repeated to G rows
+    (`batch_repeat_interleave`, which stays in the autograd graph, so the prefix gets the gradients
+    of all G actions) and the right-padded actions run on top with their attention mask and
+    positions P, P+1, ... The first action token is predicted by the prefix's last position, so the
+    last action token is never an input. Returns (logprobs [G, T], mask [G, T], entropy [G, T] or None),
+    equal to `sequence_logprobs` up to float rounding.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    ids, mask = _pad(actions, device)
+    group, width = ids.shape
+    prefix = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
+    out = model(input_ids=prefix, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1:, :].expand(group, 1, -1)
+    if width > 1:
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(group)
+        inputs, length = ids[:, :-1], prefix.shape[1]
+        attention = torch.cat([torch.ones(group, length, dtype=torch.long, device=device), mask[:, :-1].long()], dim=1)
+        positions = torch.arange(length, length + width - 1, device=device).expand(group, -1)
+        rest = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True)
+        logits = torch.cat([logits, rest.logits], dim=1)
+    logprobs = token_logprobs(logits, ids, temperature)
+    return logprobs, mask, token_entropy(logits, temperature) if entropy else None
+
+
+def sequence_logprobs(
+    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0
+) -> tuple[Any, Any]:
+    """The naive computation `action_logprobs` replaces: G full sequences s + a_i, right-padded."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids, mask = _pad(actions, device)
+    group, width = ids.shape
+    prefix = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device).expand(group, -1)
+    full = torch.cat([prefix, ids], dim=1)
+    attention = torch.cat([torch.ones_like(prefix), mask.long()], dim=1)
+    out = model(input_ids=full, attention_mask=attention, logits_to_keep=width + 1)
+    return token_logprobs(out.logits[:, :-1, :], ids, temperature), mask
+
+
+# -- Eq. 6: the clipped, importance-weighted objective with the k3 KL ------------------------------
+
+
+def clipped_loss(
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    mask: Any,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta: float = 0.0,
+    ref_logprobs: Any = None,
+) -> tuple[Any, dict[str, float]]:
+    """The summed per-token loss of Eq. 6 over the masked action tokens, and its statistics.
+
+    Per token t of action i: w = pi_theta / pi_old (Eq. 7), loss = -min(w A_i, clip(w, 1 - eps_low,
+    1 + eps_high) A_i) + beta * k3, with k3 = exp(ref - logp) - (ref - logp) - 1 (an unbiased,
+    non-negative estimate of KL(pi_theta || pi_0)). The caller divides by the batch's token count
+    (token-level aggregation). Stats are sums over tokens: clipped tokens, KL.
+    """
+    import torch
+
+    ratio = torch.exp(logprobs - old_logprobs)
+    advantage = advantages.unsqueeze(1)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantage
+    per_token = -torch.min(unclipped, clipped)
+    stats = {"clipped": float(((clipped < unclipped) & mask).sum())}
+    if beta > 0.0:
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + beta * kl
+        stats["kl"] = float((kl.detach() * mask).sum())
+    return (per_token * mask).sum(), stats
+
+
+# -- one group's training data ---------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """One pivot's sampled actions, ready for the update: the exact sampled token ids and Eq. 1's advantages."""
+
+    pivot_id: str
+    prefix: list[int]
+    actions: list[list[int]]
+    advantages: list[float]
+    old_logprobs: Any = None
+    ref_logprobs: Any = None
+
+
+def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[float], valid: Sequence[bool]) -> Group:
+    """The group trained on: prompt ids + sampled ids exactly as sampled (no decode/re-encode), invalid samples dropped."""
+    prompts = {tuple(c.prompt_token_ids) for c in completions}
+    if not completions or () in prompts:
+        raise ValueError(
+            f"pivot {pivot_id}: the policy returned completions without prompt_token_ids; "
+            "the GRPO trainer needs a local backend that reports the exact tokens it sampled (hf, vllm)"
+        )
+    if len(prompts) != 1:
+        raise ValueError(f"pivot {pivot_id}: the group's completions were sampled after different prompts")
+    kept = [(list(c.token_ids), a) for c, a, ok in zip(completions, advantages, valid) if ok and c.token_ids]
+    return Group(pivot_id, list(completions[0].prompt_token_ids), [t for t, _ in kept], [a for _, a in kept])
+
+
+# -- setup helpers: LoRA, the reference, checkpoints, weight sync -------------------------------------
+
+
+def _with_lora(model: Any, config: GRPOConfig) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)  # injects the adapters into `model` in place: the policy generates with them
+
+
+def _reference(model: Any, config: GRPOConfig) -> Any:
+    """The frozen pi_0 of Eq. 6: None when beta = 0; with LoRA the base model (adapters disabled) serves."""
+    import copy
+
+    if config.beta <= 0.0 or config.lora:
+        return None
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    return reference.eval()
+
+
+def _reference_logprobs(model: Any, reference: Any, group: Group, config: GRPOConfig) -> Any:
+    import torch
+
+    with torch.no_grad():
+        if reference is not None:
+            return action_logprobs(reference, group.prefix, group.actions, config.temperature)[0]
+        with model.disable_adapter():
+            return action_logprobs(model, group.prefix, group.actions, config.temperature)[0]
+
+
+def _base_of(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def sync_weights(policy: Any, model: Any) -> None:
+    """Give the generation backend the new weights: nothing when it generates with `model` itself
+    (hf), `policy.update_weights(state_dict)` otherwise (vllm; LoRA merged into the base weights)."""
+    if getattr(policy, "model", None) in (model, _base_of(model)):
+        return
+    if not hasattr(policy, "update_weights"):
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} neither shares the trained module nor has update_weights()")
+    if hasattr(model, "merge_adapter"):
+        model.merge_adapter()
+        try:
+            state = {
+                key.replace("base_model.model.", "", 1).replace(".base_layer", ""): value
+                for key, value in model.state_dict().items()
+                if "lora_" not in key
+            }
+            policy.update_weights(state)
+        finally:
+            model.unmerge_adapter()
+    else:
+        policy.update_weights(model.state_dict())
+
+
+def save_checkpoint(path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: GRPOConfig) -> Path:
+    """Weights (`save_pretrained`), tokenizer, optimizer, RNG states (python, numpy, torch, pivot sampler) and step."""
+    import shutil
+
+    import numpy as np
+    import torch
+
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "sampler": sampler.bit_generator.state if sampler is not None else None,
+            "config": asdict(config),
+        },
+        staging / "trainer_state.pt",
+    )
+    shutil.rmtree(path, ignore_errors=True)
+    staging.rename(path)  # a killed save never leaves a half checkpoint behind
+    return path
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint of the highest step under `out/checkpoints`, or None."""
+    found = [p for p in (out / "checkpoints").glob("step-*") if (p / "trainer_state.pt").is_file()]
+    return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any) -> int:
+    """Restore weights, optimizer and RNG states saved by `save_checkpoint`; returns its step."""
+    import numpy as np
+    import torch
+
+    if hasattr(model, "disable_adapter"):  # LoRA: the checkpoint holds the adapters only
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+    else:
+        from transformers import AutoModelForCausalLM
+
+        dtype = next(model.parameters()).dtype
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict())
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    random.setstate(state["python_rng"])
+    np.random.set_state(state["numpy_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    sampler.bit_generator.state = state["sampler"]
+    return int(state["step"])
+
+
+class MetricsLog:
+    """metrics.jsonl (one line per step; on resume the lines after the checkpoint are dropped) and
+    TensorBoard when it is installed."""
+
+    def __init__(self, out: Path, resume_step: int) -> None:
+        self.path = out / "metrics.jsonl"
+        kept = []
+        if resume_step and self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board: Any = SummaryWriter(str(out / "tensorboard"))
+        except ImportError:
+            self.board = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.board.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+
+# -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
+
+
+def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
+    """`config.iterations` AdamW steps on the batch's groups; returns the loss and its statistics.
+
+    The loss is summed over every action token of the batch and divided by their number (token-level
+    aggregation), one backward per group so only one group's activations are alive at a time.
+    """
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    tokens = sum(len(a) for g in groups for a in g.actions)
+    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    for iteration in range(config.iterations):
+        optimizer.zero_grad(set_to_none=True)
+        for group in groups:
+            logprobs, mask, entropy = action_logprobs(model, group.prefix, group.actions, config.temperature, entropy=iteration == 0)
+            if iteration == 0:
+                # pi_theta_old is the policy that sampled: the weights before this batch's first step.
+                group.old_logprobs = logprobs.detach()
+                if config.beta > 0.0:
+                    group.ref_logprobs = _reference_logprobs(model, reference, group, config)
+                totals["entropy"] += float((entropy * mask).sum()) / tokens
+            advantages = torch.tensor(group.advantages, dtype=logprobs.dtype, device=logprobs.device)
+            loss, stats = clipped_loss(
+                logprobs, group.old_logprobs, advantages, mask, config.epsilon_low, config.epsilon_high,
+                config.beta, group.ref_logprobs,
+            )
+            (loss / tokens).backward()
+            totals["loss"] += float(loss) / tokens / config.iterations
+            totals["clip_fraction"] += stats["clipped"] / tokens / config.iterations
+            totals["kl"] += stats.get("kl", 0.0) / tokens / config.iterations
+        limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+        totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, limit)) / config.iterations
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return totals
+
+
+# -- Algorithm 1, lines 5-15 ---------------------------------------------------------------------------
+
+
+def train(
+    config: GRPOConfig,
+    pivots: Sequence[Pivot],
+    policy: Any = None,
+    env_id: str | Callable[[], Any] | None = None,
+    heldout: Sequence[Pivot] | None = None,
+    model: Any = None,
+    **env_kwargs: Any,
+) -> TrainResult:
+    """Train `policy` with GRPO at `pivots` (D_pivot); returns where the run's outputs are.
+
+    policy:  a Policy with a trainable `.model` (hf); loaded from `config.policy` when None. A
+             backend that generates with other weights (vllm) gets them through `update_weights`;
+             then pass the trainable `model`.
+    env_id:  the env scoring actions (an id, or a factory of envs holding the pivots); by default
+             `pivot/<domain>-v0` of the pivots' domain, built with `env_kwargs`.
+    heldout: pivots for the turn accuracy logged every `config.eval_every` steps.
+    """
+    import numpy as np
+    import torch
+
+    pivots, heldout = list(pivots), list(heldout or [])
+    if not pivots:
+        raise ValueError("no pivots to train on")
+    if config.group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    # -- setup: policy, trainable module (LoRA optional), frozen reference, optimizer, envs
+    if policy is None:
+        from pivot_envs.policy import load_policy
+
+        policy = load_policy(config.policy)
+    model = model if model is not None else getattr(policy, "model", None)
+    if model is None:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has no trainable .model; pass model=")
+    if config.lora:
+        model = _with_lora(model, config)
+    model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
+    reference = _reference(model, config)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    sampler = np.random.default_rng(config.seed)
+    start = 0
+    if config.resume and (checkpoint := latest_checkpoint(out)) is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, sampler)
+        sync_weights(policy, model)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    log = MetricsLog(out, start)
+    make_env = resolve_env(env_id, pivots + heldout, **env_kwargs)
+    pool = EnvPool(make_env, config.num_envs)
+    tokenizer = getattr(policy, "tokenizer", None)
+    history: list[dict[str, Any]] = []
+
+    try:
+        for step in range(start + 1, config.steps + 1):
+            began = time.perf_counter()
+            # line 6: sample a minibatch of B pivots from D_pivot
+            chosen = sampler.choice(len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False)
+            batch = [pivots[int(i)] for i in chosen]
+
+            # line 8: G actions at each pivot from pi_theta_old (seeded per step: a resumed run samples the same)
+            sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seed=config.seed * 1_000_003 + step)
+            completions = policy.generate([pivot.observation for pivot in batch], config.group_size, sampling)
+            generated = time.perf_counter()
+
+            # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 5)
+            scores = pool.score([(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group])
+            scored = time.perf_counter()
+
+            # line 11: group-normalised advantages (Eq. 1); invalid samples masked, zero-variance groups skipped
+            groups, zero_variance = [], 0
+            for index, (pivot, group) in enumerate(zip(batch, completions)):
+                mine = scores[index * config.group_size : (index + 1) * config.group_size]
+                valid = [s.valid for s in mine]
+                advantages = group_advantages(
+                    [s.reward for s in mine], valid, config.std_epsilon, config.leave_one_out, config.scale_by_std
+                )
+                if advantages is None:
+                    zero_variance += 1
+                    continue
+                built = build_group(pivot.id, group, advantages, valid)
+                if built.actions:
+                    groups.append(built)
+
+            # line 13: update theta with the objective of Eq. 6, then hand the weights to the generator
+            stats = update(model, reference, optimizer, groups, config) if groups else {}
+            if groups:
+                sync_weights(policy, model)
+            updated = time.perf_counter()
+
+            valid_scores = [s for s in scores if s.valid]
+            rewards = [s.reward for s in valid_scores]
+            sampled_tokens = sum(len(c.token_ids) for group in completions for c in group)
+            record: dict[str, Any] = {
+                "step": step,
+                "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                "reward_std": float(np.std(rewards)) if rewards else 0.0,
+                "strict_reward_mean": float(np.mean([s.strict_reward for s in valid_scores])) if valid_scores else 0.0,
+                "frac_zero_variance": zero_variance / len(batch),
+                "frac_invalid": 1.0 - len(valid_scores) / len(scores),
+                "groups_trained": len(groups),
+                "action_tokens": sampled_tokens,
+                "tokens_per_s": sampled_tokens / (updated - began),
+                "time_generate_s": generated - began,
+                "time_score_s": scored - generated,
+                "time_update_s": updated - scored,
+                **{key: stats.get(key, 0.0) for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")},
+            }
+            if heldout and config.eval_every and step % config.eval_every == 0:
+                report = evaluate(
+                    policy, heldout[: config.eval_pivots],
+                    EvalConfig(max_new_tokens=config.max_new_tokens, num_envs=config.num_envs), env=make_env,
+                )
+                greedy = [row for row in report.rows if row.mode == "greedy"][-1]
+                record["eval_turn_accuracy"] = greedy.functional.mean
+                record["eval_strict_accuracy"] = greedy.strict.mean
+            log.write(record)
+            history.append(record)
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                save_checkpoint(out / "checkpoints" / f"step-{step}", model, tokenizer, optimizer, sampler, step, config)
+    finally:
+        pool.close()
+        log.close()
+
+    final = out / "final"
+    save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
+    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history)
+
+
+def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Path:
+    """Plot reward mean +- std per step (and the held-out turn accuracy when logged) to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    if not records:
+        raise ValueError(f"{metrics_jsonl}: no metrics to plot")
+    steps = [r["step"] for r in records]
+    mean = [r["reward_mean"] for r in records]
+    std = [r["reward_std"] for r in records]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, mean, label="reward mean")
+    axis.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.25, label="+- std")
+    evaluated = [r for r in records if "eval_turn_accuracy" in r]
+    if evaluated:
+        axis.plot([r["step"] for r in evaluated], [r["eval_turn_accuracy"] for r in evaluated], "o-", label="held-out turn accuracy")
+    axis.set_xlabel("step")
+    axis.set_ylabel("reward")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(png)
+    plt.close(figure)
+    return Path(png)

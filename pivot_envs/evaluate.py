@@ -1,0 +1,260 @@
+"""Turn accuracy at held-out pivots, under the functional and the strict verifier, with 95% intervals.
+
+`evaluate(policy, pivots)` samples actions at each pivot (greedy, and optionally N sampled at a
+temperature), scores them through the pivot's domain env (the env's reward is the functional
+verifier, Eq. 5; `info["strict_reward"]` the exact-match one, Eq. 2) and reports the accuracy per
+domain with a Wilson interval. `EnvPool` steps many (pivot, action) pairs concurrently; the GRPO
+trainer and the TRL adapter score through it too.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pivot_envs.config import option
+from pivot_envs.pivot import Pivot
+from pivot_envs.policy import Completion, Policy, SamplingParams
+
+EnvFactory = Callable[[], Any]
+
+
+# -- scoring many actions concurrently ---------------------------------------------------------------
+
+
+@dataclass
+class Score:
+    """The env's verdict on one action at one pivot."""
+
+    reward: float
+    strict_reward: float
+    valid: bool
+    category: str
+    detail: str = ""
+
+
+def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwargs: Any) -> EnvFactory:
+    """A factory of envs that hold `pivots`: from an env id (`pivot/tool-use-v0`), a callable, or the pivots' domain."""
+    if callable(env):
+        return env
+    if env is None:
+        domains = sorted({pivot.domain for pivot in pivots})
+        if len(domains) != 1 or not domains[0]:
+            raise ValueError(f"cannot tell which env scores these pivots (domains {domains}): pass an env id")
+        env = f"pivot/{domains[0]}-v0"
+    env_id, kept = env, list(pivots)
+
+    def make() -> Any:
+        import gymnasium as gym
+
+        import pivot_envs
+
+        gym.register_envs(pivot_envs)
+        return gym.make(env_id, pivots=kept, **env_kwargs)
+
+    return make
+
+
+class EnvPool:
+    """Up to `size` envs from `make_env`, each used by one thread at a time, stepping (pivot id, action) pairs."""
+
+    def __init__(self, make_env: EnvFactory, size: int = 4) -> None:
+        if size < 1:
+            raise ValueError(f"an env pool needs at least one env, got size={size}")
+        self.make_env = make_env
+        self.size = size
+        self._idle: queue.Queue = queue.Queue()
+        self._envs: list[Any] = []
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="pivot-env")
+
+    def _score_one(self, pivot_id: str, action: Any) -> Score:
+        try:
+            env = self._idle.get_nowait()
+        except queue.Empty:
+            env = self.make_env()
+            self._envs.append(env)
+        try:
+            env.reset(options={"pivot": pivot_id})
+            _, reward, _, _, info = env.step(action)
+        except Exception as error:
+            raise RuntimeError(f"pivot {pivot_id}: the env failed on an action: {error!r}") from error
+        finally:
+            self._idle.put(env)
+        return Score(float(reward), float(info.get("strict_reward", 0.0)), bool(info.get("valid", True)),
+                     str(info.get("category", "")), str(info.get("detail", "")))
+
+    def score(self, jobs: Sequence[tuple[str, Any]]) -> list[Score]:
+        """The scores of (pivot id, action) pairs, in order, stepped concurrently."""
+        return list(self._executor.map(lambda job: self._score_one(*job), jobs))
+
+    def close(self) -> None:
+        """Shut the threads down and close the envs."""
+        self._executor.shutdown(wait=True)
+        for env in self._envs:
+            env.close()
+        self._envs.clear()
+
+    def __enter__(self) -> EnvPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- accuracy with a Wilson interval --------------------------------------------------------------------
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95% for z = 1.96); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Accuracy:
+    """Mean reward over n scored actions, with its 95% Wilson interval."""
+
+    mean: float
+    n: int
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, rewards: Sequence[float]) -> Accuracy:
+        n = len(rewards)
+        total = float(sum(rewards))
+        low, high = wilson_interval(total, n)
+        return cls(total / n if n else 0.0, n, low, high)
+
+    def __str__(self) -> str:
+        return f"{100 * self.mean:5.1f}% [{100 * self.low:5.1f}, {100 * self.high:5.1f}]"
+
+
+@dataclass
+class EvalRow:
+    """Turn accuracy of one domain in one mode (greedy, or `samples` sampled actions per pivot)."""
+
+    domain: str
+    mode: str
+    pivots: int
+    samples: int
+    functional: Accuracy
+    strict: Accuracy
+    invalid: int
+
+
+@dataclass
+class EvalReport:
+    """Rows per domain and mode; `format()` renders a table, `to_dict()` the JSON form."""
+
+    policy: str
+    rows: list[EvalRow] = field(default_factory=list)
+
+    def row(self, domain: str, mode: str = "greedy") -> EvalRow:
+        """The row of `domain` ("all" for the pooled row) in `mode`."""
+        for row in self.rows:
+            if row.domain == domain and row.mode == mode:
+                return row
+        raise KeyError(f"no evaluation row for domain {domain!r}, mode {mode!r}")
+
+    def format(self) -> str:
+        header = f"{'domain':<14} {'mode':<8} {'pivots':>6} {'n':>5} {'functional (95% CI)':>24} {'strict (95% CI)':>24} {'invalid':>7}"
+        lines = [f"turn accuracy of {self.policy}", header, "-" * len(header)]
+        for row in self.rows:
+            lines.append(
+                f"{row.domain:<14} {row.mode:<8} {row.pivots:>6} {row.functional.n:>5} "
+                f"{str(row.functional):>24} {str(row.strict):>24} {row.invalid:>7}"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EvalConfig:
+    """How to evaluate a policy at held-out pivots."""
+
+    greedy: bool = option(True, "score one greedy action per pivot (temperature 0)")
+    samples: int = option(0, "also score N sampled actions per pivot at --temperature (0: greedy only)")
+    temperature: float = option(1.0, "temperature of the sampled actions")
+    max_new_tokens: int = option(256, "longest action, in tokens")
+    batch_size: int = option(8, "pivots per generate call")
+    num_envs: int = option(4, "envs scoring actions concurrently (threads)")
+    verifier: str = option("", "the functional verifier by name (empty: the domain's default)")
+    seed: int = option(0, "sampling seed")
+
+
+def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
+    modes = []
+    if config.greedy:
+        modes.append(("greedy", 1, SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens, seed=config.seed)))
+    if config.samples > 0:
+        sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
+        modes.append(("sampled", config.samples, sampling))
+    if not modes:
+        raise ValueError("nothing to evaluate: greedy is off and samples is 0")
+    return modes
+
+
+def generate_all(policy: Policy, pivots: Sequence[Pivot], n: int, sampling: SamplingParams, batch_size: int) -> list[list[Completion]]:
+    """n completions at each pivot, `batch_size` pivots per generate call."""
+    out: list[list[Completion]] = []
+    for start in range(0, len(pivots), batch_size):
+        chunk = pivots[start : start + batch_size]
+        out.extend(policy.generate([pivot.observation for pivot in chunk], n, sampling))
+    return out
+
+
+def evaluate(
+    policy: Policy,
+    pivots: Sequence[Pivot],
+    config: EvalConfig | None = None,
+    env: str | EnvFactory | None = None,
+    **env_kwargs: Any,
+) -> EvalReport:
+    """Turn accuracy of `policy` at `pivots`, per domain (and pooled over domains when there are several).
+
+    `env` is an env id or a factory used for every pivot; by default each domain's registered env
+    `pivot/<domain>-v0` scores its pivots. Invalid samples (infrastructure failures) are counted
+    apart and left out of the accuracies.
+    """
+    config = config or EvalConfig()
+    if not pivots:
+        raise ValueError("no pivots to evaluate")
+    if config.verifier:
+        env_kwargs.setdefault("verifier", config.verifier)
+    by_domain: dict[str, list[Pivot]] = defaultdict(list)
+    for pivot in pivots:
+        by_domain[pivot.domain].append(pivot)
+    report = EvalReport(policy=str(getattr(policy, "name", policy)))
+    for mode, n, sampling in _modes(config):
+        pooled: dict[str, list[float]] = {"functional": [], "strict": []}
+        pooled_invalid = 0
+        for domain, members in sorted(by_domain.items()):
+            completions = generate_all(policy, members, n, sampling, config.batch_size)
+            jobs = [(pivot.id, c.action) for pivot, group in zip(members, completions) for c in group]
+            with EnvPool(resolve_env(env, members, **env_kwargs), config.num_envs) as pool:
+                scores = pool.score(jobs)
+            functional = [s.reward for s in scores if s.valid]
+            strict = [s.strict_reward for s in scores if s.valid]
+            invalid = sum(1 for s in scores if not s.valid)
+            report.rows.append(EvalRow(domain, mode, len(members), n, Accuracy.of(functional), Accuracy.of(strict), invalid))
+            pooled["functional"] += functional
+            pooled["strict"] += strict
+            pooled_invalid += invalid
+        if len(by_domain) > 1:
+            report.rows.append(
+                EvalRow("all", mode, len(pivots), n, Accuracy.of(pooled["functional"]), Accuracy.of(pooled["strict"]), pooled_invalid)
+            )
+    return report
