@@ -1,0 +1,123 @@
+"""ToolUseEnv: conversational tool use at the pivots of expert trajectories (`pivot/tool-use-v0`)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from pivot_envs.domains.tool_use.backends import (
+    BACKENDS,
+    AirlineBackend,
+    Backend,
+    HttpBackend,
+    RecordedBackend,
+)
+from pivot_envs.domains.tool_use.parser import parse_action
+from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
+
+from pivot_envs.env import Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.pivot import Pivot, iter_pivots
+
+PIVOTS_RESOURCE = ("data", "airline_pivots.jsonl.gz")
+
+
+@cache
+def bundled_pivots() -> tuple[Pivot, ...]:
+    """The bundled tau-bench airline pivots (read once per process; shared, treat as read-only)."""
+    path = resources.files("pivot_envs.domains.tool_use").joinpath(*PIVOTS_RESOURCE)
+    return tuple(iter_pivots(str(path)))
+
+
+class ToolUseEnv(PivotEnv):
+    """A single-step env whose action is a whole assistant turn: tool call(s), a message, or both.
+
+    gym.make("pivot/tool-use-v0", pivots=None, verifier="functional", verifier_config=None,
+             backend=None, backend_config=None)
+
+    pivots:          a pivot file (or any trajectory format `pivot_envs.formats` reads), a list
+                     of pivots; None for the bundled tau-bench airline sample.
+    verifier:        "functional" (default; FunctionalVerifier, configured by verifier_config,
+                     a dict of FunctionalConfig fields) or "strict" (exact match, paper Eq. 2).
+    backend:         "recorded", "tau-airline", "http", or a Backend object; None picks each
+                     pivot's `context["backend"]`, else "recorded".
+    backend_config:  options of the http backend (HttpBackendConfig fields: url, timeout_s, ...).
+
+    step(action) returns the observation with the tool result messages (role "tool", carrying
+    the call's tool_call_id) appended after the parsed action; info["output"] is the tool output
+    (a list for several calls). Unparseable actions score 0 with category "unparseable".
+    """
+
+    domain = "tool-use"
+    default_verifier = "functional"
+    verifiers = {"functional": FunctionalVerifier, "strict": CachedStrictVerifier}
+
+    def __init__(
+        self,
+        pivots: PivotSource = None,
+        verifier: str | Any | None = None,
+        verifier_config: dict[str, Any] | None = None,
+        backend: str | Backend | None = None,
+        backend_config: dict[str, Any] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(pivots, verifier, verifier_config, render_mode)
+        self.strict_verifier = CachedStrictVerifier()
+        # The recorded backend matches sampled calls to expert calls by the functional rules.
+        self.functional = self.verifier if isinstance(self.verifier, FunctionalVerifier) else FunctionalVerifier()
+        if isinstance(backend, str) and backend not in BACKENDS:
+            raise ValueError(f"unknown tool backend {backend!r}; choose one of {list(BACKENDS)} or pass a Backend")
+        self.backend_choice = backend
+        self.backend_config = dict(backend_config or {})
+        self._backends: dict[str, Backend] = {}
+        self.backend: Backend | None = None
+
+    def default_pivots(self) -> list[Pivot]:
+        return list(bundled_pivots())
+
+    def parse(self, action: Any) -> ParsedAction:
+        return parse_action(action)
+
+    def backend_for(self, pivot: Pivot) -> Backend:
+        """The backend that executes calls at this pivot (the env's choice, else the pivot's)."""
+        choice = self.backend_choice if self.backend_choice is not None else pivot.context.get("backend") or "recorded"
+        if not isinstance(choice, str):
+            return choice
+        backend = self._backends.get(choice)
+        if backend is None:
+            if choice == "recorded":
+                backend = RecordedBackend(self.functional.expert_index_for)
+            elif choice == "tau-airline":
+                backend = AirlineBackend()
+            elif choice == "http":
+                backend = HttpBackend(**self.backend_config)
+            else:
+                raise ValueError(f"pivot {pivot.id}: unknown tool backend {choice!r}; choose one of {list(BACKENDS)}")
+            self._backends[choice] = backend
+        return backend
+
+    def restore(self, pivot: Pivot) -> None:
+        self.backend = self.backend_for(pivot)
+        self.backend.prepare(pivot)
+
+    def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
+        raw_calls = action.get("tool_calls")
+        if not raw_calls:
+            return Outcome()  # a message turn executes nothing
+        backend = self.backend if self.backend is not None else self.backend_for(pivot)
+        ids, calls = [], []
+        for call in raw_calls:
+            function = call["function"]
+            ids.append(call["id"])
+            calls.append((function["name"], json.loads(function["arguments"])))
+        outputs = backend.run(pivot, calls)
+        messages = [
+            {"role": "tool", "tool_call_id": call_id, "name": name, "content": output}
+            for call_id, (name, _), output in zip(ids, calls, outputs)
+        ]
+        data: dict[str, Any] = {"backend": backend.name}
+        equivalence = backend.equivalence(pivot)
+        if equivalence is not None:
+            data["equivalence"] = equivalence
+        return Outcome(messages, outputs[0] if len(outputs) == 1 else outputs, data)

@@ -1,0 +1,552 @@
+"""The functional verifier of conversational tool use (paper Eq. 5), and a cached strict one.
+
+A sampled assistant turn is locally acceptable when it does what the expert's turn does:
+
+- tool calls: the same tool, with arguments equal under the tool's JSON schema (key order never
+  matters; an optional argument equal to its default counts as absent; numbers compare by value
+  within a tolerance; enum and id-like strings after trim/case/NFKC normalization; free-text
+  strings by token-set similarity; arrays in order unless configured as sets). Several calls in
+  one turn are matched as a multiset (maximum bipartite matching) and scored in `binary`,
+  `fractional` or `f1` mode. Where the pivot's backend can execute calls, a call whose output
+  and state change equal the expert call's (run from the same state) is accepted even when its
+  arguments differ in form (execution equivalence).
+- messages: a tool call where a message was expected fails; a message must pass a content check
+  (token similarity to the expert message by default, or a pluggable judge). A message is never
+  accepted merely for being a message, unless `message_check="any"` asks for exactly that.
+
+Every rule is a field of `FunctionalConfig`, passed as
+`gym.make("pivot/tool-use-v0", verifier_config={...})`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from pivot_envs.chat import canonical_action, tool_name, tool_parameters
+from pivot_envs.config import option
+from pivot_envs.registry import import_object
+from pivot_envs.verifiers import StrictVerifier, Verdict
+
+if TYPE_CHECKING:
+    from pivot_envs.pivot import Pivot
+
+CORRECT = "correct"
+MODES = ("binary", "fractional", "f1")
+
+# Common English function words; dropped before token-set comparison so that two unrelated
+# sentences do not look similar because both say "the", "to" and "you".
+STOPWORDS = frozenset(
+    """a an the and or but if then so of to in on at by for with from as is are was were be been being
+    it its this that these those i you he she we they me him her us them my your his our their
+    do does did have has had will would can could should shall may might must not no yes please
+    there here what which who whom when where why how all any each some just also than too very""".split()
+)
+_TOKEN = re.compile(r"\w+")
+
+
+@dataclass
+class FunctionalConfig:
+    """The rules of the functional verifier (each one a flag of the generated CLI)."""
+
+    mode: str = option(
+        "binary",
+        "score of a turn with several calls: binary (1 only if the calls match the expert's one to one), "
+        "fractional (matched / max(expected, sampled)), f1 (2 * matched / (expected + sampled))",
+        choices=MODES,
+    )
+    float_tolerance: float = option(1e-6, "relative and absolute tolerance when numbers compare (5 == 5.0 always)")
+    normalize_enums: bool = option(True, "compare enum-typed strings after trim, case folding and Unicode NFKC")
+    normalize_ids: bool = option(True, "compare id-like strings (see id_pattern) after trim, case folding and NFKC")
+    id_pattern: str = option(
+        r"(?:^|_)(?:id|ids|code|codes|number|numbers|key|uuid)$",
+        "regex over argument names that marks id-like strings",
+    )
+    free_text_pattern: str = option(
+        r"(?:summary|thought|reason|message|content|description|query|text|note|notes|comment|explanation|instructions?)$",
+        "regex over argument names that marks free-text strings (compared by token similarity)",
+    )
+    free_text_min_tokens: int = option(
+        4, "a string whose expert value has at least this many tokens, mostly words, is free text too (0: off)"
+    )
+    text_similarity: str = option(
+        "f1", "token-set similarity for free text and messages: f1 (2|A&B|/(|A|+|B|)) or jaccard", choices=("f1", "jaccard")
+    )
+    text_threshold: float = option(0.5, "free-text arguments match when their token similarity is at least this")
+    drop_stopwords: bool = option(True, "drop common English function words before comparing token sets")
+    unordered_arrays: tuple[str, ...] = option((), "argument names whose arrays compare as multisets, not in order")
+    allow_extra_arguments: bool = option(False, "accept arguments the expert did not pass (otherwise extra_argument)")
+    message_check: str = option(
+        "similarity",
+        "how a message turn is judged: similarity (token similarity to the expert message), judge "
+        "(the message_judge callable), any (accept every message: NeMo-Gym's behaviour, reward-hackable)",
+        choices=("similarity", "judge", "any"),
+    )
+    message_threshold: float = option(0.35, "a message matches when its token similarity to the expert's is at least this")
+    message_judge: str | Callable[..., Any] | None = option(
+        None, "judge(pivot, expected_text, actual_text) -> bool or float in [0, 1], or its 'module:function' path"
+    )
+    execution_equivalence: bool = option(
+        True, "accept a call whose output and state change equal the expert call's, executed from the same state"
+    )
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"FunctionalConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.text_similarity not in ("f1", "jaccard"):
+            raise ValueError(f"FunctionalConfig.text_similarity must be f1 or jaccard, got {self.text_similarity!r}")
+        if self.message_check not in ("similarity", "judge", "any"):
+            raise ValueError(f"FunctionalConfig.message_check must be similarity, judge or any, got {self.message_check!r}")
+        if self.message_check == "judge" and self.message_judge is None:
+            raise ValueError("FunctionalConfig: message_check='judge' needs a message_judge")
+        if isinstance(self.message_judge, str):
+            self.message_judge = import_object(self.message_judge)
+        self.unordered_arrays = tuple(self.unordered_arrays)
+
+
+# -- text normalization and similarity ----------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def normalize(text: str) -> str:
+    """Trimmed, NFKC-normalized, case-folded text."""
+    return unicodedata.normalize("NFKC", text).strip().casefold()
+
+
+@lru_cache(maxsize=65536)
+def tokens(text: str, drop_stopwords: bool = True) -> frozenset[str]:
+    """The set of normalized word tokens of a text."""
+    found = _TOKEN.findall(normalize(text))
+    if drop_stopwords:
+        kept = [t for t in found if t not in STOPWORDS]
+        found = kept or found  # a text made only of function words keeps them
+    return frozenset(found)
+
+
+def similarity(a: frozenset[str], b: frozenset[str], measure: str = "f1") -> float:
+    """Token-set similarity in [0, 1]: F1 (Dice) or Jaccard; 1 for two empty sets."""
+    if not a and not b:
+        return 1.0
+    common = len(a & b)
+    if measure == "jaccard":
+        return common / (len(a) + len(b) - common)
+    return 2.0 * common / (len(a) + len(b))
+
+
+# -- schemas -------------------------------------------------------------------------------------
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+_NO_DEFAULT = object()
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _Field:
+    """A compiled JSON-schema node: what the comparison of one argument needs."""
+
+    __slots__ = ("name", "types", "enum", "default", "is_id", "is_free", "items", "properties", "unordered")
+
+    def __init__(self, schema: Any, name: str, config: FunctionalConfig, id_re: re.Pattern, free_re: re.Pattern) -> None:
+        schema = schema if isinstance(schema, dict) else {}
+        self.name = name
+        declared = schema.get("type")
+        variants = schema.get("anyOf") or schema.get("oneOf")
+        if declared is None and isinstance(variants, list):
+            declared = [v.get("type") for v in variants if isinstance(v, dict) and isinstance(v.get("type"), str)]
+        if isinstance(declared, str):
+            declared = [declared]
+        self.types = frozenset(declared) if declared else None
+        self.enum = isinstance(schema.get("enum"), list)
+        self.default = schema.get("default", _NO_DEFAULT)
+        self.is_id = bool(name) and id_re.search(name) is not None
+        self.is_free = bool(name) and free_re.search(name) is not None
+        self.unordered = name in config.unordered_arrays
+        items = schema.get("items")
+        self.items = _Field(items, name, config, id_re, free_re) if isinstance(items, dict) else None
+        properties = schema.get("properties")
+        self.properties = (
+            {key: _Field(sub, key, config, id_re, free_re) for key, sub in properties.items()}
+            if isinstance(properties, dict)
+            else {}
+        )
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), "unknown")
+
+
+def _type_ok(value: Any, types: frozenset[str]) -> bool:
+    kind = _json_type(value)
+    if kind in types:
+        return True
+    if kind == "integer" and "number" in types:
+        return True
+    return kind == "number" and "integer" in types and value.is_integer()
+
+
+def _fast_ok(value: Any) -> bool:
+    """Whether Python == on this expert value cannot be fooled by bool/int confusion (True == 1)."""
+    kind = type(value)
+    if kind is bool:
+        return False
+    if kind in (int, float):
+        return value not in (0, 1)
+    if kind is dict:
+        return all(_fast_ok(v) for v in value.values())
+    if kind is list:
+        return all(_fast_ok(v) for v in value)
+    return True
+
+
+@dataclass
+class _ExpertCall:
+    name: str
+    arguments: Any
+    field: _Field | None
+    fast_ok: bool
+
+
+@dataclass
+class _Plan:
+    """What the verifier precompiles once per pivot."""
+
+    expert: dict[str, Any]
+    calls: list[_ExpertCall]
+    message: str
+    message_tokens: frozenset[str]
+
+
+Mismatch = tuple[str, str]  # (category, detail)
+
+
+def bipartite_matching(edges: list[list[int]], n_right: int) -> list[int]:
+    """Maximum bipartite matching (Kuhn): edges[i] lists the right nodes left node i may take.
+
+    Returns match_of_right (left index or -1 per right node).
+    """
+    match_of_right = [-1] * n_right
+
+    def augment(left: int, seen: list[bool]) -> bool:
+        for right in edges[left]:
+            if not seen[right]:
+                seen[right] = True
+                if match_of_right[right] < 0 or augment(match_of_right[right], seen):
+                    match_of_right[right] = left
+                    return True
+        return False
+
+    for left in range(len(edges)):
+        augment(left, [False] * n_right)
+    return match_of_right
+
+
+class FunctionalVerifier:
+    """Functional reward for tool use (paper Eq. 5); see the module docstring for the rules.
+
+    Build it with a FunctionalConfig or its fields as keywords:
+    `FunctionalVerifier(mode="f1", text_threshold=0.6)`. Expert data (parsed calls, compiled
+    schemas, message tokens) is compiled lazily and cached by pivot id.
+    """
+
+    name = "functional"
+
+    def __init__(self, config: FunctionalConfig | dict[str, Any] | None = None, **overrides: Any) -> None:
+        if isinstance(config, dict):
+            overrides = {**config, **overrides}
+            config = None
+        if config is None:
+            known = {f.name for f in fields(FunctionalConfig)}
+            unknown = sorted(set(overrides) - known)
+            if unknown:
+                raise ValueError(f"unknown functional verifier option(s) {unknown}; known: {sorted(known)}")
+            config = FunctionalConfig(**overrides)
+        self.config = config
+        self._id_re = re.compile(config.id_pattern)
+        self._free_re = re.compile(config.free_text_pattern)
+        self._plans: dict[str, _Plan] = {}
+        self._tool_fields: dict[str, _Field] = {}
+
+    # -- compilation ---------------------------------------------------------------------------
+
+    def _tool_field(self, tool: dict[str, Any]) -> _Field:
+        params = tool_parameters(tool)
+        key = tool_name(tool) + "\x00" + json.dumps(params, sort_keys=True)
+        compiled = self._tool_fields.get(key)
+        if compiled is None:
+            compiled = self._tool_fields[key] = _Field(params, "", self.config, self._id_re, self._free_re)
+        return compiled
+
+    def plan(self, pivot: Pivot) -> _Plan:
+        """The compiled expert data of a pivot (cached by pivot id)."""
+        plan = self._plans.get(pivot.id)
+        if plan is not None and plan.expert is pivot.expert:
+            return plan
+        schemas = {tool_name(t): t for t in pivot.tools if isinstance(t, dict)}
+        calls = []
+        for call in pivot.expert.get("tool_calls") or []:
+            function = call.get("function", call) if isinstance(call, dict) else {}
+            name = str(function.get("name", ""))
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+                except ValueError:
+                    pass  # compared as it stands; no sampled call can be equal to broken JSON
+            elif arguments is None:
+                arguments = {}
+            field = self._tool_field(schemas[name]) if name in schemas else None
+            calls.append(_ExpertCall(name, arguments, field, _fast_ok(arguments)))
+        text = _content(pivot.expert)
+        plan = _Plan(pivot.expert, calls, text, tokens(text, self.config.drop_stopwords))
+        self._plans[pivot.id] = plan
+        return plan
+
+    # -- argument comparison ---------------------------------------------------------------------
+
+    def _is_free_text(self, expected: str, field: _Field | None) -> bool:
+        if field is not None and (field.enum or field.is_id):
+            return False
+        if field is not None and field.is_free:
+            return True
+        minimum = self.config.free_text_min_tokens
+        if minimum <= 0:
+            return False
+        found = _TOKEN.findall(expected)
+        return len(found) >= minimum and sum(1 for t in found if not t.isdigit()) * 2 >= len(found)
+
+    def _compare_strings(self, expected: str, actual: str, field: _Field | None, path: str) -> Mismatch | None:
+        if expected == actual:
+            return None
+        config = self.config
+        if field is not None and ((field.enum and config.normalize_enums) or (field.is_id and config.normalize_ids)):
+            if normalize(expected) == normalize(actual):
+                return None
+            return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
+        if self._is_free_text(expected, field):
+            score = similarity(
+                tokens(expected, config.drop_stopwords), tokens(actual, config.drop_stopwords), config.text_similarity
+            )
+            if score >= config.text_threshold:
+                return None
+            return "argument_value_different", f"{path}: free text similarity {score:.2f} < {config.text_threshold}"
+        # Plain strings: whitespace and Unicode form do not count, case does.
+        if unicodedata.normalize("NFKC", expected).strip() == unicodedata.normalize("NFKC", actual).strip():
+            return None
+        return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
+
+    def compare(self, expected: Any, actual: Any, field: _Field | None, path: str) -> Mismatch | None:
+        """None when `actual` equals `expected` under the schema rules, else (category, detail)."""
+        if type(expected) is type(actual) and type(expected) in _SCALARS and expected == actual:
+            return None
+        if field is not None and field.types is not None:
+            if not _type_ok(actual, field.types):
+                return "argument_type_mismatch", f"{path}: expected {'/'.join(sorted(field.types))}, got {_json_type(actual)}"
+        expected_type, actual_type = _json_type(expected), _json_type(actual)
+        numeric = ("integer", "number")
+        if expected_type != actual_type and not (expected_type in numeric and actual_type in numeric):
+            return "argument_type_mismatch", f"{path}: expected {expected_type}, got {actual_type}"
+        if expected_type in numeric:
+            tolerance = self.config.float_tolerance
+            if math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance):
+                return None
+            return "argument_value_different", f"{path}: expected {expected}, got {actual}"
+        if expected_type == "string":
+            return self._compare_strings(expected, actual, field, path)
+        if expected_type == "array":
+            return self._compare_arrays(expected, actual, field, path)
+        if expected_type == "object":
+            return self.compare_objects(expected, actual, field, path)
+        if expected == actual:
+            return None
+        return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
+
+    def _compare_arrays(self, expected: list, actual: list, field: _Field | None, path: str) -> Mismatch | None:
+        items = field.items if field is not None else None
+        if len(expected) != len(actual):
+            return "argument_value_different", f"{path}: expected {len(expected)} items, got {len(actual)}"
+        if field is not None and field.unordered:
+            edges = [[j for j, a in enumerate(actual) if self.compare(e, a, items, path) is None] for e in expected]
+            if -1 in bipartite_matching(edges, len(actual)):
+                return "argument_value_different", f"{path}: the items differ (compared as a set)"
+            return None
+        for index, (e, a) in enumerate(zip(expected, actual)):
+            found = self.compare(e, a, items, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+
+    def compare_objects(self, expected: dict, actual: dict, field: _Field | None, path: str = "") -> Mismatch | None:
+        """Compare two argument objects: missing, extra, then each shared value."""
+        properties = field.properties if field is not None else {}
+        prefix = f"{path}." if path else ""
+        for key, value in expected.items():
+            if key not in actual:
+                sub = properties.get(key)
+                if sub is not None and sub.default is not _NO_DEFAULT and self.compare(sub.default, value, sub, key) is None:
+                    continue
+                return "missing_argument", f"{prefix}{key} is missing"
+        for key, value in actual.items():
+            if key in expected:
+                continue
+            sub = properties.get(key)
+            if sub is not None and sub.default is not _NO_DEFAULT and self.compare(sub.default, value, sub, key) is None:
+                continue
+            if not self.config.allow_extra_arguments:
+                return "extra_argument", f"{prefix}{key} was not expected"
+        for key, value in expected.items():
+            if key in actual:
+                found = self.compare(value, actual[key], properties.get(key), prefix + key)
+                if found is not None:
+                    return found
+        return None
+
+    def match_call(self, expert: _ExpertCall, name: str, arguments: Any) -> Mismatch | None:
+        """None when a sampled call (name, parsed arguments) equals an expert call by the argument rules."""
+        if name != expert.name:
+            return "unexpected_tool", f"expected {expert.name}, got {name}"
+        if expert.fast_ok and arguments == expert.arguments:
+            return None
+        if not isinstance(arguments, dict) or not isinstance(expert.arguments, dict):
+            if arguments == expert.arguments:
+                return None
+            return "argument_type_mismatch", f"{name}: arguments are not a JSON object"
+        found = self.compare_objects(expert.arguments, arguments, expert.field)
+        if found is None:
+            return None
+        return found[0], f"{name}: {found[1]}"
+
+    def expert_index_for(self, pivot: Pivot, name: str, arguments: Any) -> int | None:
+        """The index of the first expert call the sampled call equals by the argument rules."""
+        for index, expert in enumerate(self.plan(pivot).calls):
+            if self.match_call(expert, name, arguments) is None:
+                return index
+        return None
+
+    # -- verdicts ----------------------------------------------------------------------------------
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        """Score a canonical assistant message at a pivot; `outcome.data["equivalence"]`, when
+        present, decides execution equivalence (see ToolUseEnv)."""
+        plan = self.plan(pivot)
+        raw_calls = action.get("tool_calls") or []
+        if not plan.calls:
+            if raw_calls:
+                return Verdict(0.0, "expected_message_got_tool_call", f"the expert answered with a message; got {len(raw_calls)} tool call(s)")
+            return self._verify_message(pivot, plan, _content(action))
+        if not raw_calls:
+            return Verdict(0.0, "expected_tool_call_got_message", f"the expert called {', '.join(c.name for c in plan.calls)}")
+        sampled = []
+        for call in raw_calls:
+            function = call.get("function", call) if isinstance(call, dict) else {}
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments else {}
+                except ValueError:
+                    return Verdict(0.0, "unparseable", "a tool call's arguments are not valid JSON")
+            elif arguments is None:
+                arguments = {}
+            sampled.append((str(function.get("name", "")) if isinstance(function, dict) else "", arguments))
+        equivalence = getattr(outcome, "data", {}).get("equivalence") if self.config.execution_equivalence else None
+        if len(sampled) == 1 and len(plan.calls) == 1:
+            name, arguments = sampled[0]
+            found = self.match_call(plan.calls[0], name, arguments)
+            if found is None:
+                return Verdict(1.0, CORRECT)
+            if equivalence is not None and name == plan.calls[0].name and equivalence(0, name, arguments):
+                return Verdict(1.0, CORRECT, f"{found[1]}; accepted by execution equivalence", extra={"execution_equivalent": True})
+            return Verdict(0.0, found[0], found[1])
+        return self._verify_calls(plan, sampled, equivalence)
+
+    def _verify_calls(self, plan: _Plan, sampled: list[tuple[str, Any]], equivalence: Any) -> Verdict:
+        experts = plan.calls
+        mismatches: dict[tuple[int, int], Mismatch] = {}
+        edges: list[list[int]] = []
+        executed = False
+        for i, (name, arguments) in enumerate(sampled):
+            row = []
+            for j, expert in enumerate(experts):
+                found = self.match_call(expert, name, arguments)
+                if found is None:
+                    row.append(j)
+                    continue
+                if equivalence is not None and name == expert.name and equivalence(j, name, arguments):
+                    row.append(j)
+                    executed = True
+                    continue
+                mismatches[i, j] = found
+            edges.append(row)
+        match_of_expert = bipartite_matching(edges, len(experts))
+        matched = sum(1 for left in match_of_expert if left >= 0)
+        n_expert, n_sampled = len(experts), len(sampled)
+        if matched == n_expert == n_sampled:
+            detail = "accepted by execution equivalence for some calls" if executed else ""
+            return Verdict(1.0, CORRECT, detail, extra={"execution_equivalent": executed})
+        mode = self.config.mode
+        if mode == "fractional":
+            reward = matched / max(n_expert, n_sampled)
+        elif mode == "f1":
+            reward = 2.0 * matched / (n_expert + n_sampled)
+        else:
+            reward = 0.0
+        summary = f"{matched} of {n_expert} expert call(s) matched by {n_sampled} sampled call(s)"
+        if n_expert != n_sampled:
+            return Verdict(reward, "wrong_call_count", summary)
+        taken = {left for left in match_of_expert if left >= 0}
+        for j, left in enumerate(match_of_expert):
+            if left >= 0:
+                continue
+            # Explain the first unmatched expert call by its closest unmatched sampled call.
+            candidates = [i for i in range(n_sampled) if i not in taken]
+            same_name = [i for i in candidates if sampled[i][0] == experts[j].name]
+            i = (same_name or candidates)[0]
+            category, detail = mismatches.get((i, j), ("unexpected_tool", experts[j].name))
+            return Verdict(reward, category, f"{summary}; {detail}")
+        return Verdict(reward, "wrong_call_count", summary)
+
+    def _verify_message(self, pivot: Pivot, plan: _Plan, text: str) -> Verdict:
+        config = self.config
+        if not text:
+            return Verdict(0.0, "message_content_different", "empty message")
+        if config.message_check == "any":
+            return Verdict(1.0, CORRECT, "message_check='any' accepts every message")
+        if config.message_check == "judge":
+            try:
+                score = config.message_judge(pivot, plan.message, text)  # type: ignore[misc]
+            except Exception as error:  # the judge is infrastructure: its failure must not read as reward 0
+                return Verdict(0.0, "infrastructure_error", f"message judge failed: {error!r}", valid=False)
+            reward = float(score)
+            if not 0.0 <= reward <= 1.0:
+                return Verdict(0.0, "infrastructure_error", f"message judge returned {score!r}, not in [0, 1]", valid=False)
+            return Verdict(reward, CORRECT if reward > 0 else "message_content_different", f"judge score {reward:.2f}")
+        score = similarity(plan.message_tokens, tokens(text, config.drop_stopwords), config.text_similarity)
+        if score >= config.message_threshold:
+            return Verdict(1.0, CORRECT, f"message similarity {score:.2f}")
+        return Verdict(0.0, "message_content_different", f"message similarity {score:.2f} < {config.message_threshold}")
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content.strip() if isinstance(content, str) else ""
+
+
+class CachedStrictVerifier(StrictVerifier):
+    """The strict verifier (paper Eq. 2) with the expert's canonical form cached by pivot id."""
+
+    def __init__(self) -> None:
+        self._expert: dict[str, tuple[dict[str, Any], str]] = {}
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        cached = self._expert.get(pivot.id)
+        if cached is None or cached[0] is not pivot.expert:
+            cached = self._expert[pivot.id] = (pivot.expert, canonical_action(pivot.expert))
+        if canonical_action(action) == cached[1]:
+            return Verdict(1.0, "exact_match")
+        return Verdict(0.0, "not_exact_match", "the action differs from the expert's in canonical form")
