@@ -1,0 +1,495 @@
+"""Sandbox backends for the terminal domain: Docker (docker SDK, real daemon) and bubblewrap.
+
+Both run every command through `pivot_envs.sandbox.RUNNER` (shell state restore, resource
+limits, hard timeout over the whole process group, output capped, optional file manifest).
+
+Docker: containers with the network disabled and CPU, memory and pids limits; a snapshot is a
+`docker commit`; forks come from a small warm pool of containers already started from the
+snapshot image (refilled in the background), so a fork costs no `docker run`. Every container and
+image carries the label `pivot-envs`, with the owning process in `pivot-envs.owner`, so `close()`
+and `pivotrl sandbox gc` find all of them.
+
+bubblewrap: the base root filesystem's system directories bound read-only, a writable workspace,
+home, /tmp and state directory per sandbox (a directory tree on the host), all namespaces
+unshared (no network), limits through rlimits. A snapshot is a copy of that tree; a fork is a
+copy-on-write copy (`cp -a --reflink=auto`). When run as root, the sandbox drops to the `nobody`
+user on the host (inside it is root of its own user namespace), so RLIMIT_NPROC bounds fork bombs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pivot_envs.sandbox import (
+    STATE_DIR,
+    CommandResult,
+    SandboxError,
+    SandboxLimits,
+    Snapshot,
+    new_marker,
+    parse_runner_output,
+    result_from_files,
+    runner_argv,
+    runner_env,
+)
+
+LABEL = "pivot-envs"
+OWNER_LABEL = "pivot-envs.owner"
+BWRAP_PREFIX = "pivot-envs-bwrap-"
+NOBODY = 65534
+# The keep-alive of every container; docker-init (init=True) reaps orphaned background processes.
+KEEPALIVE = ["sleep", "infinity"]
+
+INSTALL_HELP = (
+    "no sandbox backend is available. Install either one:\n"
+    "  Docker:      apt-get install docker.io (or Docker Engine), start the daemon (`dockerd` or "
+    "`systemctl start docker`) and make sure `docker info` answers for this user;\n"
+    "  bubblewrap:  apt-get install bubblewrap (dnf install bubblewrap; brew has none: use Docker on macOS).\n"
+    "Then build the base image once: `sudo pivotrl sandbox build-image` (needs debootstrap)."
+)
+
+
+def owner_id() -> str:
+    """The label value that marks what this process made (gc removes only dead owners' things)."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def docker_available(timeout: float = 3.0) -> bool:
+    """Whether the docker SDK is installed and a daemon answers a ping."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # any failure to reach the daemon means "not available"
+        return False
+
+
+def bwrap_available() -> bool:
+    """Whether bubblewrap is installed and can create its namespaces here."""
+    if shutil.which("bwrap") is None:
+        return False
+    result = subprocess.run(
+        [*_drop_privileges(), "bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"],
+        capture_output=True, timeout=10,
+    )
+    return result.returncode == 0
+
+
+def _drop_privileges() -> list[str]:
+    # Root is exempt from RLIMIT_NPROC; running the sandbox as `nobody` makes the limit real.
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# bubblewrap
+
+
+class BwrapBackend:
+    """Makes bubblewrap sandboxes on one root filesystem; `close()` removes every directory it made."""
+
+    name = "bwrap"
+
+    def __init__(self, rootfs: str | os.PathLike, limits: SandboxLimits | None = None,
+                 root_dir: str | os.PathLike | None = None) -> None:
+        self.rootfs = Path(rootfs)
+        if not (self.rootfs / "usr" / "bin" / "bash").exists():
+            raise SandboxError(f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`")
+        self.limits = limits or SandboxLimits()
+        parent = Path(root_dir or tempfile.gettempdir())
+        self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=parent))
+        self.root.chmod(0o755)
+        self._drop = _drop_privileges()
+        self._system = self._system_binds()
+
+    def _system_binds(self) -> list[str]:
+        args: list[str] = []
+        for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt"):
+            path = self.rootfs / name
+            if path.is_symlink():  # merged /usr: /bin -> usr/bin
+                args += ["--symlink", os.readlink(path), f"/{name}"]
+            elif path.is_dir():
+                args += ["--ro-bind", str(path), f"/{name}"]
+        return args
+
+    def _new_dir(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="sb-", dir=self.root))
+
+    def _own(self, path: Path) -> None:
+        if self._drop:
+            subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(path)], check=True)
+
+    def create(self, workdir: str = "/app") -> BwrapSandbox:
+        """A fresh sandbox with an empty workspace at `workdir`."""
+        directory = self._new_dir()
+        for part in ("work", "home", "tmp", "state"):
+            (directory / part).mkdir()
+        (directory / "tmp").chmod(0o1777)
+        self._own(directory)
+        return BwrapSandbox(self, directory, workdir)
+
+    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A new sandbox whose directories are a copy-on-write copy of the snapshot's."""
+        directory = self._new_dir()
+        directory.rmdir()
+        subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], check=True)
+        return BwrapSandbox(self, directory, snapshot.workdir)
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Delete a snapshot's directory."""
+        shutil.rmtree(snapshot.ref, ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove every sandbox and snapshot directory this backend made."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> BwrapBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BwrapSandbox:
+    """One bubblewrap sandbox: a directory tree on the host, entered once per command."""
+
+    backend = "bwrap"
+
+    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str) -> None:
+        self.owner = owner
+        self.directory = directory
+        self.workdir = workdir
+        self.marker = new_marker()
+        self.closed = False
+
+    def _argv(self, inner: list[str]) -> list[str]:
+        d = self.directory
+        return [
+            *self.owner._drop,
+            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            "--uid", "0", "--gid", "0",
+            *self.owner._system,
+            "--dev", "/dev", "--proc", "/proc",
+            "--bind", str(d / "tmp"), "/tmp",
+            "--bind", str(d / "home"), "/root",
+            "--bind", str(d / "state"), STATE_DIR,
+            "--bind", str(d / "work"), self.workdir,
+            "--chdir", self.workdir,
+            "--clearenv", *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
+            *inner,
+        ]
+
+    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+        """Run one command (see pivot_envs.sandbox.Sandbox.run)."""
+        if self.closed:
+            raise SandboxError("this sandbox is closed")
+        limits = self.owner.limits
+        timeout = limits.timeout if timeout is None else timeout
+        nproc = _user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
+        argv = runner_argv(command, timeout, limits, self.marker, nproc=nproc,
+                           address_space_kb=limits.memory_mb * 1024, report=False)
+        start = time.monotonic()
+        try:
+            # The host-side limit only matters if the in-sandbox timeout itself could not act.
+            completed = subprocess.run(self._argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       timeout=timeout + 15, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as error:
+            raise SandboxError(f"bubblewrap did not return within {timeout + 15:.0f}s") from error
+        seconds = time.monotonic() - start
+        # The command's own stderr goes to the output file: anything here is bubblewrap's.
+        if completed.stderr.startswith(b"bwrap:"):
+            raise SandboxError(f"bubblewrap failed ({completed.returncode}): {completed.stderr.decode(errors='replace')[-500:]}")
+        return result_from_files(self.directory / "state", self.directory / "work" if files else None, command,
+                                 completed.returncode, limits, timeout, seconds)
+
+    def snapshot(self) -> Snapshot:
+        """Freeze the current state: a copy of this sandbox's directory tree."""
+        target = self.owner._new_dir()
+        target.rmdir()
+        subprocess.run(["cp", "-a", "--reflink=auto", str(self.directory), str(target)], check=True)
+        return Snapshot("bwrap", str(target), self.workdir)
+
+    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A new sandbox from `snapshot`."""
+        return self.owner.fork(snapshot)
+
+    def interactive_argv(self) -> list[str]:
+        """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
+        return self._argv(["bash", "--norc", "--noprofile", "-i"])
+
+    def close(self) -> None:
+        """Delete this sandbox's directory tree (its processes died with their bwrap)."""
+        self.closed = True
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _user_process_count(uid: int) -> int:
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker
+
+
+class DockerBackend:
+    """Makes Docker sandboxes; snapshots are commits, forks come from a warm pool per snapshot."""
+
+    name = "docker"
+
+    def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0) -> None:
+        import docker
+
+        self.limits = limits or SandboxLimits()
+        try:
+            self.client = docker.from_env(timeout=int(max(client_timeout, self.limits.timeout + 30)))
+            self.client.ping()
+        except Exception as error:
+            raise SandboxError(f"the Docker daemon does not answer: {error}") from error
+        self.warm_pool = warm_pool
+        self.owner = owner_id()
+        self._pools: dict[str, queue.SimpleQueue] = {}
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
+        self._closed = False
+
+    def labels(self, kind: str) -> dict[str, str]:
+        return {LABEL: kind, OWNER_LABEL: self.owner}
+
+    def _start(self, image: str, workdir: str):
+        limits = self.limits
+        return self.client.containers.run(
+            image, KEEPALIVE, detach=True, init=True, labels=self.labels("container"),
+            network_disabled=True, network_mode="none", working_dir=workdir,
+            mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+            nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
+            cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
+            security_opt=["no-new-privileges"],
+        )
+
+    def create(self, image: str, workdir: str = "/app") -> DockerSandbox:
+        """A fresh sandbox from `image` (which must exist locally: nothing is pulled)."""
+        import docker
+
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound as error:
+            raise SandboxError(f"docker image {image!r} is not available locally (nothing is pulled)") from error
+        container = self._start(image, workdir)
+        sandbox = DockerSandbox(self, container, workdir)
+        sandbox.run(f"mkdir -p {workdir}", timeout=30)
+        return sandbox
+
+    def fork(self, snapshot: Snapshot) -> DockerSandbox:
+        """A sandbox from the snapshot image: a warm container when one is ready, else a new one."""
+        pool = self._pool(snapshot)
+        try:
+            container = pool.get_nowait()
+        except queue.Empty:
+            container = self._start(snapshot.ref, snapshot.workdir)
+        self._refill(snapshot)
+        return DockerSandbox(self, container, snapshot.workdir)
+
+    def _pool(self, snapshot: Snapshot) -> queue.SimpleQueue:
+        with self._lock:
+            return self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+
+    def _refill(self, snapshot: Snapshot) -> None:
+        if self.warm_pool <= 0 or self._closed:
+            return
+        pool = self._pool(snapshot)
+
+        def start_one() -> None:
+            if self._closed or pool.qsize() >= self.warm_pool or snapshot.ref not in self._pools:
+                return
+            try:
+                pool.put(self._start(snapshot.ref, snapshot.workdir))
+            except Exception:  # a failed warm start only costs the next fork a cold start
+                return
+
+        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
+            self._workers.submit(start_one)
+
+    def prewarm(self, snapshot: Snapshot) -> None:
+        """Start filling the snapshot's warm pool now (in the background)."""
+        self._refill(snapshot)
+
+    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
+        """Block until the snapshot's warm pool is full (benchmarks use this); returns whether it is."""
+        deadline = time.monotonic() + timeout
+        pool = self._pool(snapshot)
+        while pool.qsize() < self.warm_pool and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return pool.qsize() >= self.warm_pool
+
+    def remove_container(self, container, wait: bool = False) -> None:
+        """Remove a container (in the background unless `wait`)."""
+        def remove() -> None:
+            try:
+                container.remove(force=True)
+            except Exception:  # already gone
+                return
+
+        if wait or self._closed:
+            remove()
+        else:
+            self._workers.submit(remove)
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Drop a snapshot: its warm containers, then its image."""
+        with self._lock:
+            pool = self._pools.pop(snapshot.ref, None)
+        while pool is not None and not pool.empty():
+            self.remove_container(pool.get_nowait(), wait=True)
+        try:
+            self.client.images.remove(snapshot.ref, force=True)
+        except Exception:  # still used by a live fork: gc/close removes it later
+            return
+
+    def close(self) -> None:
+        """Remove every container and snapshot image this backend (this process) made."""
+        self._closed = True
+        self._workers.shutdown(wait=True)
+        with self._lock:
+            self._pools.clear()
+        remove_labelled(self.client, owner=self.owner)
+        self.client.close()
+
+    def __enter__(self) -> DockerBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DockerSandbox:
+    """One Docker container; each command is one `docker exec` of the runner."""
+
+    backend = "docker"
+
+    def __init__(self, owner: DockerBackend, container, workdir: str) -> None:
+        self.owner = owner
+        self.container = container
+        self.workdir = workdir
+        self.marker = new_marker()
+        self.closed = False
+
+    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+        """Run one command (see pivot_envs.sandbox.Sandbox.run)."""
+        if self.closed:
+            raise SandboxError("this sandbox is closed")
+        limits = self.owner.limits
+        timeout = limits.timeout if timeout is None else timeout
+        argv = runner_argv(command, timeout, limits, self.marker, self.workdir if files else "")
+        start = time.monotonic()
+        try:
+            exit_code, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
+        except Exception as error:
+            raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
+        return parse_runner_output(raw or b"", command, self.marker, limits, timeout, time.monotonic() - start)
+
+    def snapshot(self) -> Snapshot:
+        """`docker commit` the container as a labelled image."""
+        image = self.container.commit(
+            repository="pivot-envs/snapshot", tag=uuid.uuid4().hex[:12],
+            changes=[f"LABEL {LABEL}=snapshot", f"LABEL {OWNER_LABEL}={self.owner.owner}"],
+        )
+        return Snapshot("docker", image.id, self.workdir)
+
+    def fork(self, snapshot: Snapshot) -> DockerSandbox:
+        """A new sandbox from `snapshot`."""
+        return self.owner.fork(snapshot)
+
+    def interactive_argv(self) -> list[str]:
+        """The argv of an interactive bash in this container (for InteractiveShell)."""
+        env = [arg for key, value in runner_env().items() if key != "PIVOT_INNER" for arg in ("-e", f"{key}={value}")]
+        return ["docker", "exec", "-it", "-w", self.workdir, *env, self.container.id, "bash", "--norc", "--noprofile", "-i"]
+
+    def close(self) -> None:
+        """Remove the container (in the background: it is never reused)."""
+        if not self.closed:
+            self.closed = True
+            self.owner.remove_container(self.container)
+
+
+def remove_labelled(client, owner: str | None = None, include_base: bool = False) -> tuple[int, int]:
+    """Remove containers and images labelled `pivot-envs` (only `owner`'s when given); returns the counts."""
+    filters = [LABEL] if owner is None else [f"{OWNER_LABEL}={owner}"]
+    containers = client.containers.list(all=True, filters={"label": filters})
+    for container in containers:
+        try:
+            container.remove(force=True)
+        except Exception:  # removed concurrently
+            continue
+    removed_images = 0
+    for image in client.images.list(filters={"label": filters}):
+        if image.labels.get(LABEL) == "base" and not include_base:
+            continue
+        try:
+            client.images.remove(image.id, force=True)
+            removed_images += 1
+        except Exception:  # a parent of another labelled image: removed with it
+            continue
+    return len(containers), removed_images
+
+
+def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
+    """Remove sandboxes left by processes that are gone (all of them with `all_owners`).
+
+    Docker: labelled containers and snapshot images (and the base image with `include_base`);
+    bubblewrap: the temporary directories of dead processes. Returns what was removed.
+    """
+    removed = {"containers": 0, "images": 0, "directories": 0}
+    if docker_available():
+        import docker
+
+        client = docker.from_env()
+        owners = {c.labels.get(OWNER_LABEL) for c in client.containers.list(all=True, filters={"label": [LABEL]})}
+        owners |= {i.labels.get(OWNER_LABEL) for i in client.images.list(filters={"label": [LABEL]})}
+        for owner in owners:
+            if owner is None:
+                continue
+            if all_owners or not _owner_alive(owner):
+                containers, images = remove_labelled(client, owner=owner)
+                removed["containers"] += containers
+                removed["images"] += images
+        if include_base:
+            _, images = remove_labelled(client, include_base=True)
+            removed["images"] += images
+        client.close()
+    for path in Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*"):
+        pid = path.name[len(BWRAP_PREFIX):].split("-", 1)[0]
+        if all_owners or not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            shutil.rmtree(path, ignore_errors=True)
+            removed["directories"] += 1
+    return removed
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != os.uname().nodename:
+        return True  # another machine's sandboxes on a shared daemon: not ours to judge
+    return pid.isdigit() and Path(f"/proc/{pid}").exists()

@@ -1,0 +1,197 @@
+"""TerminalEnv: `pivot/terminal-v0`, the next bash command at a pivot of a terminal trajectory.
+
+reset() restores the pivot's prefix state (filesystem and shell state after the expert's earlier
+commands): built once per pivot and snapshotted (PrefixCache), then forked for this sample.
+step() runs the sampled command in the fork, with the hard timeout and limits, and scores it with
+the functional verifier against the expert command's effect from the same state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from pivot_envs.config import option
+from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.pivot import Pivot, read_pivots
+from pivot_envs.sandbox import CommandResult, SandboxError, SandboxLimits, file_changes
+from pivot_envs.verifiers import StrictVerifier, Verifier
+
+from .parse import canonical_message, command_of_message, parse_action, parse_command
+from .verifier import TerminalVerifier
+
+SANDBOXES = ("auto", "docker", "bwrap")
+
+
+@dataclass
+class TerminalConfig:
+    """Options of `pivot/terminal-v0` (keyword arguments of gym.make)."""
+
+    sandbox: str = option("auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES)
+    prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
+    warm_pool: int = option(4, "Docker: containers kept started per snapshot, so a fork costs no docker run")
+    build_image: bool = option(True, "build the base root filesystem/image when it is missing (needs root and debootstrap)")
+
+
+def resolve_sandbox(kind: str) -> str:
+    """'docker' or 'bwrap' for a requested kind; raises SandboxError saying how to install one."""
+    from .backends import INSTALL_HELP, bwrap_available, docker_available
+
+    if kind not in SANDBOXES:
+        raise ValueError(f"unknown sandbox {kind!r}; choose one of {SANDBOXES}")
+    if kind in ("auto", "docker") and docker_available():
+        return "docker"
+    if kind == "docker":
+        raise SandboxError("sandbox='docker': the Docker daemon does not answer (is dockerd running?)\n" + INSTALL_HELP)
+    if bwrap_available():
+        return "bwrap"
+    if kind == "bwrap":
+        raise SandboxError("sandbox='bwrap': bubblewrap is missing or cannot create namespaces here\n" + INSTALL_HELP)
+    raise SandboxError(INSTALL_HELP)
+
+
+def bundled_pivots() -> list[Pivot]:
+    """The domain's bundled pivots (generated from data/tasks.toml)."""
+    path = resources.files("pivot_envs.domains.terminal") / "data" / "pivots.jsonl"
+    with resources.as_file(path) as file:
+        return read_pivots(file)
+
+
+class TerminalEnv(PivotEnv):
+    """The terminal domain's env (see the module docstring); `sandbox="auto"|"docker"|"bwrap"`."""
+
+    domain = "terminal"
+    default_verifier = "functional"
+    verifiers = {"strict": StrictVerifier, "functional": TerminalVerifier}
+
+    def __init__(
+        self,
+        pivots: PivotSource = None,
+        verifier: str | Verifier | None = None,
+        verifier_config: dict[str, Any] | None = None,
+        render_mode: str | None = None,
+        sandbox: str = "auto",
+        limits: SandboxLimits | dict[str, Any] | None = None,
+        prefix_cache: int = 16,
+        warm_pool: int = 4,
+        build_image: bool = True,
+    ) -> None:
+        super().__init__(pivots, verifier, verifier_config, render_mode)
+        # Expert and parsed actions share one canonical form, so the strict verifier compares like with like.
+        self.pivots = [self._canonical_expert(pivot) for pivot in self.pivots]
+        self.config = TerminalConfig(sandbox, prefix_cache, warm_pool, build_image)
+        self.limits = SandboxLimits(**limits) if isinstance(limits, dict) else (limits or SandboxLimits())
+        self.sandbox_kind = resolve_sandbox(sandbox)
+        self.backend: Any = None
+        self.prefixes: Any = None
+        self.sandbox: Any = None
+        self._state: Any = None
+
+    @staticmethod
+    def _canonical_expert(pivot: Pivot) -> Pivot:
+        found = parse_command(pivot.expert)
+        if found.command is None or found.keys:
+            return pivot
+        return dataclasses.replace(pivot, expert=canonical_message(found.command.strip("\n")))
+
+    # -- domain hooks ------------------------------------------------------------------------------
+
+    def default_pivots(self) -> list[Pivot]:
+        return bundled_pivots()
+
+    def parse(self, action: Any) -> ParsedAction:
+        return parse_action(action)
+
+    def restore(self, pivot: Pivot) -> None:
+        self._ensure_backend()
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        self._state = self.prefixes.get(pivot)
+        if self._state.replayable:
+            try:
+                self.sandbox = self.backend.fork(self._state.snapshot)
+            except SandboxError as error:
+                self._state = dataclasses.replace(self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}")
+
+    def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
+        state = self._state
+        if state is None or not state.replayable or self.sandbox is None:
+            raise InfrastructureError(state.reason if state is not None else f"pivot {pivot.id}: no prefix state")
+        found = parse_command(action)
+        try:
+            if found.keys:
+                result = self._send_keys(found.command or "")
+            else:
+                result = self.sandbox.run(found.command or "", files=True)
+        except SandboxError as error:
+            raise InfrastructureError(f"pivot {pivot.id}: {error}") from error
+        finally:
+            # One sample per fork: drop it now rather than at the next reset.
+            self.sandbox.close()
+            self.sandbox = None
+        changes = file_changes(state.before, result.files) if result.files is not None else []
+        reply = result.output + ("\n[timed out]" if result.timed_out else "") + f"\n[exit code {result.exit_code}]"
+        call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
+        output = {**result.to_dict(), "files_changed": [dataclasses.asdict(change) for change in changes]}
+        return Outcome(
+            messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
+            output=output,
+            data={"result": result, "expert": state.expert, "before": state.before},
+        )
+
+    # -- sandbox management ------------------------------------------------------------------------
+
+    def _send_keys(self, keys: str) -> CommandResult:
+        from .shell import InteractiveShell
+
+        shell = InteractiveShell(self.sandbox.interactive_argv(), timeout=self.limits.timeout)
+        try:
+            return shell.send_keys(keys)
+        finally:
+            shell.close()
+
+    def _ensure_backend(self) -> None:
+        if self.backend is not None:
+            return
+        from . import image
+        from .backends import BwrapBackend, DockerBackend
+        from .prefix import PrefixCache
+
+        config = image.ImageConfig()
+        rootfs = image.rootfs_path(config)
+        if not image.rootfs_ready(rootfs):
+            if not self.config.build_image:
+                raise SandboxError(f"the base root filesystem {rootfs} is missing: run `pivotrl sandbox build-image`")
+            image.build_rootfs(config)
+        if self.sandbox_kind == "docker":
+            tag = image.import_image(rootfs, image.image_tag(config.suite))
+            self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
+            self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, docker_base=tag)
+        else:
+            self.backend = BwrapBackend(rootfs, self.limits)
+            self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs)
+
+    def close(self) -> None:
+        """Remove every sandbox, snapshot, container and image this env made."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        if self.prefixes is not None:
+            self.prefixes.clear()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+            self.prefixes = None
+        super().close()
+
+    def render(self) -> str | None:
+        text = super().render()
+        if text is not None and self._last is not None:
+            command = command_of_message(self._last["action"]) or ""
+            text += f"\n$ {command}\n{json.dumps(self._last['info'].get('output'))[:500]}"
+        return text
+

@@ -1,0 +1,184 @@
+"""Reading the next bash command out of an action, and the canonical action form.
+
+Canonical form (what StrictVerifier compares, for the expert and for parsed actions alike): an
+assistant message with no text and exactly one tool call `bash` whose arguments are
+`{"command": "<command>"}`.
+
+Accepted inputs:
+- a tool call named bash / execute_bash / terminal / shell / run_command with a `command` (or
+  `cmd`) argument, as a chat message, a Responses API `function_call` item, or Hermes
+  `<tool_call>{"name": ..., "arguments": ...}</tool_call>` text;
+- the NeMo-Gym Terminal-Bench agent's other tools, turned into the command they stand for:
+  read_file {path} -> `cat -- PATH`, write_file {path, content} -> a printf into PATH,
+  execute_code {code} -> `python3 -c CODE`;
+- Terminus-style JSON text: `{"keystrokes": "ls\\n"}` or `{"commands": [{"keystrokes": ...}, ...]}`
+  (complete lines, joined into one script);
+- exactly one fenced ```bash (or sh, shell, console, or unlabelled) code block.
+Anything else parses to no command, with a category: "no_command", "multiple_commands",
+"unsupported_tool", "empty_command", "malformed_command" (bash -n rejects it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from pivot_envs.chat import assistant_message, parse_arguments, tool_call
+from pivot_envs.env import ParsedAction
+
+COMMAND_TOOLS = ("bash", "execute_bash", "terminal", "shell", "run_command", "run_shell_command")
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run one bash command in the task's sandbox and return its output and exit code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "the bash command to run"}},
+            "required": ["command"],
+        },
+    },
+}
+_FENCE = re.compile(r"```[ \t]*(bash|sh|shell|console|zsh)?[ \t]*\n(.*?)```", re.S)
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+# tmux-style keys a Terminus agent may send; a keystroke string made only of these is interactive.
+SPECIAL_KEYS = re.compile(r"^(C-[a-z\\\]]|M-[a-z]|Enter|Escape|Tab|BSpace|Up|Down|Left|Right)$")
+
+
+@dataclass
+class Command:
+    """A parsed command, or the reason there is none; `keys` marks interactive keystrokes (C-c ...)."""
+
+    command: str | None
+    category: str = "ok"
+    detail: str = ""
+    keys: bool = False
+
+
+def canonical_message(command: str) -> dict[str, Any]:
+    """The canonical assistant message for one bash command."""
+    return assistant_message(None, [tool_call("bash", {"command": command}, "call_0")])
+
+
+def command_of_message(message: dict[str, Any]) -> str | None:
+    """The command of a canonical (or any parseable) assistant message, or None."""
+    return parse_command(message).command
+
+
+def parse_action(action: Any, check_syntax: bool = True) -> ParsedAction:
+    """Parse a raw completion or message into the canonical form (a ParsedAction)."""
+    found = parse_command(action)
+    if found.command is None:
+        return ParsedAction(None, found.category, found.detail)
+    command = found.command.strip("\n")
+    if not command.strip():
+        return ParsedAction(None, "empty_command", "the action's command is empty")
+    if check_syntax and not found.keys:
+        problem = syntax_error(command)
+        if problem:
+            return ParsedAction(None, "malformed_command", f"bash -n rejects the command: {problem}")
+    message = canonical_message(command)
+    if found.keys:
+        message["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": command, "keys": True})
+    return ParsedAction(message)
+
+
+def syntax_error(command: str) -> str:
+    """bash's syntax complaint about `command` ("" when it parses)."""
+    try:
+        result = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"could not check syntax: {error}"
+    return result.stderr.strip().replace("bash: -c: ", "") if result.returncode else ""
+
+
+def parse_command(action: Any) -> Command:
+    """Find the one command in an action (see the module docstring for the accepted forms)."""
+    if isinstance(action, dict):
+        if action.get("type") == "function_call":
+            return _from_call(str(action.get("name", "")), action.get("arguments"))
+        calls = action.get("tool_calls") or []
+        if calls:
+            if len(calls) > 1:
+                return Command(None, "multiple_commands", f"{len(calls)} tool calls; the action must be one command")
+            function = calls[0].get("function", calls[0]) if isinstance(calls[0], dict) else {}
+            return _from_call(str(function.get("name", "")), function.get("arguments"))
+        content = action.get("content")
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return _from_text(content if isinstance(content, str) else "")
+    if isinstance(action, str):
+        return _from_text(action)
+    return Command(None, "unparseable", f"an action must be text or a message dict, got {type(action).__name__}")
+
+
+def _from_call(name: str, arguments: Any) -> Command:
+    args, ok = parse_arguments(arguments)
+    if not ok or not isinstance(args, dict):
+        return Command(None, "malformed_arguments", f"tool {name!r}: arguments are not a JSON object")
+    if name in COMMAND_TOOLS:
+        command = args.get("command", args.get("cmd"))
+        if not isinstance(command, str):
+            return Command(None, "malformed_arguments", f"tool {name!r}: no string 'command' argument")
+        return Command(command, keys=bool(args.get("keys")))
+    if name == "read_file" and isinstance(args.get("path"), str):
+        return Command(f"cat -- {shlex.quote(args['path'])}")
+    if name == "write_file" and isinstance(args.get("path"), str) and isinstance(args.get("content"), str):
+        return Command(f"printf '%s' {shlex.quote(args['content'])} > {shlex.quote(args['path'])}")
+    if name == "execute_code" and isinstance(args.get("code"), str):
+        return Command(f"python3 -c {shlex.quote(args['code'])}")
+    return Command(None, "unsupported_tool", f"tool {name!r} is not a shell command")
+
+
+def _from_text(text: str) -> Command:
+    stripped = text.strip()
+    if not stripped:
+        return Command(None, "no_command", "the action is empty")
+    hermes = _HERMES.findall(stripped)
+    if hermes:
+        if len(hermes) > 1:
+            return Command(None, "multiple_commands", f"{len(hermes)} <tool_call> blocks; the action must be one command")
+        try:
+            call = json.loads(hermes[0])
+        except json.JSONDecodeError as error:
+            return Command(None, "malformed_arguments", f"<tool_call> is not JSON: {error}")
+        if not isinstance(call, dict):
+            return Command(None, "malformed_arguments", "<tool_call> must hold a JSON object")
+        return _from_call(str(call.get("name", "")), call.get("arguments", {}))
+    if stripped.startswith("{"):
+        terminus = _from_terminus(stripped)
+        if terminus is not None:
+            return terminus
+    blocks = _FENCE.findall(stripped)
+    if len(blocks) > 1:
+        return Command(None, "multiple_commands", f"{len(blocks)} code blocks; the action must be one command")
+    if blocks:
+        return Command(blocks[0][1])
+    return Command(None, "no_command", "no command found: answer with one ```bash block or a bash tool call")
+
+
+def _from_terminus(text: str) -> Command | None:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "keystrokes" in data:
+        strokes = [data]
+    elif isinstance(data.get("commands"), list):
+        strokes = data["commands"]
+    else:
+        return None
+    keys = [s.get("keystrokes") for s in strokes if isinstance(s, dict)]
+    if not keys or not all(isinstance(k, str) for k in keys):
+        return Command(None, "no_command", "Terminus JSON without keystrokes")
+    if len(keys) == 1 and SPECIAL_KEYS.match(keys[0].strip()):
+        return Command(keys[0].strip(), keys=True)
+    if not all(k.endswith("\n") for k in keys):
+        return Command(None, "incomplete_command", "keystrokes that do not end with a newline do not run a command")
+    return Command("".join(keys))

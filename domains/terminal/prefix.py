@@ -1,0 +1,158 @@
+"""Prefix states: the sandbox after a task's setup and the expert's first t commands, built once.
+
+A pivot's state is the filesystem and the shell state (working directory, exported variables,
+kept by the runner in the sandbox) after the expert's earlier commands. PrefixCache builds it
+once per distinct prefix, snapshots it, runs the expert's own next command once from a fork (the
+reference effect the functional verifier compares against), and keeps the snapshots in a bounded
+LRU cache; every sample then forks from the snapshot. A setup command that fails, a prefix command
+that times out or exits differently from the recorded trajectory, or an image that is not
+available marks the pivot not replayable, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.pivot import Pivot
+from pivot_envs.sandbox import CommandResult, SandboxError, Snapshot
+
+from .parse import parse_command
+
+BASE_IMAGE = "pivot-envs/terminal-base"
+SETUP_TIMEOUT = 120.0
+
+
+@dataclass
+class PrefixState:
+    """A built prefix: its snapshot, the workspace manifest there, and the expert command's effect."""
+
+    key: str
+    replayable: bool
+    reason: str = ""
+    snapshot: Snapshot | None = None
+    before: dict[str, str] = field(default_factory=dict)
+    expert: CommandResult | None = None
+
+
+def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
+    """The expert's commands before the pivot, and "" or why they cannot be replayed."""
+    commands = []
+    for turn, message in enumerate(pivot.messages):
+        if message.get("role") != "assistant":
+            continue
+        found = parse_command(message)
+        if found.command is not None and not found.keys:
+            commands.append(found.command)
+        elif found.category in ("unsupported_tool", "multiple_commands", "malformed_arguments", "incomplete_command"):
+            return commands, f"prefix message {turn} cannot be replayed: {found.detail}"
+    return commands, ""
+
+
+def setup_commands(context: dict[str, Any]) -> list[str]:
+    """A task's setup commands (`context["setup"]`: a script or a list of commands)."""
+    setup = context.get("setup") or []
+    return [setup] if isinstance(setup, str) else [str(command) for command in setup]
+
+
+def prefix_key(pivot: Pivot) -> str:
+    """What identifies a prefix state: image, workdir, setup and the expert's earlier commands."""
+    commands, _ = prefix_commands(pivot)
+    expert = parse_command(pivot.expert).command
+    data = [pivot.context.get("image", BASE_IMAGE), pivot.context.get("workdir", "/app"),
+            setup_commands(pivot.context), commands, expert]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
+
+
+class PrefixCache:
+    """Builds prefix states on demand and keeps at most `capacity` of them (least recently used evicted).
+
+    `builds` counts how many prefixes were built (G resets at one pivot: one build, G forks).
+    """
+
+    def __init__(self, backend: Any, capacity: int = 16, rootfs: Path | None = None, docker_base: str = "") -> None:
+        self.backend = backend
+        self.capacity = max(1, capacity)
+        self.rootfs = rootfs
+        self.docker_base = docker_base
+        self.builds = 0
+        self._states: OrderedDict[str, PrefixState] = OrderedDict()
+
+    def get(self, pivot: Pivot) -> PrefixState:
+        """The prefix state of `pivot`, built now if it is not cached."""
+        key = prefix_key(pivot)
+        if key in self._states:
+            self._states.move_to_end(key)
+            return self._states[key]
+        state = self._build(pivot, key)
+        self._states[key] = state
+        while len(self._states) > self.capacity:
+            _, old = self._states.popitem(last=False)
+            if old.snapshot is not None:
+                self.backend.release(old.snapshot)
+        return state
+
+    def _image(self, pivot: Pivot) -> str:
+        image = str(pivot.context.get("image", BASE_IMAGE))
+        if self.backend.name == "docker":
+            return self.docker_base if image.split(":")[0] == BASE_IMAGE else image
+        if image.split(":")[0] != BASE_IMAGE:
+            raise SandboxError(f"image {image!r} is not available to bubblewrap (only {BASE_IMAGE} is)")
+        return image
+
+    def _build(self, pivot: Pivot, key: str) -> PrefixState:
+        self.builds += 1
+        commands, reason = prefix_commands(pivot)
+        if reason:
+            return PrefixState(key, False, f"pivot {pivot.id}: {reason}")
+        expert = parse_command(pivot.expert).command
+        workdir = str(pivot.context.get("workdir", "/app"))
+        sandbox = None
+        try:
+            image = self._image(pivot)
+            sandbox = self.backend.create(image, workdir) if self.backend.name == "docker" else self.backend.create(workdir)
+            for command in setup_commands(pivot.context):
+                result = sandbox.run(command, timeout=SETUP_TIMEOUT)
+                if not result.ok:
+                    return PrefixState(key, False, f"pivot {pivot.id}: setup command failed "
+                                       f"(exit {result.exit_code}): {command[:200]!r}: {result.output[-300:]}")
+            expected = pivot.context.get("prefix_exit_codes")
+            for index, command in enumerate(commands):
+                result = sandbox.run(command)
+                want = expected[index] if isinstance(expected, list) and index < len(expected) else 0
+                if result.timed_out or result.exit_code != want:
+                    return PrefixState(key, False, f"pivot {pivot.id}: prefix command {index} {command[:200]!r} "
+                                       f"{'timed out' if result.timed_out else f'exited {result.exit_code}, expected {want}'}")
+            before = sandbox.run(":", files=True).files or {}
+            snapshot = sandbox.snapshot()
+        except SandboxError as error:
+            return PrefixState(key, False, f"pivot {pivot.id}: {error}")
+        finally:
+            if sandbox is not None:
+                sandbox.close()
+        state = PrefixState(key, True, snapshot=snapshot, before=before)
+        if expert is not None:
+            fork = self.backend.fork(snapshot)
+            try:
+                state.expert = fork.run(expert, files=True)
+            except SandboxError:
+                state.expert = None  # the verifier falls back to command similarity
+            finally:
+                fork.close()
+        if hasattr(self.backend, "prewarm"):
+            self.backend.prewarm(snapshot)
+        return state
+
+    def clear(self) -> None:
+        """Release every cached snapshot."""
+        while self._states:
+            _, state = self._states.popitem()
+            if state.snapshot is not None:
+                self.backend.release(state.snapshot)
+
+    def __len__(self) -> int:
+        return len(self._states)

@@ -1,0 +1,74 @@
+"""A persistent, interactive bash inside a sandbox, driven with pexpect (Terminus-style keystrokes).
+
+Used for what one-shot commands cannot do: keys such as C-c, programs that prompt. The prompt
+carries a random per-session marker and the last exit status; the marker is assembled from two
+shell variables at prompt time, so neither the echoed set-up line nor a command's output that
+does not know the marker can look like a prompt.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from pivot_envs.sandbox import CommandResult, SandboxError, new_marker, strip_ansi
+
+# tmux key names a Terminus agent sends, as the bytes a terminal would send.
+KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\x1b[A", "Down": "\x1b[B",
+        "Right": "\x1b[C", "Left": "\x1b[D"}
+
+
+class InteractiveShell:
+    """bash -i in a sandbox (argv from `sandbox.interactive_argv()`); `close()` ends it."""
+
+    def __init__(self, argv: list[str], timeout: float = 10.0) -> None:
+        import pexpect
+
+        self.marker = new_marker()
+        head, tail = self.marker[:9], self.marker[9:]
+        self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
+        self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
+                                   timeout=timeout, echo=False, dimensions=(50, 200))
+        self.child.sendline(
+            f"stty -echo; __a={head}; __b={tail}; PS2=''; PROMPT_COMMAND=''; "
+            "PS1='${__a}${__b} $?$ '; [ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1; true"
+        )
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> tuple[str, int | None]:
+        import pexpect
+
+        index = self.child.expect([self._prompt, pexpect.TIMEOUT, pexpect.EOF], timeout=timeout)
+        text = strip_ansi(self.child.before or "")
+        if index == 0:
+            return text, int(self.child.match.group(1))
+        if index == 2:
+            raise SandboxError(f"the interactive shell exited: {text[-300:]}")
+        return text, None
+
+    def run(self, command: str, timeout: float = 10.0) -> CommandResult:
+        """Type a command and Enter; on timeout send C-c and wait for the prompt again."""
+        start = time.monotonic()
+        self.child.sendline(command)
+        output, status = self._wait(timeout)
+        if status is None:
+            self.child.sendcontrol("c")
+            more, _ = self._wait(5.0)
+            return CommandResult(command, 137, output + more, True, 0, None, time.monotonic() - start)
+        return CommandResult(command, status, output.lstrip("\r\n"), False, 0, None, time.monotonic() - start)
+
+    def send_keys(self, keys: str, wait: float = 1.0) -> CommandResult:
+        """Send tmux-style keys ("C-c", "Enter", or literal text) and read what appears within `wait` seconds."""
+        start = time.monotonic()
+        if re.fullmatch(r"C-[a-z\\\]]", keys):
+            self.child.sendcontrol(keys[-1])
+        elif keys in KEYS:
+            self.child.send(KEYS[keys])
+        else:
+            self.child.send(keys)
+        output, status = self._wait(wait)
+        return CommandResult(keys, status if status is not None else -1, output, False, 0, None, time.monotonic() - start)
+
+    def close(self) -> None:
+        """End the shell and the process behind it."""
+        self.child.close(force=True)

@@ -1,0 +1,99 @@
+"""Both sandbox backends against the real thing: bubblewrap and a Docker daemon."""
+
+from __future__ import annotations
+
+import time
+
+from pivot_envs.domains.terminal.backends import LABEL, OWNER_LABEL
+
+from pivot_envs.sandbox import Sandbox
+
+
+def test_a_sandbox_implements_the_core_protocol(sandbox):
+    assert isinstance(sandbox, Sandbox)
+    sandbox.close()
+
+
+def test_run_reports_output_exit_code_and_starts_in_the_workdir(sandbox):
+    result = sandbox.run("pwd; echo to-stderr >&2; exit 7")
+    assert result.exit_code == 7
+    assert result.output == "/app\nto-stderr\n"
+    assert not result.timed_out
+
+
+def test_shell_state_carries_over_between_commands(sandbox):
+    sandbox.run("mkdir -p /app/sub && cd /app/sub && export GREETING='hello world'")
+    assert sandbox.run('pwd; echo "$GREETING"').output == "/app/sub\nhello world\n"
+
+
+def test_a_fork_starts_from_the_snapshot_and_does_not_touch_it(backend, sandbox):
+    sandbox.run("echo v1 > f.txt && cd /tmp && export X=1")
+    snapshot = sandbox.snapshot()
+    first = backend.fork(snapshot)
+    assert first.run("cat /app/f.txt; pwd; echo $X").output == "v1\n/tmp\n1\n"
+    first.run("echo v2 > /app/f.txt")
+    second = backend.fork(snapshot)
+    assert second.run("cat /app/f.txt").output == "v1\n"
+    first.close()
+    second.close()
+
+
+def test_files_lists_the_workspace_after_the_command(sandbox):
+    result = sandbox.run("mkdir d && echo hi > d/a.txt && ln -s d/a.txt link && chmod 600 d/a.txt", files=True)
+    assert set(result.files) == {"d", "d/a.txt", "link"}
+    assert result.files["d/a.txt"].startswith("f 600 ")
+    assert result.files["link"] == "l 777 -> d/a.txt"
+
+
+def test_the_timeout_kills_the_whole_process_tree(sandbox):
+    start = time.monotonic()
+    result = sandbox.run("(sleep 3; echo late > /app/late.txt) & sleep 100", timeout=1)
+    assert result.timed_out and result.exit_code == 137
+    assert time.monotonic() - start < 5
+    time.sleep(2.5)
+    assert sandbox.run("ls /app").output == ""
+
+
+def test_stdin_is_closed_and_pagers_and_colours_are_off(sandbox):
+    result = sandbox.run("cat; echo $PAGER $GIT_PAGER $TERM $NO_COLOR", timeout=3)
+    assert not result.timed_out
+    assert result.output == "cat cat dumb 1\n"
+
+
+def test_long_output_keeps_head_and_tail_with_a_marker(sandbox):
+    result = sandbox.run("seq 1 100000")
+    assert result.output.startswith("1\n2\n3\n")
+    assert result.output.endswith("99999\n100000\n")
+    assert "bytes of output cut" in result.output
+    assert result.truncated > 0
+
+
+def test_ansi_sequences_are_stripped_from_output(sandbox):
+    assert sandbox.run(r"printf '\033[31mred\033[0m\n'").output == "red\n"
+
+
+def test_the_network_is_unreachable(sandbox):
+    result = sandbox.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\"")
+    assert result.exit_code != 0
+    assert "unreachable" in result.output.lower() or "error" in result.output.lower()
+
+
+def test_docker_containers_and_snapshots_carry_the_label_and_close_removes_them(has_docker):
+    import docker
+    from pivot_envs.domains.terminal.backends import DockerBackend
+    from pivot_envs.domains.terminal.image import image_tag
+
+    client = docker.from_env()
+    backend = DockerBackend(warm_pool=1)
+    sandbox = backend.create(image_tag(), "/app")
+    snapshot = sandbox.snapshot()
+    backend.fork(snapshot)
+    owned = {"label": [f"{OWNER_LABEL}={backend.owner}"]}
+    containers = client.containers.list(all=True, filters=owned)
+    assert containers and all(c.labels[LABEL] == "container" for c in containers)
+    config = containers[0].attrs["HostConfig"]
+    assert config["NetworkMode"] == "none" and config["PidsLimit"] > 0 and config["Memory"] > 0
+    assert [i.labels[LABEL] for i in client.images.list(filters=owned)] == ["snapshot"]
+    backend.close()
+    assert client.containers.list(all=True, filters=owned) == []
+    assert client.images.list(filters=owned) == []
