@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -14,7 +13,7 @@ from pivot_envs.domains.tool_use.backends import (
     HttpBackend,
     RecordedBackend,
 )
-from pivot_envs.domains.tool_use.parser import parse_action
+from pivot_envs.domains.tool_use.parser import arguments_of, parse_action
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
 from pivot_envs.env import Outcome, ParsedAction, PivotEnv, PivotSource
@@ -108,9 +107,8 @@ class ToolUseEnv(PivotEnv):
         backend = self.backend if self.backend is not None else self.backend_for(pivot)
         ids, calls = [], []
         for call in raw_calls:
-            function = call["function"]
             ids.append(call["id"])
-            calls.append((function["name"], json.loads(function["arguments"])))
+            calls.append((call["function"]["name"], arguments_of(call)[0]))
         outputs = backend.run(pivot, calls)
         messages = [
             {"role": "tool", "tool_call_id": call_id, "name": name, "content": output}

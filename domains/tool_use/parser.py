@@ -28,7 +28,13 @@ from pivot_envs.env import ParsedAction
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _loads = json.loads
-_dumps = json.dumps
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+# Arguments this parser decoded, by the identity of the JSON string it wrote into the canonical
+# message: execution and verification of the same action read them back instead of decoding the
+# string again. Keyed by identity (the entry holds the string, so its id cannot be reused while
+# it is stored), never by content; bounded.
+_DECODED: dict[int, tuple[str, Any]] = {}
+_DECODED_MAX = 1024
 
 
 class _Unparseable(ValueError):
@@ -62,8 +68,31 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise _Unparseable(f"tool call {index} ({name}): arguments must be a JSON object")
     name = name.strip()
-    text = _dumps(arguments, ensure_ascii=False)
+    text = _encode(arguments)
+    if len(_DECODED) >= _DECODED_MAX:
+        _DECODED.clear()
+    _DECODED[id(text)] = (text, arguments)
     return {"id": call_id(index, name, text), "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def arguments_of(call: dict[str, Any]) -> tuple[Any, bool]:
+    """A chat-form tool call's arguments decoded, and whether they were valid JSON.
+
+    Read-only: the value may be shared with other readers of the same action.
+    """
+    function = call.get("function", call) if isinstance(call, dict) else {}
+    text = function.get("arguments") if isinstance(function, dict) else None
+    if isinstance(text, str):
+        entry = _DECODED.get(id(text))
+        if entry is not None and entry[0] is text:
+            return entry[1], True
+        if not text.strip():
+            return {}, True
+        try:
+            return _loads(text), True
+        except ValueError:
+            return text, False
+    return ({} if text is None else text), True
 
 
 def _calls_from_json(value: Any, start: int) -> list[dict[str, Any]]:

@@ -29,7 +29,9 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from pivot_envs.chat import canonical_action, tool_name, tool_parameters
+from pivot_envs.domains.tool_use.parser import arguments_of
+
+from pivot_envs.chat import text_of, tool_name, tool_parameters
 from pivot_envs.config import option
 from pivot_envs.registry import import_object
 from pivot_envs.verifiers import StrictVerifier, Verdict
@@ -443,14 +445,9 @@ class FunctionalVerifier:
         sampled = []
         for call in raw_calls:
             function = call.get("function", call) if isinstance(call, dict) else {}
-            arguments = function.get("arguments") if isinstance(function, dict) else None
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments) if arguments else {}
-                except ValueError:
-                    return Verdict(0.0, "unparseable", "a tool call's arguments are not valid JSON")
-            elif arguments is None:
-                arguments = {}
+            arguments, valid = arguments_of(call)
+            if not valid:
+                return Verdict(0.0, "unparseable", "a tool call's arguments are not valid JSON")
             sampled.append((str(function.get("name", "")) if isinstance(function, dict) else "", arguments))
         equivalence = getattr(outcome, "data", {}).get("equivalence") if self.config.execution_equivalence else None
         if len(sampled) == 1 and len(plan.calls) == 1:
@@ -537,16 +534,52 @@ def _content(message: dict[str, Any]) -> str:
     return content.strip() if isinstance(content, str) else ""
 
 
+def json_identical(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values serialize identically (key order aside): 5 != 5.0, True != 1."""
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return len(a) == len(b) and all(k in b and json_identical(v, b[k]) for k, v in a.items())
+    if kind is list:
+        return len(a) == len(b) and all(json_identical(x, y) for x, y in zip(a, b))
+    if kind is float:
+        return repr(a) == repr(b)  # tells -0.0 from 0.0 and NaN from itself, as the JSON text does
+    return a == b
+
+
 class CachedStrictVerifier(StrictVerifier):
-    """The strict verifier (paper Eq. 2) with the expert's canonical form cached by pivot id."""
+    """The strict verifier (paper Eq. 2): equal to `pivot_envs.chat.canonical_action` equality,
+    computed without serializing, with the expert's decoded calls cached by pivot id."""
 
     def __init__(self) -> None:
-        self._expert: dict[str, tuple[dict[str, Any], str]] = {}
+        self._expert: dict[str, tuple[dict[str, Any], str, list[tuple[str, Any, Any]]]] = {}
 
-    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+    def _expert_form(self, pivot: Pivot) -> tuple[dict[str, Any], str, list[tuple[str, Any, Any]]]:
         cached = self._expert.get(pivot.id)
         if cached is None or cached[0] is not pivot.expert:
-            cached = self._expert[pivot.id] = (pivot.expert, canonical_action(pivot.expert))
-        if canonical_action(action) == cached[1]:
+            calls = []
+            for call in pivot.expert.get("tool_calls") or []:
+                function = call.get("function", call) if isinstance(call, dict) else {}
+                name = str(function.get("name", "")) if isinstance(function, dict) else ""
+                raw = function.get("arguments") if isinstance(function, dict) else None
+                calls.append((name, raw, arguments_of(call)[0]))
+            cached = self._expert[pivot.id] = (pivot.expert, text_of(pivot.expert), calls)
+        return cached
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        _, content, expert_calls = self._expert_form(pivot)
+        calls = action.get("tool_calls") or []
+        same = text_of(action) == content and len(calls) == len(expert_calls)
+        for call, (name, raw, value) in zip(calls, expert_calls) if same else ():
+            function = call.get("function", call) if isinstance(call, dict) else {}
+            if (str(function.get("name", "")) if isinstance(function, dict) else "") != name:
+                same = False
+                break
+            text = function.get("arguments") if isinstance(function, dict) else None
+            if not (isinstance(raw, str) and text == raw) and not json_identical(arguments_of(call)[0], value):
+                same = False
+                break
+        if same:
             return Verdict(1.0, "exact_match")
         return Verdict(0.0, "not_exact_match", "the action differs from the expert's in canonical form")

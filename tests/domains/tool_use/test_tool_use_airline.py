@@ -1,0 +1,142 @@
+"""The tau-bench airline backend: faithful replays, isolated samples, execution equivalence."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool, tool_schemas
+from pivot_envs.domains.tool_use.backends import AirlineBackend
+from pivot_envs.domains.tool_use.replay_check import normalized, replay_trajectories
+from tool_use_helpers import expert_call, first, hermes, step
+
+
+def test_replaying_the_successful_trajectories_reproduces_at_least_95_percent_of_outputs(shared_data):
+    report = replay_trajectories(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json")
+    assert report.trajectories == 43 and report.calls > 150
+    assert report.match_rate >= 0.95, "\n".join(str(m) for m in report.mismatches)
+
+
+def test_every_mismatch_of_all_trajectories_has_a_diagnosed_cause(shared_data):
+    report = replay_trajectories(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json", successful_only=False)
+    assert report.trajectories == 100 and report.match_rate >= 0.95
+    assert all(m.cause and m.difference for m in report.mismatches)
+
+
+def test_the_shipped_schemas_cover_exactly_the_fourteen_tools():
+    names = {tool["function"]["name"] for tool in tool_schemas()}
+    assert len(names) == 14
+    assert names == {
+        "search_direct_flight", "search_onestop_flight", "list_all_airports", "get_user_details",
+        "get_reservation_details", "book_reservation", "cancel_reservation", "update_reservation_flights",
+        "update_reservation_passengers", "update_reservation_baggages", "send_certificate", "calculate",
+        "transfer_to_human_agents", "think",
+    }
+
+
+def booking(user="mia_li_3668"):
+    return {
+        "user_id": user, "origin": "JFK", "destination": "SEA", "flight_type": "one_way", "cabin": "economy",
+        "flights": [{"flight_number": "HAT136", "date": "2024-05-20"}, {"flight_number": "HAT039", "date": "2024-05-20"}],
+        "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+        "payment_methods": [{"payment_id": "certificate_7504069", "amount": 250}, {"payment_id": "credit_card_4421486", "amount": 55}],
+        "total_baggages": 3, "nonfree_baggages": 1, "insurance": "no",
+    }
+
+
+def test_a_booking_writes_only_the_records_it_changes_into_its_own_layer():
+    base = State(bundled_database())
+    sample = base.child()
+    output = json.loads(call_tool(sample, "book_reservation", booking()))
+    assert output["reservation_id"] == "HATHAT" and output["flights"][0]["price"] == 152
+    assert set(sample.writes["users"]) == {"mia_li_3668"} and set(sample.writes["reservations"]) == {"HATHAT"}
+    assert "certificate_7504069" not in sample.get("users", "mia_li_3668")["payment_methods"]
+    # Nothing reached the layer below or the shared database.
+    assert base.get("reservations", "HATHAT") is None
+    assert "certificate_7504069" in bundled_database().tables["users"]["mia_li_3668"]["payment_methods"]
+    assert sample.changes().keys() == {"users", "reservations"}
+
+
+def test_a_refused_call_leaves_no_writes_and_answers_with_an_error():
+    sample = State(bundled_database()).child()
+    output = call_tool(sample, "book_reservation", {**booking(), "nonfree_baggages": 0})
+    assert output == "Error: payment amount does not add up, total price is 255, but paid 305"
+    assert sample.changes() == {}
+    assert call_tool(sample, "book_reservation", {"user_id": "mia_li_3668"}).startswith("Error: book_reservation failed")
+    assert call_tool(sample, "no_such_tool", {}) == "Error: unknown tool no_such_tool"
+    assert call_tool(sample, "calculate", {"expression": "__import__('os')"}) == "Error: invalid characters in expression"
+
+
+def test_two_samples_at_the_same_pivot_never_see_each_others_writes(pivots):
+    pivot = next(
+        p for p in pivots
+        if p.expert.get("tool_calls") and expert_call(p)[0] == "book_reservation"
+        and p.context["expert_tool_outputs"][0].startswith("{")
+    )
+    name, arguments = expert_call(pivot)
+    user = arguments["user_id"]
+    one = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
+    two = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
+    lookup = hermes("get_user_details", {"user_id": user})
+    _, before, _ = step(two, pivot, lookup)
+    reward, booked, _ = step(one, pivot, pivot.expert)
+    assert reward == 1.0 and json.loads(booked["output"])["reservation_id"] == "HATHAT"
+    _, after, _ = step(two, pivot, lookup)
+    assert "HATHAT" not in json.loads(after["output"])["reservations"]
+    assert after["output"] == before["output"]
+    # The same holds for two consecutive samples of one env.
+    _, again, _ = step(one, pivot, lookup)
+    assert again["output"] == before["output"]
+
+
+def test_the_state_at_a_pivot_contains_the_experts_earlier_writes(pivots):
+    # At the turn after a cancellation, the reservation reads as cancelled.
+    cancel = first(pivots, "cancel_reservation")
+    reservation = expert_call(cancel)[1]["reservation_id"]
+    later = next(
+        p for p in pivots
+        if p.source["trajectory"] == cancel.source["trajectory"] and p.source["turn"] > cancel.source["turn"]
+    )
+    env = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
+    _, info, _ = step(env, later, hermes("get_reservation_details", {"reservation_id": reservation}))
+    assert json.loads(info["output"])["status"] == "cancelled"
+    _, info, _ = step(env, cancel, hermes("get_reservation_details", {"reservation_id": reservation}))
+    assert "status" not in json.loads(info["output"])
+
+
+def test_the_pivot_state_is_rebuilt_once_and_cached(pivots):
+    backend = AirlineBackend()
+    pivot = pivots[-1]
+    assert backend.pivot_state(pivot) is backend.pivot_state(pivot)
+
+
+def test_the_expert_call_executes_to_its_recorded_output_on_every_bundled_pivot(airline_env, call_pivots):
+    for pivot in call_pivots:
+        _, info, observation = step(airline_env, pivot, pivot.expert)
+        assert normalized(info["output"]) == normalized(pivot.context["expert_tool_outputs"][0]), pivot.id
+        reply = observation["messages"][-1]
+        assert reply["role"] == "tool" and reply["tool_call_id"] == info["parsed"]["tool_calls"][0]["id"]
+
+
+def test_a_calculation_written_differently_is_accepted_by_execution_equivalence(airline_env, recorded_env, call_pivots):
+    pivot = next(p for p in call_pivots if expert_call(p) == ("calculate", {"expression": "105 + 102"}))
+    variant = hermes("calculate", {"expression": "(102+105)"})
+    reward, info, _ = step(airline_env, pivot, variant)
+    assert (reward, info["category"], info["output"]) == (1.0, "correct", "207.0")
+    assert "execution equivalence" in info["detail"] and info["strict_reward"] == 0.0
+    # The argument rules alone reject it: with recorded outputs there is no execution to compare.
+    assert step(recorded_env, pivot, variant)[0] == 0.0
+    off = gym.make("pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_equivalence": False}).unwrapped
+    assert step(off, pivot, variant)[1]["category"] == "argument_value_different"
+    # A different value is not equivalent.
+    assert step(airline_env, pivot, hermes("calculate", {"expression": "105 + 103"}))[0] == 0.0
+
+
+def test_a_different_thought_is_equivalent_but_a_different_write_is_not(airline_env, call_pivots):
+    thought = first(call_pivots, "think")
+    reward, info, _ = step(airline_env, thought, hermes("think", {"thought": "Check the fare rules first."}))
+    assert (reward, info["output"]) == (1.0, "")
+    certificate = first(call_pivots, "send_certificate")
+    name, arguments = expert_call(certificate)
+    reward, info, _ = step(airline_env, certificate, hermes(name, {**arguments, "amount": arguments["amount"] + 50}))
+    assert (reward, info["category"]) == (0.0, "argument_value_different")
