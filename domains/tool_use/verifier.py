@@ -26,7 +26,6 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from pivot_envs.domains.tool_use.parser import arguments_of
@@ -115,13 +114,11 @@ class FunctionalConfig:
 # -- text normalization and similarity ----------------------------------------------------------
 
 
-@lru_cache(maxsize=65536)
 def normalize(text: str) -> str:
     """Trimmed, NFKC-normalized, case-folded text."""
     return unicodedata.normalize("NFKC", text).strip().casefold()
 
 
-@lru_cache(maxsize=65536)
 def tokens(text: str, drop_stopwords: bool = True) -> frozenset[str]:
     """The set of normalized word tokens of a text."""
     found = _TOKEN.findall(normalize(text))
@@ -272,6 +269,8 @@ class FunctionalVerifier:
         self._free_re = re.compile(config.free_text_pattern)
         self._plans: dict[str, _Plan] = {}
         self._tool_fields: dict[str, _Field] = {}
+        self._expert_tokens: dict[str, frozenset[str]] = {}
+        self._last_match: tuple[_ExpertCall, Any, Mismatch | None] | None = None
 
     # -- compilation ---------------------------------------------------------------------------
 
@@ -330,9 +329,11 @@ class FunctionalVerifier:
                 return None
             return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
         if self._is_free_text(expected, field):
-            score = similarity(
-                tokens(expected, config.drop_stopwords), tokens(actual, config.drop_stopwords), config.text_similarity
-            )
+            expected_tokens = self._expert_tokens.get(expected)
+            if expected_tokens is None:
+                # Expert strings only (bounded by the pivot set): sampled text is never cached.
+                expected_tokens = self._expert_tokens[expected] = tokens(expected, config.drop_stopwords)
+            score = similarity(expected_tokens, tokens(actual, config.drop_stopwords), config.text_similarity)
             if score >= config.text_threshold:
                 return None
             return "argument_value_different", f"{path}: free text similarity {score:.2f} < {config.text_threshold}"
@@ -413,14 +414,17 @@ class FunctionalVerifier:
             return "unexpected_tool", f"expected {expert.name}, got {name}"
         if expert.fast_ok and arguments == expert.arguments:
             return None
+        last = self._last_match
+        # The recorded backend and the verdict compare the same decoded call: compute it once.
+        if last is not None and last[0] is expert and last[1] is arguments:
+            return last[2]
         if not isinstance(arguments, dict) or not isinstance(expert.arguments, dict):
-            if arguments == expert.arguments:
-                return None
-            return "argument_type_mismatch", f"{name}: arguments are not a JSON object"
-        found = self.compare_objects(expert.arguments, arguments, expert.field)
-        if found is None:
-            return None
-        return found[0], f"{name}: {found[1]}"
+            found = None if arguments == expert.arguments else ("argument_type_mismatch", "arguments are not a JSON object")
+        else:
+            found = self.compare_objects(expert.arguments, arguments, expert.field)
+        result = None if found is None else (found[0], f"{name}: {found[1]}")
+        self._last_match = (expert, arguments, result)
+        return result
 
     def expert_index_for(self, pivot: Pivot, name: str, arguments: Any) -> int | None:
         """The index of the first expert call the sampled call equals by the argument rules."""

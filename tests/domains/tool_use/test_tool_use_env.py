@@ -159,3 +159,30 @@ def test_an_unreachable_tool_server_is_an_infrastructure_error_naming_the_url(ca
 def test_the_http_backend_needs_a_url():
     with pytest.raises(ValueError, match="needs a url"):
         HttpBackend()
+
+
+def test_the_env_works_under_make_vec(pivots):
+    envs = gym.make_vec("pivot/tool-use-v0", num_envs=2, vectorization_mode="sync")
+    _, infos = envs.reset(options={"index": 0})
+    assert list(infos["pivot_id"]) == [pivots[0].id] * 2
+    _, rewards, terminated, _, infos = envs.step((pivots[0].expert, "I like turtles."))
+    assert list(rewards) == [1.0, 0.0] and all(terminated)
+    assert list(infos["category"]) == ["correct", "message_content_different"]
+    envs.close()
+
+
+def test_the_verifier_and_http_options_become_cli_flags():
+    import argparse
+
+    from pivot_envs.domains.tool_use.backends import HttpBackendConfig
+    from pivot_envs.domains.tool_use.verifier import FunctionalConfig
+
+    from pivot_envs.config import add_options, from_args
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, FunctionalConfig)
+    add_options(parser, HttpBackendConfig)
+    args = parser.parse_args(["--mode", "f1", "--text-threshold", "0.7", "--unordered-arrays", "flights", "--url", "http://h/x"])
+    config = from_args(FunctionalConfig, args)
+    assert (config.mode, config.text_threshold, config.unordered_arrays) == ("f1", 0.7, ("flights",))
+    assert from_args(HttpBackendConfig, args).url == "http://h/x"
