@@ -164,15 +164,24 @@ def extract_pivots(
                 report.filtered[reason] += 1
                 continue
             report.pivots += 1
+            prefix, expert, own_tools, own_context = _clone((trajectory.messages[:index], message, tools, context))
             yield Pivot(
                 id=f"{trajectory.id}/t{turn}",
                 domain=config.domain,
-                messages=copy.deepcopy(trajectory.messages[:index]),
-                expert=copy.deepcopy(message),
-                tools=copy.deepcopy(tools),
-                context=copy.deepcopy(context),
+                messages=prefix,
+                expert=expert,
+                tools=own_tools,
+                context=own_context,
                 source={"trajectory": trajectory.id, "turn": turn, "reward": trajectory.reward, "format": trajectory.format},
             )
+
+
+def _clone(value: Any) -> Any:
+    """An independent copy (each pivot owns its data); a JSON round trip is ~10x faster than deepcopy."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return copy.deepcopy(value)
 
 
 def filter_pivots(pivots: Iterable[Pivot], lambda_diff: float = 0.6, mode: str = "adv") -> list[Pivot]:
@@ -201,7 +210,7 @@ def _normalize(value: Any) -> Any:
     """Collapse whitespace runs in every string (commands differing only in spacing are one command)."""
     if isinstance(value, str):
         return _SPACE.sub(" ", value).strip()
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_normalize(v) for v in value]
     if isinstance(value, dict):
         return {k: _normalize(v) for k, v in value.items()}
