@@ -43,8 +43,7 @@ class _Unparseable(ValueError):
 
 def call_id(index: int, name: str, arguments: str) -> str:
     """The deterministic id of the index-th call of a turn."""
-    digest = zlib.crc32(arguments.encode("utf-8"), zlib.crc32(name.encode("utf-8")))
-    return f"call_{index}_{digest:08x}"
+    return f"call_{index}_{zlib.crc32(f'{name}:{arguments}'.encode()):08x}"
 
 
 def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
@@ -57,7 +56,7 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise _Unparseable(f"tool call {index} has no name")
-    arguments = raw.get("arguments", raw.get("parameters", {}))
+    arguments = raw["arguments"] if "arguments" in raw else raw.get("parameters")
     if arguments is None or arguments == "":
         arguments = {}
     if isinstance(arguments, str):
@@ -140,7 +139,7 @@ def _looks_like_call(value: Any) -> bool:
 
 def parse_text(text: str) -> dict[str, Any]:
     """A completion text as a canonical assistant message (raises _Unparseable)."""
-    if THINK_CLOSE in text or THINK_OPEN in text:
+    if "think>" in text:
         text = strip_think(text)
     if OPEN not in text:
         stripped = text.strip()

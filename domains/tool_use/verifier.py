@@ -96,6 +96,11 @@ class FunctionalConfig:
     execution_equivalence: bool = option(
         True, "accept a call whose output and state change equal the expert call's, executed from the same state"
     )
+    execution_decides: bool = option(
+        False,
+        "where the backend executes calls, also reject a call the argument rules accept when its execution "
+        "differs from the expert call's (e.g. an id in another case that the database does not find)",
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -121,11 +126,11 @@ def normalize(text: str) -> str:
 
 def tokens(text: str, drop_stopwords: bool = True) -> frozenset[str]:
     """The set of normalized word tokens of a text."""
-    found = _TOKEN.findall(normalize(text))
+    found = frozenset(_TOKEN.findall(normalize(text)))
     if drop_stopwords:
-        kept = [t for t in found if t not in STOPWORDS]
-        found = kept or found  # a text made only of function words keeps them
-    return frozenset(found)
+        # A text made only of function words keeps them.
+        return (found - STOPWORDS) or found
+    return found
 
 
 def similarity(a: frozenset[str], b: frozenset[str], measure: str = "f1") -> float:
@@ -453,18 +458,22 @@ class FunctionalVerifier:
             if not valid:
                 return Verdict(0.0, "unparseable", "a tool call's arguments are not valid JSON")
             sampled.append((str(function.get("name", "")) if isinstance(function, dict) else "", arguments))
-        equivalence = getattr(outcome, "data", {}).get("equivalence") if self.config.execution_equivalence else None
+        oracle = getattr(outcome, "data", {}).get("equivalence")
+        equivalence = oracle if self.config.execution_equivalence else None
+        decides = oracle if self.config.execution_decides else None
         if len(sampled) == 1 and len(plan.calls) == 1:
             name, arguments = sampled[0]
             found = self.match_call(plan.calls[0], name, arguments)
             if found is None:
+                if decides is not None and not decides(0, name, arguments):
+                    return Verdict(0.0, "execution_different", f"{name}: the arguments match, the execution does not")
                 return Verdict(1.0, CORRECT)
             if equivalence is not None and name == plan.calls[0].name and equivalence(0, name, arguments):
                 return Verdict(1.0, CORRECT, f"{found[1]}; accepted by execution equivalence", extra={"execution_equivalent": True})
             return Verdict(0.0, found[0], found[1])
-        return self._verify_calls(plan, sampled, equivalence)
+        return self._verify_calls(plan, sampled, equivalence, decides)
 
-    def _verify_calls(self, plan: _Plan, sampled: list[tuple[str, Any]], equivalence: Any) -> Verdict:
+    def _verify_calls(self, plan: _Plan, sampled: list[tuple[str, Any]], equivalence: Any, decides: Any) -> Verdict:
         experts = plan.calls
         mismatches: dict[tuple[int, int], Mismatch] = {}
         edges: list[list[int]] = []
@@ -473,6 +482,8 @@ class FunctionalVerifier:
             row = []
             for j, expert in enumerate(experts):
                 found = self.match_call(expert, name, arguments)
+                if found is None and decides is not None and not decides(j, name, arguments):
+                    found = ("execution_different", f"{name}: the arguments match, the execution does not")
                 if found is None:
                     row.append(j)
                     continue

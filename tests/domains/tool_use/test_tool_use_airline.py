@@ -140,3 +140,15 @@ def test_a_different_thought_is_equivalent_but_a_different_write_is_not(airline_
     name, arguments = expert_call(certificate)
     reward, info, _ = step(airline_env, certificate, hermes(name, {**arguments, "amount": arguments["amount"] + 50}))
     assert (reward, info["category"]) == (0.0, "argument_value_different")
+
+
+def test_execution_decides_rejects_an_accepted_id_the_database_does_not_find(airline_env, call_pivots):
+    pivot = first(call_pivots, "get_user_details")
+    name, arguments = expert_call(pivot)
+    padded = hermes(name, {"user_id": arguments["user_id"].upper()})
+    reward, info, _ = step(airline_env, pivot, padded)
+    assert (reward, info["output"]) == (1.0, "Error: user not found")  # the argument rules normalize ids
+    strict_env = gym.make("pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_decides": True}).unwrapped
+    reward, info, _ = step(strict_env, pivot, padded)
+    assert (reward, info["category"]) == (0.0, "execution_different")
+    assert step(strict_env, pivot, pivot.expert)[0] == 1.0
