@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pivot_envs.chat import text_of
+from pivot_envs.config import option
 from pivot_envs.pivot import Pivot
 
 # Rewards are binary in the paper (Eq. 2, Eq. 5); a sample counts as a success at >= 0.5 so that
@@ -222,3 +223,11 @@ def plot(diagnostics: Diagnostics, out_dir: str | os.PathLike[str]) -> list[Path
             ax.set(xlabel="samples", title=f"Verdict categories (miss rate {_percent(d.miss_rate)})")
             save(fig, "categories.png")
     return written
+
+
+@dataclass
+class DiagnosticsConfig:
+    """Options of `pivotrl stats`."""
+
+    lambda_diff: float = option(0.6, "lambda_diff (paper Eq. 4) at which to count the D_adv size")
+    bins: int = option(10, "number of equal bins over [0, 1] in the reward-mean histogram")

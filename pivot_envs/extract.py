@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from pivot_envs.chat import calls_of, text_of
 from pivot_envs.config import option
 from pivot_envs.formats import ReadReport, Trajectory
-from pivot_envs.pivot import Pivot
+from pivot_envs.pivot import Pivot, PivotWriter
 
 FILTER_MODES = ("adv", "cand")
 DEDUP_RULES = ("action", "state")
@@ -36,8 +38,8 @@ class ExtractConfig:
     multi_call_turns: bool = option(True, "keep assistant turns with several (parallel) tool calls")
     infer_tools: bool = option(
         True,
-        "trajectories without tool schemas get minimal ones inferred from the tool calls of the whole "
-        "input (names, argument names and JSON types); such pivots carry context['tools_inferred']",
+        "trajectories without tool schemas get minimal ones inferred from the tool calls in the same input "
+        "file (names, argument names and JSON types); such pivots carry context['tools_inferred']",
     )
 
 
@@ -114,6 +116,27 @@ def infer_tool_schemas(trajectories: Iterable[Trajectory]) -> list[dict]:
     return tools
 
 
+def turn_rejection(expert: dict, config: ExtractConfig) -> str | None:
+    """Why the config leaves this expert turn out (None: keep it)."""
+    calls = expert.get("tool_calls") or []
+    if not calls and not text_of(expert):
+        return "empty assistant turn (no text, no tool call)"
+    if not calls and not config.message_turns:
+        return "message turn (message_turns is off)"
+    if len(calls) > 1 and not config.multi_call_turns:
+        return "multi-call turn (multi_call_turns is off)"
+    return None
+
+
+def reward_rejection(reward: float | None, config: ExtractConfig) -> str | None:
+    """Why the config leaves out a trajectory with this source reward (None: keep it)."""
+    if config.min_source_reward is None:
+        return None
+    if reward is None:
+        return None if config.keep_unrewarded else "trajectory without a source reward"
+    return "source reward below min_source_reward" if reward < config.min_source_reward else None
+
+
 def extract_pivots(
     trajectories: Iterable[Trajectory], config: ExtractConfig | None = None, report: ReadReport | None = None
 ) -> Iterator[Pivot]:
@@ -134,14 +157,10 @@ def extract_pivots(
         if any(not t.tools and any(m.get("tool_calls") for m in t.messages) for t in trajectories):
             inferred = infer_tool_schemas(t for t in trajectories if not t.tools)
     for trajectory in trajectories:
-        if config.min_source_reward is not None:
-            if trajectory.reward is None:
-                if not config.keep_unrewarded:
-                    report.filtered["trajectory without a source reward"] += trajectory.assistant_turns
-                    continue
-            elif trajectory.reward < config.min_source_reward:
-                report.filtered["source reward below min_source_reward"] += trajectory.assistant_turns
-                continue
+        rejected = reward_rejection(trajectory.reward, config)
+        if rejected:
+            report.filtered[rejected] += trajectory.assistant_turns
+            continue
         tools, context = trajectory.tools, trajectory.context
         if not tools and inferred:
             tools, context = inferred, {**context, "tools_inferred": True}
@@ -150,16 +169,7 @@ def extract_pivots(
             if message.get("role") != "assistant":
                 continue
             turn += 1
-            calls = message.get("tool_calls") or []
-            reason = None
-            if not calls and not text_of(message):
-                reason = "empty assistant turn (no text, no tool call)"
-            elif index == 0:
-                reason = "assistant turn with no prefix"
-            elif not calls and not config.message_turns:
-                reason = "message turn (message_turns is off)"
-            elif len(calls) > 1 and not config.multi_call_turns:
-                reason = "multi-call turn (multi_call_turns is off)"
+            reason = turn_rejection(message, config) or ("assistant turn with no prefix" if index == 0 else None)
             if reason:
                 report.filtered[reason] += 1
                 continue
@@ -269,3 +279,28 @@ def split_by_trajectory(
     for pivot in pivots:
         (heldout if heldout_side(pivot.trajectory_id, heldout_fraction, seed) else train).append(pivot)
     return train, heldout
+
+
+@dataclass
+class SplitConfig:
+    """The train / held-out split by source trajectory."""
+
+    heldout: float = option(0.2, "fraction of source trajectories (not turns) that go to the held-out side")
+    seed: int = option(0, "seed of the trajectory hash: another seed, another split")
+
+
+def write_pivot_file(pivots: Iterable[Pivot], path: str | os.PathLike[str], desc: str = "writing pivots") -> int:
+    """Write pivots as JSONL with a progress bar on stderr (shown on a terminal); returns the count.
+
+    One fsync at the end instead of one per line: this is a bulk write, not a resumable log.
+    """
+    from tqdm import tqdm
+
+    count = 0
+    with PivotWriter(path, append=False, fsync=False) as writer:
+        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=None):
+            writer.write(pivot)
+            count += 1
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+    return count

@@ -21,16 +21,20 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivot_envs.chat import tool_call, tool_to_chat, tool_to_responses
 from pivot_envs.pivot import Pivot, PivotFormatError, Profile
+
+if TYPE_CHECKING:
+    from pivot_envs.extract import ExtractConfig
 
 FORMATS = ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -607,11 +611,19 @@ def nemo_gym_row_to_pivot(row: dict, default_id: str = "", domain: str = "") -> 
     pivot_id = str(row.get("uuid") or row.get("id") or default_id)
     if not pivot_id:
         raise _Malformed("missing id", "the row has no uuid or id and no default id was given")
-    source = dict(ours.get("source") or {})
-    source.setdefault("trajectory", pivot_id)
-    source.setdefault("turn", sum(1 for m in messages if m["role"] == "assistant"))
-    source.setdefault("reward", _reward(row.get("reward"), "reward"))
-    source.setdefault("format", "nemo-gym-pivots")
+    source = ours.get("source")
+    if not isinstance(source, dict):  # a row of NeMo-Gym's own: each row is its own trajectory
+        source = {
+            "trajectory": pivot_id,
+            "turn": sum(1 for m in messages if m["role"] == "assistant"),
+            "reward": _reward(row.get("reward"), "reward"),
+            "format": "nemo-gym-pivots",
+        }
+    call_ids = ours.get("expert_call_ids")
+    calls = expert.get("tool_calls") or []
+    if isinstance(call_ids, list) and len(call_ids) == len(calls) and all(isinstance(i, str) for i in call_ids):
+        for call, call_id in zip(calls, call_ids):
+            call["id"] = call_id
     profile = ours.get("profile")
     return Pivot(
         id=pivot_id,
@@ -650,6 +662,8 @@ def pivot_to_nemo_gym_row(pivot: Pivot) -> dict:
         expected = {"type": "message", "content": _text(content, "expert") or ""}
     row: dict[str, Any] = {"uuid": pivot.id, "responses_create_params": params, "expected_action": expected}
     ours: dict[str, Any] = {"domain": pivot.domain, "source": pivot.source}
+    if calls:  # NeMo-Gym's expected action has no call ids; keep ours for the way back
+        ours["expert_call_ids"] = [call.get("id") or f"call_{i}" for i, call in enumerate(pivot.expert["tool_calls"])]
     clashing = {k: v for k, v in context.items() if k in _ROW_KEYS}
     if clashing:
         ours["context"] = clashing
@@ -738,21 +752,35 @@ def read_trajectories(
         yield item
 
 
-def read_as_pivots(path: str | os.PathLike[str], domain: str = "", report: ReadReport | None = None) -> list[Pivot]:
+def read_as_pivots(
+    path: str | os.PathLike[str],
+    domain: str = "",
+    report: ReadReport | None = None,
+    *,
+    config: ExtractConfig | None = None,
+    id_prefix: str | None = None,
+) -> list[Pivot]:
     """Pivots from a file: our pivot JSONL (.gz) as is, NeMo-Gym pivot rows one pivot per row, and
-    any trajectory format through `extract_pivots` (every assistant turn a candidate).
+    any trajectory format through `extract_pivots` (by default every assistant turn a candidate).
 
-    `domain` fills in pivots that have none. Without a `report`, skipped records are announced
-    with a warning naming the first problem.
+    `domain` (or `config.domain`) fills in pivots that have none. The `config`'s turn and reward
+    rules apply to ready-made pivots too. Without a `report`, skipped records are announced with a
+    warning naming the first problem.
     """
-    from pivot_envs.extract import ExtractConfig, extract_pivots
+    from pivot_envs.extract import ExtractConfig, extract_pivots, reward_rejection, turn_rejection
 
+    config = config or ExtractConfig(domain=domain)
+    domain = config.domain or domain
     own = report if report is not None else ReadReport()
     path = Path(path)
     pivots: list[Pivot] = []
     trajectories: list[Trajectory] = []
-    for _, _, item in _read(path, own, None):
+    for _, _, item in _read(path, own, id_prefix):
         if isinstance(item, Pivot):
+            rejected = reward_rejection(item.source.get("reward"), config) or turn_rejection(item.expert, config)
+            if rejected:
+                own.filtered[rejected] += 1
+                continue
             item.domain = item.domain or domain
             pivots.append(item)
             own.pivots += 1
@@ -762,9 +790,23 @@ def read_as_pivots(path: str | os.PathLike[str], domain: str = "", report: ReadR
                 own.no_assistant += 1
             trajectories.append(item)
     if trajectories:
-        pivots.extend(extract_pivots(trajectories, ExtractConfig(domain=domain), report=own))
+        pivots.extend(extract_pivots(trajectories, replace(config, domain=domain), report=own))
     if report is None and own.skipped_total:
         warnings.warn(
             f"{path}: skipped {own.skipped_total} malformed record(s); first: {own.problems[0]}", stacklevel=2
         )
     return pivots
+
+
+def write_nemo_gym_rows(pivots: Iterable[Pivot], path: str | os.PathLike[str]) -> int:
+    """Write pivots as NeMo-Gym pivot rows (JSONL), with a progress bar on stderr; returns the count."""
+    from tqdm import tqdm
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for pivot in tqdm(pivots, desc="writing NeMo-Gym rows", unit=" rows", file=sys.stderr, disable=None):
+            handle.write(json.dumps(pivot_to_nemo_gym_row(pivot), ensure_ascii=False) + "\n")
+            count += 1
+    return count

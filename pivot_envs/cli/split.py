@@ -1,0 +1,37 @@
+"""`pivotrl split`: pivots -> train and held-out files, by source trajectory (never by turn)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "split"
+HELP = "Split pivots into train and held-out sets by source trajectory (a seeded hash of the trajectory id)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pivot_envs.config import add_options
+    from pivot_envs.extract import SplitConfig
+
+    parser.add_argument("pivots", metavar="PIVOTS", help="pivot file")
+    parser.add_argument("--train-out", required=True, metavar="A", help="where to write the train pivots")
+    parser.add_argument("--heldout-out", required=True, metavar="B", help="where to write the held-out pivots")
+    add_options(parser, SplitConfig)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pivot_envs.config import from_args
+    from pivot_envs.extract import SplitConfig, split_by_trajectory, write_pivot_file
+    from pivot_envs.formats import ReadReport, read_as_pivots
+
+    config = from_args(SplitConfig, args)
+    report = ReadReport()
+    pivots = read_as_pivots(args.pivots, report=report)
+    for problem in report.problems:
+        print(problem, file=sys.stderr)
+    train, heldout = split_by_trajectory(pivots, config.heldout, config.seed)
+    for name, part, out in (("train", train, args.train_out), ("heldout", heldout, args.heldout_out)):
+        write_pivot_file(part, out, desc=f"writing {name}")
+        trajectories = len({p.trajectory_id for p in part})
+        print(f"{name}: {len(part)} pivots from {trajectories} trajectories -> {out}")
+    return 0
