@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from pivot_envs.diagnostics import diagnose, format_report, plot
+from pivot_envs.diagnostics import diagnose, format_report
 from pivot_envs.pivot import Pivot, Profile
 
 
@@ -83,9 +82,3 @@ def test_report_table_shows_the_paper_statistics(profiled: list[Pivot]) -> None:
     assert "miss rate P[strict=0|func=1]" in text and "(3/6)" in text
     assert re.search(r"^D_adv at lambda_diff=0.6 +1 of 4$", text, re.MULTILINE)
     assert "mean in [0.75, 1.00]" in text and "mean in [0.00, 0.25)" in text
-
-
-def test_plot_writes_png_figures(profiled: list[Pivot], tmp_path: Path) -> None:
-    paths = plot(diagnose(profiled), tmp_path / "figs")
-    assert {p.name for p in paths} == {"prefix_lengths.png", "action_kinds.png", "reward_means.png", "categories.png"}
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pivot_envs.extract import dedup_pivots, filter_pivots, split_by_trajectory
-from pivot_envs.formats import read_as_pivots
+from pivot_envs.formats import read_trajectories
 from pivot_envs.pivot import Pivot, Profile
 
 
@@ -81,7 +81,12 @@ def test_dedup_compares_arguments_as_json_not_as_strings() -> None:
 
 @pytest.fixture(scope="module")
 def tau_pivots(shared_data: Path) -> list[Pivot]:
-    return read_as_pivots(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json")
+    """One light pivot per assistant turn of the 100 tau-bench episodes (the split only needs ids)."""
+    trajectories = read_trajectories(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json")
+    return [
+        Pivot(f"{t.id}/t{k}", "tool-use", [], {"role": "assistant", "content": "x"}, source={"trajectory": t.id, "turn": k})
+        for t in trajectories for k in range(t.assistant_turns)
+    ]
 
 
 def test_split_never_puts_one_trajectory_on_both_sides(tau_pivots: list[Pivot]) -> None:

@@ -297,7 +297,7 @@ _record = st.fixed_dictionaries({}, optional={
     "expected_action": _json, "response": st.fixed_dictionaries({}, optional={"output": _json}) | _json,
     "expert": _json, "id": _json, "task_id": _json,
 })
-_FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _read_everything(path: Path) -> ReadReport:
