@@ -418,10 +418,9 @@ def calculate(state: State, expression: str) -> str:
     if not isinstance(expression, str) or not set(expression) <= _CALCULATOR_CHARACTERS:
         raise ToolError("invalid characters in expression")
     try:
-        value = _evaluate(ast.parse(expression, mode="eval"))
-    except (SyntaxError, ZeroDivisionError, RecursionError) as error:
+        return str(round(float(_evaluate(ast.parse(expression, mode="eval"))), 2))
+    except (SyntaxError, ArithmeticError, RecursionError, ValueError, MemoryError) as error:
         raise ToolError(f"invalid expression: {error}") from None
-    return str(round(float(value), 2))
 
 
 def think(state: State, thought: str) -> str:
@@ -470,7 +469,7 @@ def call_tool(state: State, name: str, arguments: Any) -> str:
     except ToolError as error:
         state.writes = saved
         return f"Error: {error}"
-    except (TypeError, KeyError, ValueError, AttributeError, IndexError, RecursionError) as error:
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as error:
         # Malformed arguments (wrong type, missing field): the tool's answer, not a crash.
         state.writes = saved
         return f"Error: {name} failed on its arguments: {type(error).__name__}: {error}"

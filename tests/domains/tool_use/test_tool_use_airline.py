@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import gymnasium as gym
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool, tool_schemas
 from pivot_envs.domains.tool_use.backends import AirlineBackend
 from pivot_envs.domains.tool_use.replay_check import normalized, replay_trajectories
@@ -152,3 +154,57 @@ def test_execution_decides_rejects_an_accepted_id_the_database_does_not_find(air
     reward, info, _ = step(strict_env, pivot, padded)
     assert (reward, info["category"]) == (0.0, "execution_different")
     assert step(strict_env, pivot, pivot.expert)[0] == 1.0
+
+
+# Real values from the database mixed with arbitrary JSON, so random calls reach deep into the tools.
+REAL_VALUES = st.sampled_from(
+    [
+        "mia_li_3668", "JG7FMM", "HAT136", "HAT039", "2024-05-20", "JFK", "SEA", "ATL", "economy", "business",
+        "one_way", "yes", "no", "credit_card_4421486", "certificate_7504069", "gift_card_3481935", 0, 1, 3, 250,
+        [{"flight_number": "HAT136", "date": "2024-05-20"}, {"flight_number": "HAT039", "date": "2024-05-20"}],
+        [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+        [{"payment_id": "certificate_7504069", "amount": 250}, {"payment_id": "credit_card_4421486", "amount": 55}],
+    ]
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=12,
+)
+SCHEMAS = {tool["function"]["name"]: list(tool["function"]["parameters"]["properties"]) for tool in tool_schemas()}
+tool_calls = st.sampled_from(sorted(SCHEMAS)).flatmap(
+    lambda name: st.tuples(
+        st.just(name),
+        st.fixed_dictionaries(
+            {key: REAL_VALUES | REAL_VALUES | json_values for key in SCHEMAS[name]}, optional={"extra": json_values}
+        ),
+    )
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(tool_calls)
+def test_every_tool_answers_arbitrary_arguments_without_raising(call):
+    name, arguments = call
+    sample = State(bundled_database()).child()
+    output = call_tool(sample, name, arguments)
+    assert isinstance(output, str)
+    if output.startswith("Error:"):
+        assert sample.changes() == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789+-*/(). ", max_size=60))
+def test_the_calculator_answers_any_expression_of_its_characters(expression):
+    output = call_tool(State(bundled_database()), "calculate", {"expression": expression})
+    assert output.startswith("Error: invalid expression") or float(output) == float(output)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tool_calls)
+def test_env_steps_with_arbitrary_calls_on_the_airline_backend_never_raise(call_pivots, call):
+    name, arguments = call
+    env = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
+    for pivot in (call_pivots[0], call_pivots[-1]):
+        reward, info, _ = step(env, pivot, {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]})
+        assert 0.0 <= reward <= 1.0 and info["valid"]
