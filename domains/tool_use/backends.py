@@ -78,6 +78,8 @@ def expert_calls(message: dict[str, Any]) -> list[Call]:
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function", {}) if isinstance(call, dict) else {}
+        if not isinstance(function, dict):
+            function = {}
         arguments = function.get("arguments")
         if isinstance(arguments, str):
             try:

@@ -296,6 +296,8 @@ class FunctionalVerifier:
         calls = []
         for call in pivot.expert.get("tool_calls") or []:
             function = call.get("function", call) if isinstance(call, dict) else {}
+            if not isinstance(function, dict):
+                function = {}
             name = str(function.get("name", ""))
             arguments = function.get("arguments")
             if isinstance(arguments, str):

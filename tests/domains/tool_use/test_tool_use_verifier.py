@@ -288,3 +288,12 @@ def test_the_cached_strict_verifier_equals_canonical_action_equality(a, b, text)
         action = assistant_message(text or None, [tool_call("f", {"x": value}, "c9")])
         expected = canonical_action(action) == canonical_action(expert)
         assert (strict.verify(pivot, action).reward == 1.0) is expected
+
+
+def test_a_malformed_expert_turn_in_a_user_file_scores_actions_without_raising():
+    expert = {"role": "assistant", "content": None, "tool_calls": [{"function": "oops"}, "junk", {"function": {"name": "f", "arguments": "{bad"}}]}
+    pivot = Pivot(id="user/bad", domain="tool-use", messages=[{"role": "user", "content": "hi"}], expert=expert)
+    env = gym.make("pivot/tool-use-v0", pivots=[pivot], backend="tau-airline").unwrapped
+    for action in (hermes("f", {"a": 1}), "hello", expert):
+        reward, info, _ = step(env, pivot, action)
+        assert 0.0 <= reward <= 1.0 and info["valid"]
