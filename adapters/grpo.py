@@ -428,7 +428,7 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
                 config.beta, group.ref_logprobs,
             )
             (loss / tokens).backward()
-            totals["loss"] += float(loss) / tokens / config.iterations
+            totals["loss"] += float(loss.detach()) / tokens / config.iterations
             totals["clip_fraction"] += stats["clipped"] / tokens / config.iterations
             totals["kl"] += stats.get("kl", 0.0) / tokens / config.iterations
         limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")

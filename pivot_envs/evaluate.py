@@ -39,7 +39,10 @@ class Score:
 
 
 def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwargs: Any) -> EnvFactory:
-    """A factory of envs that hold `pivots`: from an env id (`pivot/tool-use-v0`), a callable, or the pivots' domain."""
+    """A factory of envs that hold `pivots`: from an env id (`pivot/tool-use-v0`), a callable, or the pivots' domain.
+
+    With no pivots an env id builds the domain's bundled pivot set.
+    """
     if callable(env):
         return env
     if env is None:
@@ -55,7 +58,7 @@ def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwa
         import pivot_envs
 
         gym.register_envs(pivot_envs)
-        return gym.make(env_id, pivots=kept, **env_kwargs)
+        return gym.make(env_id, **({"pivots": kept} if kept else {}), **env_kwargs)
 
     return make
 

@@ -1,0 +1,40 @@
+"""`pivotrl eval`: turn accuracy at held-out pivots, functional and strict, with 95% Wilson intervals."""
+
+from __future__ import annotations
+
+import argparse
+
+from pivot_envs.config import add_options, from_args
+
+NAME = "eval"
+HELP = "Evaluate a policy at held-out pivots: turn accuracy per domain (functional and strict verifier, 95% CI)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pivot_envs.evaluate import EvalConfig
+    from pivot_envs.policy import SPEC_FORMS
+
+    parser.add_argument("--pivots", required=True, help="held-out pivots (JSONL, .jsonl.gz, or any readable trajectory format)")
+    parser.add_argument("--policy", required=True, help=f"policy spec: {SPEC_FORMS}")
+    parser.add_argument("--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)")
+    parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
+    parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
+    add_options(parser, EvalConfig)
+
+
+def main(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from pivot_envs.env import load_pivot_file
+    from pivot_envs.evaluate import EvalConfig, evaluate
+    from pivot_envs.policy import load_policy
+
+    config = from_args(EvalConfig, args)
+    pivots = load_pivot_file(args.pivots)
+    policy = load_policy(args.policy, **({"device": args.device} if args.device else {}))
+    report = evaluate(policy, pivots, config, env=args.env)
+    print(report.format())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
+    return 0

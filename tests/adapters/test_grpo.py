@@ -1,0 +1,210 @@
+"""The GRPO trainer at pivots: Eq. 1 advantages, the Eq. 6 loss, token faithfulness, checkpoints and resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
+
+from pivot_envs.adapters.grpo import (  # noqa: E402
+    GRPOConfig,
+    action_logprobs,
+    build_group,
+    clipped_loss,
+    group_advantages,
+    latest_checkpoint,
+    plot_metrics,
+    train,
+)
+from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
+from pivot_envs.verifiers import Verdict  # noqa: E402
+
+
+class HasLetterVerifier:
+    """A toy functional verifier a random model passes about half the time: the action contains 'a'."""
+
+    name = "has-letter"
+
+    def verify(self, pivot, action, outcome=None):
+        text = str(action.get("content") or "")
+        return Verdict(1.0 if "a" in text.lower() else 0.0, "has_letter" if "a" in text.lower() else "no_letter")
+
+
+def make_env():
+    return EchoEnv(real_pivots(), verifier=HasLetterVerifier())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
+
+    return AutoTokenizer.from_pretrained(smollm2.checkpoint())
+
+
+def tiny_policy(tokenizer, seed: int = 0) -> HFPolicy:
+    """A randomly initialised model of SmolLM2's architecture, small enough to train in seconds on a CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    return HFPolicy(LlamaForCausalLM(config).eval(), tokenizer, name="hf:tiny")
+
+
+def tiny_config(out: Path, **overrides) -> GRPOConfig:
+    values = dict(batch_pivots=2, group_size=4, max_new_tokens=6, learning_rate=1e-3, steps=4, checkpoint_every=2,
+                  eval_every=0, num_envs=2, out=str(out), seed=3)
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+# -- Eq. 1 ----------------------------------------------------------------------------------------
+
+
+def test_advantages_are_rewards_normalised_within_the_group():
+    advantages = group_advantages([1.0, 0.0, 0.0, 1.0], [True] * 4, std_epsilon=0.0)
+    assert advantages == pytest.approx([1.0, -1.0, -1.0, 1.0])
+
+
+def test_invalid_samples_are_left_out_of_the_group_mean_and_std():
+    advantages = group_advantages([1.0, 0.0, 0.0, 1.0], [True, True, True, False], std_epsilon=0.0)
+    mean, std = 1 / 3, math.sqrt(2 / 9)
+    assert advantages == pytest.approx([(1 - mean) / std, -mean / std, -mean / std, 0.0])
+
+
+def test_a_group_with_equal_valid_rewards_carries_no_signal():
+    assert group_advantages([1.0, 1.0, 0.0], [True, True, False]) is None
+    assert group_advantages([0.0, 0.0, 0.0, 0.0], [True] * 4) is None
+    assert group_advantages([1.0, 0.0], [True, False]) is None
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_other_rewards():
+    advantages = group_advantages([1.0, 0.0, 0.0, 0.0], [True] * 4, leave_one_out=True, scale_by_std=False)
+    assert advantages == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+
+
+# -- Eq. 6 ----------------------------------------------------------------------------------------
+
+
+def test_clipped_loss_stops_the_gradient_of_tokens_outside_the_clip_range():
+    old = torch.zeros(1, 3)
+    logprobs = torch.tensor([[0.0, math.log(1.5), math.log(0.5)]], requires_grad=True)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    loss, stats = clipped_loss(logprobs, old, torch.tensor([1.0]), mask, 0.2, 0.2)
+    loss.backward()
+    # w = 1 (inside), 1.5 (above 1.2 with A > 0: clipped, no gradient), 0.5 (below: min keeps w A, gradient flows)
+    assert loss.item() == pytest.approx(-(1.0 + 1.2 + 0.5))
+    assert logprobs.grad.tolist()[0] == pytest.approx([-1.0, 0.0, -0.5])
+    assert stats["clipped"] == 1
+
+
+def test_k3_kl_is_zero_at_the_reference_and_positive_away_from_it():
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    _, same = clipped_loss(logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs)
+    _, away = clipped_loss(logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs - 0.5)
+    assert same["kl"] == 0.0
+    assert away["kl"] == pytest.approx(2 * (math.exp(-0.5) + 0.5 - 1))
+
+
+# -- token faithfulness ------------------------------------------------------------------------------
+
+
+def test_the_trainer_scores_exactly_the_tokens_the_policy_sampled(tokenizer):
+    from pivot_envs.policy import SamplingParams
+
+    policy = tiny_policy(tokenizer)
+    pivot = real_pivots()[0]
+    completions = policy.generate([pivot.observation], 3, SamplingParams(temperature=1.0, max_new_tokens=8, seed=5))[0]
+    group = build_group(pivot.id, completions, [1.0, -1.0, 0.0], [True, True, True])
+    for completion, action in zip(completions, group.actions):
+        assert group.prefix + action == completion.prompt_token_ids + completion.token_ids
+    with torch.no_grad():
+        logprobs, mask, _ = action_logprobs(policy.model, group.prefix, group.actions)
+    for row, completion in enumerate(completions):
+        # the sampler's logprobs of its own tokens equal the trainer's: same ids, same context
+        assert logprobs[row][mask[row]].tolist() == pytest.approx(completion.logprobs, abs=1e-4)
+
+
+def test_completions_without_prompt_ids_are_refused_with_the_pivot_named():
+    from pivot_envs.policy import Completion
+
+    with pytest.raises(ValueError, match="pivot p/1.*prompt_token_ids"):
+        build_group("p/1", [Completion("hi", token_ids=[1, 2])], [1.0], [True])
+
+
+def test_invalid_samples_are_dropped_from_the_update():
+    from pivot_envs.policy import Completion
+
+    completions = [Completion("a", token_ids=[1], prompt_token_ids=[9]), Completion("b", token_ids=[2], prompt_token_ids=[9])]
+    group = build_group("p/1", completions, [0.5, 0.0], [True, False])
+    assert group.actions == [[1]] and group.advantages == [0.5]
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+
+
+def test_training_logs_metrics_and_moves_the_weights(tokenizer, tmp_path):
+    policy = tiny_policy(tokenizer)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    result = train(tiny_config(tmp_path, steps=2, eval_every=2), real_pivots(), policy=policy, env_id=make_env,
+                   heldout=real_pivots()[:2])
+    records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("reward_mean", "reward_std", "frac_zero_variance", "kl", "clip_fraction", "entropy", "tokens_per_s", "loss"):
+        assert key in records[0]
+    assert "eval_turn_accuracy" in records[1] and "eval_turn_accuracy" not in records[0]
+    assert sum(r["groups_trained"] for r in records) > 0
+    assert all(r["entropy"] > 0 for r in records if r["groups_trained"])
+    changed = [k for k, v in policy.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "model.embed_tokens.weight" in changed
+    assert (result.final / "config.json").is_file() and (result.final / "trainer_state.pt").is_file()
+    png = plot_metrics(result.metrics_path, tmp_path / "rewards.png")
+    assert png.stat().st_size > 1000
+
+
+def test_resuming_from_a_checkpoint_continues_the_run_as_if_it_had_not_stopped(tokenizer, tmp_path):
+    straight = train(tiny_config(tmp_path / "straight"), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    first = train(tiny_config(tmp_path / "split", steps=2), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    assert latest_checkpoint(first.out).name == "step-2"
+    # a fresh process would start from the initial weights again: a different seed proves they are restored
+    resumed = train(tiny_config(tmp_path / "split", resume=True), real_pivots(), policy=tiny_policy(tokenizer, seed=99),
+                    env_id=make_env)
+    losses = [r["loss"] for r in straight.history]
+    assert [r["step"] for r in resumed.history] == [3, 4]
+    assert [r["loss"] for r in first.history + resumed.history] == pytest.approx(losses, rel=1e-6, abs=1e-9)
+    assert [r["reward_mean"] for r in first.history + resumed.history] == [r["reward_mean"] for r in straight.history]
+    assert any(loss != 0.0 for loss in losses)
+    assert [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_beta_above_zero_measures_the_kl_to_the_frozen_reference(tokenizer, tmp_path):
+    config = tiny_config(tmp_path, steps=3, beta=0.1, iterations=2, learning_rate=2e-3, checkpoint_every=0)
+    result = train(config, real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    trained = [r for r in result.history if r["groups_trained"]]
+    assert trained, "no group had mixed rewards"
+    # the second iteration of each batch moved away from the reference and from pi_old
+    assert any(r["kl"] > 0 for r in trained)
+
+
+def test_lora_trains_only_the_adapters_and_the_policy_generates_with_them(tokenizer, tmp_path):
+    pytest.importorskip("peft")
+    policy = tiny_policy(tokenizer)
+    base = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    result = train(tiny_config(tmp_path, steps=2, lora=True, lora_rank=4, learning_rate=5e-3, checkpoint_every=0),
+                   real_pivots(), policy=policy, env_id=make_env)
+    state = policy.model.state_dict()
+    assert any("lora_" in k for k in state)  # the policy's own module carries the adapters
+    assert all(torch.equal(state[k], v) for k, v in state.items() if "lora_" not in k and k in base)
+    assert (result.final / "adapter_model.safetensors").is_file()

@@ -1,0 +1,142 @@
+"""Evaluation: turn accuracy per domain under the functional and the strict verifier, with Wilson intervals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from echo_domain import EchoEnv, real_pivots
+
+from pivot_envs.chat import calls_of
+from pivot_envs.env import InfrastructureError, Outcome
+from pivot_envs.evaluate import EnvPool, EvalConfig, evaluate, wilson_interval
+from pivot_envs.policy import Completion
+from pivot_envs.verifiers import Verdict
+
+
+class ScriptedPolicy:
+    """A policy that answers each pivot with a fixed list of actions (cycled over the n samples)."""
+
+    name = "scripted"
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.calls = []
+
+    def generate(self, chats, n, sampling):
+        self.calls.append((len(chats), n, sampling.temperature))
+        out = []
+        for chat in chats:
+            actions = self.answers[_key(chat)]
+            out.append([Completion(text="", message=actions[i % len(actions)]) for i in range(n)])
+        return out
+
+
+def _key(chat):
+    return json.dumps(chat["messages"], sort_keys=True)
+
+
+WRONG = {"role": "assistant", "content": "I cannot help with that."}
+
+
+def expert_on(pivots, correct):
+    return ScriptedPolicy({_key(p.observation): [p.expert if p.id in correct else WRONG] for p in pivots})
+
+
+class SameToolsVerifier:
+    """A lenient functional verifier: the same tool names as the expert, whatever the arguments."""
+
+    name = "same-tools"
+
+    def verify(self, pivot, action, outcome=None):
+        same = sorted(n for n, _ in calls_of(action)) == sorted(n for n, _ in calls_of(pivot.expert))
+        return Verdict(1.0 if same and calls_of(action) else 0.0, "same_tools" if same else "other_tools")
+
+
+class FlakyBackendEnv(EchoEnv):
+    def execute(self, pivot, action):
+        if pivot.id.endswith("/1"):
+            raise InfrastructureError("mock backend unreachable")
+        return Outcome()
+
+
+def test_wilson_interval_matches_the_closed_form():
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_the_expert_policy_is_fully_accurate():
+    pivots = real_pivots()
+    report = evaluate(expert_on(pivots, {p.id for p in pivots}), pivots, env=lambda: EchoEnv(pivots))
+    row = report.row("echo", "greedy")
+    assert (row.functional.mean, row.strict.mean, row.functional.n, row.invalid) == (1.0, 1.0, len(pivots), 0)
+
+
+def test_accuracy_is_the_fraction_of_turns_answered_acceptably_with_its_interval():
+    pivots = real_pivots()
+    correct = {pivots[0].id, pivots[3].id}
+    row = evaluate(expert_on(pivots, correct), pivots, env=lambda: EchoEnv(pivots)).row("echo")
+    assert row.functional.mean == pytest.approx(2 / 5)
+    assert (row.functional.low, row.functional.high) == pytest.approx(wilson_interval(2, 5))
+
+
+def test_greedy_and_sampled_modes_ask_the_policy_for_what_they_score():
+    pivots = real_pivots()
+    policy = ScriptedPolicy({_key(p.observation): [p.expert, WRONG, WRONG] for p in pivots})
+    report = evaluate(policy, pivots, EvalConfig(samples=3, temperature=0.7, batch_size=2), env=lambda: EchoEnv(pivots))
+    greedy, sampled = report.row("echo", "greedy"), report.row("echo", "sampled")
+    assert greedy.functional.mean == 1.0 and greedy.functional.n == 5
+    assert sampled.functional.mean == pytest.approx(1 / 3) and sampled.functional.n == 15
+    assert {(n, t) for _, n, t in policy.calls} == {(1, 0.0), (3, 0.7)}
+    assert max(size for size, _, _ in policy.calls) == 2
+
+
+def test_the_functional_verifier_credits_actions_the_strict_one_misses():
+    pivots = real_pivots()
+    same_tools = {}
+    for pivot in pivots:
+        calls = pivot.expert.get("tool_calls") or []
+        # same tools, other arguments: functionally accepted by the lenient verifier, not an exact match
+        changed = [{**c, "function": {**c["function"], "arguments": "{}"}} for c in calls]
+        same_tools[_key(pivot.observation)] = [{"role": "assistant", "content": None, "tool_calls": changed} if calls else WRONG]
+    row = evaluate(ScriptedPolicy(same_tools), pivots, env=lambda: EchoEnv(pivots, verifier=SameToolsVerifier())).row("echo")
+    assert row.functional.mean == pytest.approx(4 / 5)
+    assert row.strict.mean == 0.0
+
+
+def test_infrastructure_failures_are_counted_apart_not_as_wrong_answers():
+    pivots = real_pivots()
+    row = evaluate(expert_on(pivots, {p.id for p in pivots}), pivots, env=lambda: FlakyBackendEnv(pivots)).row("echo")
+    assert row.invalid == 1
+    assert row.functional.mean == 1.0 and row.functional.n == 4
+
+
+def test_several_domains_get_a_row_each_and_a_pooled_row():
+    pivots = real_pivots()
+    for pivot in pivots[:2]:
+        pivot.domain = "other"
+    report = evaluate(expert_on(pivots, {pivots[0].id}), pivots, env=lambda: EchoEnv(pivots))
+    assert report.row("other").functional.mean == pytest.approx(1 / 2)
+    assert report.row("echo").functional.mean == 0.0
+    assert report.row("all").functional.n == 5 and report.row("all").functional.mean == pytest.approx(1 / 5)
+    table = report.format()
+    assert "other" in table and "all" in table and "20.0%" in table
+    with pytest.raises(KeyError, match="'nope'"):
+        report.row("nope")
+
+
+def test_env_pool_scores_in_order_with_concurrent_envs():
+    pivots = real_pivots()
+    jobs = [(p.id, p.expert if i % 2 == 0 else WRONG) for i, p in enumerate(pivots * 4)]
+    with EnvPool(lambda: EchoEnv(pivots), size=3) as pool:
+        scores = pool.score(jobs)
+        assert len(pool._envs) <= 3
+    assert [s.reward for s in scores] == [1.0 if i % 2 == 0 else 0.0 for i in range(len(jobs))]
+
+
+def test_env_errors_name_the_pivot():
+    pivots = real_pivots()
+    with EnvPool(lambda: EchoEnv(pivots), size=1) as pool, pytest.raises(RuntimeError, match="pivot no/such"):
+        pool.score([("no/such", "x")])
