@@ -84,7 +84,7 @@ def bwrap_available() -> bool:
     if shutil.which("bwrap") is None:
         return False
     result = subprocess.run(
-        [*_drop_privileges(), "bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"],
+        [*_drop_privileges(), "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
         capture_output=True, timeout=10,
     )
     return result.returncode == 0
@@ -178,11 +178,12 @@ class BwrapSandbox:
         self.marker = new_marker()
         self.closed = False
 
-    def _argv(self, inner: list[str]) -> list[str]:
+    def _argv(self, inner: list[str], new_session: bool = True) -> list[str]:
         d = self.directory
         return [
             *self.owner._drop,
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
+            "--hostname", "sandbox",
             "--uid", "0", "--gid", "0",
             *self.owner._system,
             "--dev", "/dev", "--proc", "/proc",
@@ -231,7 +232,9 @@ class BwrapSandbox:
 
     def interactive_argv(self) -> list[str]:
         """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
-        return self._argv(["bash", "--norc", "--noprofile", "-i"])
+        # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
+        # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
+        return self._argv(["bash", "--norc", "--noprofile", "-i"], new_session=False)
 
     def close(self) -> None:
         """Delete this sandbox's directory tree (its processes died with their bwrap)."""

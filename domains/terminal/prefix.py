@@ -59,11 +59,16 @@ def setup_commands(context: dict[str, Any]) -> list[str]:
     return [setup] if isinstance(setup, str) else [str(command) for command in setup]
 
 
+def pivot_image(pivot: Pivot) -> str:
+    """The image a pivot's task runs in: `context["image"]`, or NeMo-Gym's `docker_image`, or the base image."""
+    return str(pivot.context.get("image") or pivot.context.get("docker_image") or BASE_IMAGE)
+
+
 def prefix_key(pivot: Pivot) -> str:
     """What identifies a prefix state: image, workdir, setup and the expert's earlier commands."""
     commands, _ = prefix_commands(pivot)
     expert = parse_command(pivot.expert).command
-    data = [pivot.context.get("image", BASE_IMAGE), pivot.context.get("workdir", "/app"),
+    data = [pivot_image(pivot), pivot.context.get("workdir", "/app"),
             setup_commands(pivot.context), commands, expert]
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
@@ -97,7 +102,7 @@ class PrefixCache:
         return state
 
     def _image(self, pivot: Pivot) -> str:
-        image = str(pivot.context.get("image", BASE_IMAGE))
+        image = pivot_image(pivot)
         if self.backend.name == "docker":
             return self.docker_base if image.split(":")[0] == BASE_IMAGE else image
         if image.split(":")[0] != BASE_IMAGE:

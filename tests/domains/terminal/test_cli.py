@@ -1,0 +1,50 @@
+"""`pivotrl sandbox build-image` and `pivotrl sandbox gc`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pivot_envs.domains.terminal.backends import BWRAP_PREFIX, LABEL, DockerBackend
+from pivot_envs.domains.terminal.image import image_tag
+
+from pivot_envs.cli import main
+
+
+def test_build_image_is_idempotent_and_fast_when_built(has_docker, capsys):
+    start = time.monotonic()
+    assert main(["sandbox", "build-image"]) == 0
+    assert time.monotonic() - start < 30
+    assert image_tag() in capsys.readouterr().out
+
+
+def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
+    import docker
+
+    # A child process makes a container, a snapshot image and a bubblewrap directory, then dies without closing.
+    code = (
+        "import os\n"
+        "from pivot_envs.domains.terminal.backends import DockerBackend, BwrapBackend\n"
+        "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
+        "d = DockerBackend(warm_pool=0); s = d.create(image_tag(), '/app'); s.snapshot()\n"
+        "b = BwrapBackend(rootfs_path()); b.create('/app')\n"
+        "print(d.owner, b.root, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    owner, root = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    client = docker.from_env()
+    mine = {"label": [f"pivot-envs.owner={owner}"]}
+    assert client.containers.list(all=True, filters=mine) and Path(root).exists()
+    live = DockerBackend(warm_pool=0)
+    live_sandbox = live.create(image_tag(), "/app")
+    assert main(["sandbox", "gc"]) == 0
+    assert client.containers.list(all=True, filters=mine) == []
+    assert client.images.list(filters=mine) == []
+    assert not Path(root).exists()
+    assert live_sandbox.run("echo still-here").output == "still-here\n"  # a live process's sandboxes stay
+    live.close()
+    assert client.images.list(filters={"label": [f"{LABEL}=base"]})  # the base image stays without --base
+    assert not list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}{owner.split(':')[1]}-*"))

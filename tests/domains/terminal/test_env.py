@@ -1,0 +1,134 @@
+"""pivot/terminal-v0: reset restores the prefix state (built once, forked per sample), step scores the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
+
+import pivot_envs
+from pivot_envs.pivot import Pivot
+
+gym.register_envs(pivot_envs)
+GIT_PIVOT = "terminal/git-init-commit/t4"  # prefix: cd site, git init, git add, git commit
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+def kind(request):
+    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
+    return request.param
+
+
+def test_the_env_passes_gymnasiums_checker(kind):
+    pivots = [p for p in bundled_pivots() if p.trajectory_id == "terminal/awk-average"]
+    env = gym.make("pivot/terminal-v0", pivots=pivots, sandbox=kind).unwrapped
+    check_env(env, skip_render_check=True)
+    env.close()
+
+
+def test_the_prefix_state_holds_the_experts_files_and_shell_state(kind):
+    env = gym.make("pivot/terminal-v0", sandbox=kind)
+    env.reset(options={"pivot": GIT_PIVOT})
+    _, reward, terminated, truncated, info = env.step("```bash\npwd; git log --format=%s\n```")
+    assert info["output"]["output"] == "/app/site\ninitial\n"
+    assert (terminated, truncated, info["valid"]) == (True, False, True)
+    env.close()
+
+
+def test_g_resets_at_one_pivot_cost_one_build_and_g_forks(kind):
+    env = gym.make("pivot/terminal-v0", sandbox=kind).unwrapped
+    rewards = []
+    for _ in range(4):
+        env.reset(options={"pivot": "terminal/sed-config-port/t1"})
+        rewards.append(env.step("```bash\nsed -i 's/8080/9090/' server.conf\n```")[1])
+    assert env.prefixes.builds == 1
+    assert rewards == [1.0] * 4
+    env.close()
+
+
+def test_each_sample_sees_the_prefix_state_not_the_previous_samples_changes():
+    env = TerminalEnv(sandbox="bwrap")
+    env.reset(options={"pivot": "terminal/sed-config-port/t1"})
+    env.step("```bash\nrm server.conf\n```")
+    env.reset(options={"pivot": "terminal/sed-config-port/t1"})
+    _, _, _, _, info = env.step("```bash\ncat server.conf\n```")
+    assert "port = 8080" in info["output"]["output"]
+    env.close()
+
+
+def test_the_expert_action_always_scores_one_under_both_verifiers(has_bwrap):
+    for verifier in ("functional", "strict"):
+        env = TerminalEnv(sandbox="bwrap", verifier=verifier)
+        for pivot_id in ("terminal/count-error-lines/t2", "terminal/env-var-export/t2", GIT_PIVOT):
+            env.reset(options={"pivot": pivot_id})
+            _, reward, _, _, info = env.step(env.pivot.expert)
+            assert reward == 1.0 and info["strict_reward"] == 1.0, (verifier, pivot_id, info)
+        env.close()
+
+
+def test_a_failing_prefix_command_makes_the_pivot_not_replayable_and_steps_invalid(has_bwrap):
+    messages = [{"role": "user", "content": "task"}, canonical_message("false"),
+                {"role": "tool", "content": "[exit code 1]"}]
+    pivot = Pivot("broken/t1", "terminal", messages, canonical_message("ls"), context={"prefix_exit_codes": [0]})
+    env = TerminalEnv([pivot], sandbox="bwrap")
+    observation, info = env.reset(options={"pivot": "broken/t1"})
+    assert observation["messages"] == messages
+    _, reward, _, _, info = env.step("```bash\nls\n```")
+    assert info["valid"] is False and info["category"] == "infrastructure_error"
+    assert "prefix command 0" in info["detail"]
+    env.close()
+
+
+def test_a_pivot_whose_image_is_not_available_is_not_replayable(kind):
+    pivot = Pivot("ext/t0", "terminal", [{"role": "user", "content": "x"}], canonical_message("ls"),
+                  context={"image": "example.org/not-here:1", "workdir": "/app"})
+    env = TerminalEnv([pivot], sandbox=kind)
+    env.reset()
+    _, _, _, _, info = env.step("```bash\nls\n```")
+    assert info["valid"] is False and "not-here" in info["detail"]
+    env.close()
+
+
+def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used(has_bwrap):
+    env = TerminalEnv(sandbox="bwrap", prefix_cache=2)
+    for pivot_id in ("terminal/awk-average/t0", "terminal/awk-average/t1", "terminal/awk-average/t0",
+                     "terminal/awk-average/t2", "terminal/awk-average/t0"):
+        env.reset(options={"pivot": pivot_id})
+    assert len(env.prefixes) == 2
+    assert env.prefixes.builds == 3  # t0 stayed cached: it was used more recently than t1
+    env.close()
+
+
+def test_an_unparseable_action_scores_zero_with_its_category_and_stays_valid(has_bwrap):
+    env = TerminalEnv(sandbox="bwrap")
+    env.reset(options={"index": 0})
+    _, reward, _, _, info = env.step("I think we should look at the files.")
+    assert (reward, info["category"], info["valid"]) == (0.0, "no_command", True)
+    env.close()
+
+
+def test_bundled_pivots_are_at_least_thirty_tasks_with_canonical_experts():
+    pivots = bundled_pivots()
+    assert len({p.trajectory_id for p in pivots}) >= 30
+    assert all(p.expert["tool_calls"][0]["function"]["name"] == "bash" for p in pivots)
+    assert all(json.loads(p.expert["tool_calls"][0]["function"]["arguments"])["command"] for p in pivots)
+
+
+def test_auto_uses_docker_when_a_daemon_answers(has_docker):
+    assert TerminalEnv(sandbox="auto").sandbox_kind == "docker"
+
+
+def test_without_docker_or_bubblewrap_the_error_says_how_to_install_them(tmp_path):
+    # A real run with neither: no daemon at DOCKER_HOST and a PATH without bwrap.
+    code = ("from pivot_envs.domains.terminal import TerminalEnv\n"
+            "try:\n    TerminalEnv(sandbox='auto')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "PATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert out.startswith("SandboxError")
+    assert "apt-get install docker.io" in out and "apt-get install bubblewrap" in out
