@@ -186,3 +186,28 @@ def test_the_verifier_and_http_options_become_cli_flags():
     config = from_args(FunctionalConfig, args)
     assert (config.mode, config.text_threshold, config.unordered_arrays) == ("f1", 0.7, ("flights",))
     assert from_args(HttpBackendConfig, args).url == "http://h/x"
+
+
+class _WeatherBackend:
+    """A user's own backend: any object with name, prepare, run and equivalence."""
+
+    name = "weather"
+
+    def prepare(self, pivot):
+        return None
+
+    def run(self, pivot, calls):
+        return [json.dumps({"city": arguments.get("city"), "celsius": 21}) for _, arguments in calls]
+
+    def equivalence(self, pivot):
+        # Two calls are equivalent when they ask about the same city, whatever its spelling.
+        return lambda index, name, arguments: str(arguments.get("city", "")).strip().lower() == "paris"
+
+
+def test_a_backend_object_executes_calls_and_can_decide_equivalence(shared_data):
+    path = shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl"
+    env = gym.make("pivot/tool-use-v0", pivots=str(path), backend=_WeatherBackend()).unwrapped
+    pivot = next(p for p in env.pivots if len(p.expert.get("tool_calls") or []) == 1)
+    reward, info, observation = step(env, pivot, hermes("get_weather", {"city": "PARIS "}))
+    assert reward == 1.0 and "execution equivalence" in info["detail"]
+    assert json.loads(observation["messages"][-1]["content"]) == {"city": "PARIS ", "celsius": 21}
