@@ -54,3 +54,28 @@ class Policy(Protocol):
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
     ) -> list[list[Completion]]: ...
+
+
+POLICY_GROUP = "pivot_envs.policies"
+SPEC_FORMS = "hf:PATH_OR_NAME, hf:smollm2, openai:BASE_URL[,BASE_URL...]#MODEL, vllm:PATH"
+
+
+class PolicySpecError(ValueError):
+    """A policy spec that names no installed backend or is malformed; the message lists the accepted forms."""
+
+
+def load_policy(spec: str, **options: Any) -> Policy:
+    """Build a Policy from a spec `SCHEME:REST` (see SPEC_FORMS); options go to the backend.
+
+    Schemes are the entry points of the group `pivot_envs.policies`, each a factory
+    `from_spec(rest, **options) -> Policy`, so third-party backends plug in the same way.
+    """
+    from importlib.metadata import entry_points
+
+    scheme, sep, rest = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    backends = {ep.name: ep for ep in entry_points(group=POLICY_GROUP)}
+    if not sep or not rest or scheme not in backends:
+        known = ", ".join(sorted(backends)) or "none installed"
+        raise PolicySpecError(f"bad policy spec {spec!r}: expected one of {SPEC_FORMS} (schemes: {known})")
+    factory = backends[scheme].load()
+    return factory(rest, **options)

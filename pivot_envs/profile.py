@@ -1,0 +1,293 @@
+"""Offline pivot profiling (paper Eq. 3, Algorithm 1 lines 2-4).
+
+For every candidate (s_t, a*_t), sample K actions from a frozen reference policy, step each one
+through the candidate's env (tool calls against backends, commands in sandboxes), and record the
+functional rewards, the strict rewards (Eq. 2), the verdict categories and validity. The mean and
+variance over the valid samples (Eq. 3) are what `filter` uses to keep D_adv (Eq. 4).
+
+Generation is batched across candidates (`batch_pivots` per generate call) and overlaps with the
+env steps of the previous batch, which run on a thread pool of env instances (`env_workers`).
+Each finished candidate is appended to the output at once (flushed and fsynced); a rerun with the
+same output skips the ids already there, so a killed run resumes with nothing lost and nothing
+profiled twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.config import option
+from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
+from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
+
+
+@dataclass
+class ProfileConfig:
+    """Options of `profile` (and of `pivotrl profile`)."""
+
+    k: int = option(8, "actions sampled per candidate from the reference policy (K of paper Eq. 3)")
+    temperature: float = option(1.0, "sampling temperature of the reference policy (0 = greedy)")
+    top_p: float = option(1.0, "nucleus sampling mass")
+    max_new_tokens: int = option(256, "token budget of one sampled action")
+    seed: int | None = option(None, "seed of the sampler (batch i uses seed + i); None: unseeded")
+    batch_pivots: int = option(8, "candidates per generate call (their K samples are generated together)")
+    env_workers: int = option(4, "env instances stepping samples concurrently (a thread pool)")
+    env: str | None = option(None, "gymnasium env id for every candidate (default: pivot/<domain>-v0 of each)")
+    env_kwargs: dict[str, Any] | str = option(factory=dict, help="keyword arguments of gym.make, as a JSON object")
+    keep_actions: bool = option(True, "store the sampled actions in the profile (for the miss-rate analysis)")
+    progress: bool = option(True, "show a progress bar on stderr")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.env_kwargs, str):
+            try:
+                self.env_kwargs = json.loads(self.env_kwargs) if self.env_kwargs.strip() else {}
+            except json.JSONDecodeError as error:
+                raise ValueError(f"env_kwargs must be a JSON object: {error}") from None
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs must be a JSON object, got {type(self.env_kwargs).__name__}")
+        for name in ("k", "batch_pivots", "env_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, self.seed)
+
+
+@dataclass
+class ProfileRun:
+    """What a `profile` call did: candidates profiled now, skipped (already in the output), samples."""
+
+    profiled: int = 0
+    skipped: int = 0
+    samples: int = 0
+    invalid: int = 0
+    env_errors: int = 0
+    seconds: float = 0.0
+    generated_tokens: int = 0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+
+def completed_ids(path: str | os.PathLike[str]) -> set[str]:
+    """The ids already profiled in an output file, repairing a partially written last line.
+
+    A run killed while writing leaves a last line without its newline; it is truncated away (its
+    candidate is profiled again). Any other unreadable line is an error naming file and line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return set()
+    with path.open("rb+") as handle:
+        data = handle.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            handle.truncate(end)
+            handle.flush()
+            os.fsync(handle.fileno())
+    ids: set[str] = set()
+    for number, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise PivotFormatError(f"{path}:{number}: cannot resume from this output: {error!r}") from None
+    return ids
+
+
+class EnvPool:
+    """Env instances per env id, each used by one thread at a time."""
+
+    def __init__(self, config: ProfileConfig, pivots_by_env: dict[str, list[Pivot]]) -> None:
+        self.config = config
+        self.pivots_by_env = pivots_by_env
+        self._free: dict[str, queue.Queue] = {}
+        self._made: dict[str, int] = {}
+        self._envs: list[Any] = []
+
+    def _make(self, env_id: str) -> Any:
+        import gymnasium as gym
+
+        import pivot_envs
+
+        gym.register_envs(pivot_envs)
+        env = gym.make(env_id, pivots=self.pivots_by_env[env_id], disable_env_checker=True, **self.config.env_kwargs)
+        self._envs.append(env)
+        return env
+
+    def step(self, env_id: str, pivot_id: str, action: Any) -> tuple[float, dict[str, Any]]:
+        """Reset an env of `env_id` to the pivot, step the action; returns (reward, info)."""
+        free = self._free.setdefault(env_id, queue.Queue())
+        try:
+            env = free.get_nowait()
+        except queue.Empty:
+            env = self._make(env_id)
+        try:
+            env.reset(options={"pivot": pivot_id})
+            _, reward, _, _, info = env.step(action)
+            return float(reward), info
+        finally:
+            free.put(env)
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+
+
+def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
+    """The env that scores a candidate: `config.env`, else pivot/<domain>-v0."""
+    if config.env:
+        return config.env
+    if not pivot.domain:
+        raise ValueError(f"pivot {pivot.id}: no domain recorded; pass an env id (--env)")
+    return f"pivot/{pivot.domain}-v0"
+
+
+def _sample_result(pool: EnvPool, env_id: str, pivot: Pivot, completion: Completion) -> dict[str, Any]:
+    try:
+        reward, info = pool.step(env_id, pivot.id, completion.action)
+    except Exception as error:  # an env bug is not the action's fault: mask the sample, count it
+        return {"reward": 0.0, "strict": 0.0, "category": "env_error", "valid": False, "detail": repr(error)}
+    return {
+        "reward": reward,
+        "strict": float(info.get("strict_reward", 0.0)),
+        "category": str(info.get("category", "")),
+        "valid": bool(info.get("valid", True)),
+    }
+
+
+def _action_text(completion: Completion) -> str:
+    if completion.message is not None:
+        return json.dumps(completion.message, ensure_ascii=False, sort_keys=True)
+    return completion.text
+
+
+def _batches(pivots: Iterable[Pivot], size: int) -> Iterator[list[Pivot]]:
+    batch: list[Pivot] = []
+    for pivot in pivots:
+        batch.append(pivot)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def profile(
+    pivots: Iterable[Pivot] | str | os.PathLike[str],
+    policy: Policy | str,
+    out: str | os.PathLike[str],
+    config: ProfileConfig | None = None,
+    policy_options: dict[str, Any] | None = None,
+) -> ProfileRun:
+    """Profile candidates with a reference policy, appending each finished one to `out`.
+
+    pivots:  candidates (Pivot objects or a pivot JSONL path).
+    policy:  a Policy or a policy spec (`hf:smollm2`, `openai:URL#MODEL`, ...).
+    out:     the profiled JSONL; ids already in it are skipped (resume).
+    policy_options: options of the backend when `policy` is a spec (device, batch_size, ...);
+             the policy is only built when some candidate is left to profile.
+    Returns a ProfileRun with counts and timing. A policy failure (unreachable endpoint) raises
+    after the candidates finished so far were written.
+    """
+    config = config or ProfileConfig()
+    if isinstance(pivots, (str, os.PathLike)):
+        pivots = iter_pivots(pivots)
+    done = completed_ids(out)
+    todo: list[Pivot] = []
+    run = ProfileRun()
+    seen: set[str] = set()
+    for pivot in pivots:
+        if pivot.id in seen:
+            raise ValueError(f"pivot id {pivot.id!r} appears twice in the input: ids must be unique")
+        seen.add(pivot.id)
+        if pivot.id in done:
+            run.skipped += 1
+        else:
+            todo.append(pivot)
+    if not todo:
+        return run
+    if isinstance(policy, str):
+        policy = load_policy(policy, **(policy_options or {}))
+    by_env: dict[str, list[Pivot]] = {}
+    for pivot in todo:
+        by_env.setdefault(env_id_for(pivot, config), []).append(pivot)
+    pool = EnvPool(config, by_env)
+    started = time.perf_counter()
+    bar = _progress(config, len(todo), run.skipped)
+    try:
+        with PivotWriter(out, append=True) as writer, ThreadPoolExecutor(config.env_workers) as executor:
+            pending: list[tuple[Pivot, list[Completion], list[Future]]] = []
+            for index, batch in enumerate(_batches(todo, config.batch_pivots)):
+                sampling = config.sampling
+                if sampling.seed is not None:
+                    sampling = replace(sampling, seed=sampling.seed + index)
+                try:
+                    groups = policy.generate([p.observation for p in batch], config.k, sampling)
+                except Exception:
+                    _finish(pending, writer, run, policy, config, bar, started)  # keep what was sampled
+                    raise
+                if len(groups) != len(batch) or any(len(g) != config.k for g in groups):
+                    raise RuntimeError(
+                        f"policy {policy.name} returned {[len(g) for g in groups]} completions for "
+                        f"{len(batch)} chats x {config.k}"
+                    )
+                # Finish the previous batch while this one's env steps are queued behind it.
+                _finish(pending, writer, run, policy, config, bar, started)
+                for pivot, group in zip(batch, groups):
+                    env_id = env_id_for(pivot, config)
+                    futures = [executor.submit(_sample_result, pool, env_id, pivot, c) for c in group]
+                    pending.append((pivot, group, futures))
+            _finish(pending, writer, run, policy, config, bar, started)
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _finish(pending, writer, run: ProfileRun, policy: Policy, config: ProfileConfig, bar, started: float) -> None:
+    """Wait for the queued candidates' env steps and write each finished candidate."""
+    for pivot, group, futures in pending:
+        results = [future.result() for future in futures]
+        record = Profile.from_samples(
+            [r["reward"] for r in results],
+            policy=policy.name,
+            strict_rewards=[r["strict"] for r in results],
+            categories=[r["category"] for r in results],
+            valid=[r["valid"] for r in results],
+            actions=[_action_text(c) for c in group] if config.keep_actions else None,
+        )
+        writer.write(replace(pivot, profile=record))
+        run.profiled += 1
+        run.samples += len(results)
+        run.invalid += sum(1 for r in results if not r["valid"])
+        run.env_errors += sum(1 for r in results if r["category"] == "env_error")
+        run.generated_tokens += sum(len(c.token_ids) for c in group)
+        if bar is not None:
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(samples_s=f"{run.samples / elapsed:.1f}", refresh=False)
+            bar.update(1)
+    pending.clear()
+
+
+def _progress(config: ProfileConfig, total: int, skipped: int) -> Any:
+    if not config.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="pivot", desc=f"profiling (resumed, {skipped} done)" if skipped else "profiling",
+                file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,251 @@
+"""The profiler: K samples per candidate scored through the env, resumable output, clear failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from pivot_envs.env import InfrastructureError, Outcome, PivotEnv
+from pivot_envs.pivot import Pivot, read_pivots, write_pivots
+from pivot_envs.policy import Completion, SamplingParams
+from pivot_envs.profile import ProfileConfig, completed_ids, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A deterministic reference policy for the resume tests: sample j of a candidate replays the
+# expert's action when (j + len(id)) is even, and a wrong message otherwise. Written to a file so
+# the SIGKILL test's subprocess and this module use the very same policy.
+REPLAY_POLICY = '''
+import time
+from pivot_envs.policy import Completion
+
+
+class ReplayPolicy:
+    name = "replay"
+
+    def __init__(self, delay=0.0):
+        self.delay = delay
+
+    def generate(self, chats, n, sampling):
+        time.sleep(self.delay)
+        out = []
+        for chat in chats:
+            expert = chat["expert"]
+            group = []
+            for j in range(n):
+                if (j + len(chat["id"])) % 2 == 0:
+                    group.append(Completion(text="", message=dict(expert)))
+                else:
+                    group.append(Completion(text="I cannot help with that, sorry."))
+            out.append(group)
+        return out
+'''
+
+RUNNER = '''
+import sys
+sys.path.insert(0, {here!r})
+from replay_policy import ReplayPolicy
+from pivot_envs.pivot import read_pivots
+from pivot_envs.profile import ProfileConfig, profile
+
+pivots = read_pivots({pivots!r})
+observed = {{p.id: p for p in pivots}}
+
+
+class ExpertAware(ReplayPolicy):
+    """Sees the pivot behind each chat (by identity of its messages) to replay its expert."""
+
+    def generate(self, chats, n, sampling):
+        by_messages = {{id(p.messages): p for p in pivots}}
+        tagged = [{{**c, "id": by_messages[id(c["messages"])].id,
+                   "expert": by_messages[id(c["messages"])].expert}} for c in chats]
+        return super().generate(tagged, n, sampling)
+
+
+config = ProfileConfig(k=3, batch_pivots=2, env_workers=2, progress=False)
+run = profile(pivots, ExpertAware(delay={delay}), {out!r}, config)
+print("profiled", run.profiled, "skipped", run.skipped)
+'''
+
+
+def airline_pivots(count: int, start: int = 0) -> list[Pivot]:
+    """Real bundled tau-bench airline candidates (tool-use domain)."""
+    from pivot_envs.domains.tool_use.env import bundled_pivots
+
+    return list(bundled_pivots()[start : start + count])
+
+
+@pytest.fixture()
+def replay_dir(tmp_path: Path) -> Path:
+    (tmp_path / "replay_policy.py").write_text(REPLAY_POLICY)
+    return tmp_path
+
+
+def run_script(directory: Path, pivots: Path, out: Path, delay: float) -> subprocess.Popen:
+    script = directory / f"run_{out.stem}.py"
+    script.write_text(RUNNER.format(here=str(directory), pivots=str(pivots), out=str(out), delay=delay))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_a_run_killed_with_sigkill_resumes_to_exactly_the_uninterrupted_output(replay_dir: Path):
+    pivots_path = replay_dir / "candidates.jsonl"
+    write_pivots(airline_pivots(12), pivots_path)
+    uninterrupted, resumed = replay_dir / "a.jsonl", replay_dir / "b.jsonl"
+
+    reference = run_script(replay_dir, pivots_path, uninterrupted, delay=0.0)
+    killed = run_script(replay_dir, pivots_path, resumed, delay=0.4)
+    deadline = time.time() + 120
+    while lines(resumed) < 4 and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    written = lines(resumed)
+    assert 4 <= written < 12, f"the kill should land halfway, {written} of 12 were written"
+
+    finisher = run_script(replay_dir, pivots_path, resumed, delay=0.0)
+    out, err = finisher.communicate(timeout=300)
+    assert finisher.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == ["profiled", str(12 - written), "skipped", str(written)]
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err.decode()[-2000:]
+    assert resumed.read_bytes() == uninterrupted.read_bytes()
+    assert [p.id for p in read_pivots(resumed)] == [p.id for p in read_pivots(pivots_path)]
+
+
+def test_a_partially_written_last_line_is_truncated_and_its_candidate_profiled_again(tmp_path: Path):
+    pivots = airline_pivots(2)
+    out = tmp_path / "profiled.jsonl"
+    whole = json.dumps(replace(pivots[0], profile=None).to_dict())
+    out.write_text(whole + "\n" + json.dumps(pivots[1].to_dict())[:57])
+    assert completed_ids(out) == {pivots[0].id}
+    assert out.read_text() == whole + "\n"
+
+
+def test_an_unreadable_line_in_the_middle_of_the_output_is_an_error_naming_its_line(tmp_path: Path):
+    out = tmp_path / "profiled.jsonl"
+    out.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match=r"profiled\.jsonl:2"):
+        completed_ids(out)
+
+
+class FlakyBackendEnv(PivotEnv):
+    """The strict verifier over real pivots, with a backend that fails on messages mentioning 'outage'."""
+
+    domain = "flaky"
+
+    def execute(self, pivot, action):
+        if "outage" in str(action.get("content")):
+            raise InfrastructureError("tool backend unreachable")
+        return Outcome()
+
+
+class ScriptedPolicy:
+    """Answers each chat with fixed actions: the expert's, a wrong one, one hitting the outage."""
+
+    name = "scripted"
+
+    def __init__(self, pivots: list[Pivot]) -> None:
+        self.experts = {id(p.messages): p.expert for p in pivots}
+
+    def generate(self, chats, n, sampling):
+        texts = [None, "wrong answer", "backend outage here", None]
+        return [
+            [Completion("", message=dict(self.experts[id(c["messages"])])) if t is None else Completion(t) for t in texts[:n]]
+            for c in chats
+        ]
+
+
+def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_variance(tmp_path: Path):
+    gym.register("test/flaky-v0", entry_point=FlakyBackendEnv, disable_env_checker=True)
+    pivots = airline_pivots(3)
+    out = tmp_path / "profiled.jsonl"
+    run = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=4, env="test/flaky-v0", progress=False))
+    assert (run.profiled, run.samples, run.invalid) == (3, 12, 3)
+    for record in read_pivots(out):
+        assert record.profile.valid == [True, True, False, True]
+        assert record.profile.rewards == [1.0, 0.0, 0.0, 1.0]
+        assert record.profile.categories[2] == "infrastructure_error"
+        assert record.profile.mean == pytest.approx(2 / 3) and record.profile.var == pytest.approx(2 / 9)
+    # A rerun finds everything done and loads nothing.
+    again = profile(pivots, "hf:does-not-exist", out, ProfileConfig(k=4, env="test/flaky-v0", progress=False))
+    assert (again.profiled, again.skipped) == (0, 3)
+
+
+def test_duplicate_candidate_ids_are_refused(tmp_path: Path):
+    pivot = airline_pivots(1)[0]
+    with pytest.raises(ValueError, match="appears twice"):
+        profile([pivot, pivot], ScriptedPolicy([pivot]), tmp_path / "o.jsonl", ProfileConfig(progress=False))
+
+
+def test_a_bad_env_kwargs_flag_is_a_clear_error():
+    with pytest.raises(ValueError, match="env_kwargs must be a JSON object"):
+        ProfileConfig(env_kwargs="{backend: 1")
+
+
+@pytest.fixture(scope="module")
+def smollm2_policy():
+    import torch
+    from pivot_envs.adapters.policies.hf import HFPolicy
+
+    torch.set_num_threads(1)  # the test machine's cores are shared: one thread is much faster there
+
+    return HFPolicy.from_pretrained("smollm2", device="cpu", batch_size=4)
+
+
+def short_airline_pivots(count: int) -> list[Pivot]:
+    """Real airline candidates with the long policy prompt cut and only the expert's tools kept (CPU time)."""
+    from pivot_envs.chat import tool_name
+
+    chosen = []
+    for pivot in airline_pivots(60):
+        names = {c["function"]["name"] for c in pivot.expert.get("tool_calls") or []}
+        if not names or len(pivot.messages) > 8:
+            continue
+        messages = [dict(m) for m in pivot.messages]
+        messages[0]["content"] = "You are an airline customer service agent. Use the tools to help the user."
+        tools = [t for t in pivot.tools if tool_name(t) in names]
+        chosen.append(replace(pivot, messages=messages, tools=tools))
+        if len(chosen) == count:
+            return chosen
+    raise AssertionError("not enough short tool-call candidates in the bundled pivots")
+
+
+def test_smollm2_profiles_real_airline_candidates_into_well_formed_records(tmp_path: Path, smollm2_policy):
+    pivots = short_airline_pivots(3)
+    out = tmp_path / "profiled.jsonl"
+    config = ProfileConfig(k=4, temperature=1.0, max_new_tokens=32, seed=0, batch_pivots=2, env_workers=2)
+    run = profile(pivots, smollm2_policy, out, config)
+    records = read_pivots(out)
+    assert [r.id for r in records] == [p.id for p in pivots] and run.samples == 12
+    for record, pivot in zip(records, pivots):
+        assert record.messages == pivot.messages and record.expert == pivot.expert
+        prof = record.profile
+        assert prof.k == 4 and prof.policy == "hf:smollm2"
+        assert len(prof.rewards) == len(prof.strict_rewards) == len(prof.categories) == len(prof.valid) == 4
+        assert len(prof.actions) == 4 and all(isinstance(a, str) for a in prof.actions)
+        assert all(0.0 <= r <= 1.0 for r in prof.rewards) and all(c for c in prof.categories)
+        kept = [r for r, ok in zip(prof.rewards, prof.valid) if ok]
+        mean = sum(kept) / len(kept)
+        assert prof.mean == pytest.approx(mean)
+        assert prof.var == pytest.approx(sum((r - mean) ** 2 for r in kept) / len(kept))
+        assert all(s <= 1.0 and (s == 0.0 or r == 1.0) for s, r in zip(prof.strict_rewards, prof.rewards))
+
+
+def test_profile_sampling_params_come_from_the_config():
+    config = ProfileConfig(temperature=0.5, top_p=0.9, max_new_tokens=7, seed=3)
+    assert config.sampling == SamplingParams(0.5, 0.9, 7, 3)
