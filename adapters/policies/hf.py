@@ -14,7 +14,7 @@ from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
 
-from pivot_envs.policy import Completion, SamplingParams
+from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
 EMBEDDED = "smollm2"
 
@@ -209,5 +209,5 @@ class HFPolicy:
 def from_spec(rest: str, **options: Any) -> HFPolicy:
     """`hf:PATH_OR_NAME` (`hf:smollm2` is the embedded model); options: device, dtype, batch_size."""
     if not rest:
-        raise ValueError("policy spec 'hf:' needs a model: hf:PATH_OR_NAME or hf:smollm2")
+        raise PolicySpecError("policy spec 'hf:' needs a model: hf:PATH_OR_NAME or hf:smollm2")
     return HFPolicy.from_pretrained(rest, **options)

@@ -40,10 +40,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _report(pivots: list) -> str:
     """The paper's profile diagnostics (zero-variance fraction, mean histogram, miss rate)."""
-    try:
-        from pivot_envs.diagnostics import format_report
-    except ImportError:
-        profiled = [p for p in pivots if p.profile is not None]
-        zero = sum(1 for p in profiled if p.profile.var == 0)
-        return f"{len(profiled)} profiled candidates, {zero} with zero reward variance"
-    return format_report(pivots)
+    from pivot_envs.diagnostics import diagnose, format_report
+
+    return format_report(diagnose(pivots))
