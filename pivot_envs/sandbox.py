@@ -190,6 +190,18 @@ trap '__pivot_rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } >/.pivot/env.sh 
 eval "$1"
 """
 
+# The runner for sandboxes entered once per command (bubblewrap): one bash, no `timeout` process.
+# The host enforces the time limit by killing the sandbox, whose PID namespace takes the whole
+# process tree with it. Same arguments as RUNNER ($3 unused); output stays in /.pivot/out.
+DIRECT_RUNNER = r"""
+ulimit -f "$4" 2>/dev/null
+[ "$5" -gt 0 ] && ulimit -u "$5" 2>/dev/null
+[ "$6" -gt 0 ] && ulimit -v "$6" 2>/dev/null
+ulimit -t "$7" 2>/dev/null
+exec >/.pivot/out 2>&1 </dev/null
+set -- "$1"
+""" + _INNER
+
 RUNNER = r"""
 exec 2>/dev/null
 [ -d /.pivot ] || mkdir -p /.pivot 2>/dev/null
@@ -216,6 +228,24 @@ exit 0
 """
 
 
+# A command server for sandboxes entered once (Docker containers): it reads a request (the
+# runner's arguments, NUL-separated) from the FIFO /.pivot-chan/in, runs the runner, and writes
+# its report followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A
+# command then costs a bash fork in the container instead of a `docker exec` through the daemon.
+# The channel is mounted read-only, so commands cannot remove it.
+SERVER = r"""
+trap '' PIPE
+while :; do
+  args=()
+  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in
+  [ "${#args[@]}" -gt 7 ] || continue
+  { ( cd "$PIVOT_WORKDIR" 2>/dev/null; exec bash -c "$PIVOT_RUNNER" pivot-runner "${args[@]}" )
+    printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
+done
+"""
+CHANNEL_DIR = "/.pivot-chan"
+
+
 def runner_argv(command: str, timeout: float, limits: SandboxLimits, marker: str, manifest_dir: str = "",
                 nproc: int = 0, address_space_kb: int = 0, report: bool = True) -> list[str]:
     """The argv that runs `command` through the runner inside a sandbox.
@@ -233,8 +263,8 @@ def runner_argv(command: str, timeout: float, limits: SandboxLimits, marker: str
 
 
 def runner_env() -> dict[str, str]:
-    """The environment every command sees (SAFE_ENV plus the runner's inner script)."""
-    return {**SAFE_ENV, "PIVOT_INNER": _INNER}
+    """The environment every command sees (SAFE_ENV plus the runner's scripts)."""
+    return {**SAFE_ENV, "PIVOT_INNER": _INNER, "PIVOT_RUNNER": RUNNER}
 
 
 def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLimits, timeout: float,

@@ -18,8 +18,11 @@ user on the host (inside it is root of its own user namespace), so RLIMIT_NPROC 
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
+import re
+import select
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pivot_envs.sandbox import (
+    CHANNEL_DIR,
+    DIRECT_RUNNER,
+    SERVER,
     STATE_DIR,
     CommandResult,
     SandboxError,
@@ -45,8 +51,9 @@ from pivot_envs.sandbox import (
 LABEL = "pivot-envs"
 OWNER_LABEL = "pivot-envs.owner"
 BWRAP_PREFIX = "pivot-envs-bwrap-"
+DOCKER_PREFIX = "pivot-envs-docker-"
 NOBODY = 65534
-# The keep-alive of every container; docker-init (init=True) reaps orphaned background processes.
+# The keep-alive of a container without a channel; docker-init (init=True) reaps orphaned processes.
 KEEPALIVE = ["sleep", "infinity"]
 
 INSTALL_HELP = (
@@ -107,7 +114,7 @@ class BwrapBackend:
     name = "bwrap"
 
     def __init__(self, rootfs: str | os.PathLike, limits: SandboxLimits | None = None,
-                 root_dir: str | os.PathLike | None = None) -> None:
+                 root_dir: str | os.PathLike | None = None, warm_pool: int = 4) -> None:
         self.rootfs = Path(rootfs)
         if not (self.rootfs / "usr" / "bin" / "bash").exists():
             raise SandboxError(f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`")
@@ -117,6 +124,12 @@ class BwrapBackend:
         self.root.chmod(0o755)
         self._drop = _drop_privileges()
         self._system = self._system_binds()
+        # Copies of each snapshot made ahead in the background, so a fork is a rename-free pop.
+        self.warm_pool = warm_pool
+        self._pools: dict[str, queue.SimpleQueue] = {}
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pivot-bwrap")
+        self._closed = False
 
     def _system_binds(self) -> list[str]:
         args: list[str] = []
@@ -144,19 +157,68 @@ class BwrapBackend:
         self._own(directory)
         return BwrapSandbox(self, directory, workdir)
 
-    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
-        """A new sandbox whose directories are a copy-on-write copy of the snapshot's."""
+    def _copy(self, snapshot: Snapshot) -> Path:
         directory = self._new_dir()
         directory.rmdir()
         subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], check=True)
+        return directory
+
+    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A new sandbox whose directories are a copy-on-write copy of the snapshot's (made ahead when warm)."""
+        with self._lock:
+            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+        try:
+            directory = pool.get_nowait()
+        except queue.Empty:
+            directory = self._copy(snapshot)
+        self._refill(snapshot, pool)
         return BwrapSandbox(self, directory, snapshot.workdir)
 
+    def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
+        def copy_one() -> None:
+            if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
+                try:
+                    pool.put(self._copy(snapshot))
+                except (OSError, subprocess.CalledProcessError):
+                    return  # the next fork copies synchronously
+
+        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
+            self._workers.submit(copy_one)
+
+    def prewarm(self, snapshot: Snapshot) -> None:
+        """Start making copies of the snapshot in the background."""
+        with self._lock:
+            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+        self._refill(snapshot, pool)
+
+    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
+        """Block until the snapshot's warm copies are ready (benchmarks use this)."""
+        deadline = time.monotonic() + timeout
+        pool = self._pools.get(snapshot.ref)
+        while pool is not None and pool.qsize() < self.warm_pool and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pool is not None and pool.qsize() >= self.warm_pool
+
+    def remove_dir(self, directory: Path) -> None:
+        """Delete a sandbox directory (in the background while the backend is open)."""
+        if self._closed:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            self._workers.submit(shutil.rmtree, directory, True)
+
     def release(self, snapshot: Snapshot) -> None:
-        """Delete a snapshot's directory."""
+        """Delete a snapshot's directory and its warm copies."""
+        with self._lock:
+            pool = self._pools.pop(snapshot.ref, None)
+        while pool is not None and not pool.empty():
+            shutil.rmtree(pool.get_nowait(), ignore_errors=True)
         shutil.rmtree(snapshot.ref, ignore_errors=True)
 
     def close(self) -> None:
         """Remove every sandbox and snapshot directory this backend made."""
+        self._closed = True
+        self._workers.shutdown(wait=True)
+        self._pools.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> BwrapBackend:
@@ -175,13 +237,12 @@ class BwrapSandbox:
         self.owner = owner
         self.directory = directory
         self.workdir = workdir
-        self.marker = new_marker()
         self.closed = False
 
-    def _argv(self, inner: list[str], new_session: bool = True) -> list[str]:
+    def _argv(self, inner: list[str], new_session: bool = True, drop: bool = True) -> list[str]:
         d = self.directory
         return [
-            *self.owner._drop,
+            *(self.owner._drop if drop else []),
             "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
             "--hostname", "sandbox",
             "--uid", "0", "--gid", "0",
@@ -203,21 +264,30 @@ class BwrapSandbox:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         nproc = _user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
-        argv = runner_argv(command, timeout, limits, self.marker, nproc=nproc,
+        argv = runner_argv(command, timeout, limits, "", nproc=nproc,
                            address_space_kb=limits.memory_mb * 1024, report=False)
+        argv[2] = DIRECT_RUNNER
+        # As root, drop to nobody in the child itself (no setpriv process in between).
+        user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if self.owner._drop else {}
         start = time.monotonic()
+        process = subprocess.Popen(self._argv(argv, drop=False), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL, **user)
         try:
-            # The host-side limit only matters if the in-sandbox timeout itself could not act.
-            completed = subprocess.run(self._argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       timeout=timeout + 15, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as error:
-            raise SandboxError(f"bubblewrap did not return within {timeout + 15:.0f}s") from error
+            _, stderr = process.communicate(timeout=timeout)
+            exit_code, timed_out = process.returncode, False
+        except subprocess.TimeoutExpired:
+            # Killing bwrap kills its PID namespace (--die-with-parent), so the whole process tree.
+            process.kill()
+            _, stderr = process.communicate()
+            exit_code, timed_out = 137, True
         seconds = time.monotonic() - start
         # The command's own stderr goes to the output file: anything here is bubblewrap's.
-        if completed.stderr.startswith(b"bwrap:"):
-            raise SandboxError(f"bubblewrap failed ({completed.returncode}): {completed.stderr.decode(errors='replace')[-500:]}")
-        return result_from_files(self.directory / "state", self.directory / "work" if files else None, command,
-                                 completed.returncode, limits, timeout, seconds)
+        if stderr.startswith(b"bwrap:"):
+            raise SandboxError(f"bubblewrap failed ({exit_code}): {stderr.decode(errors='replace')[-500:]}")
+        result = result_from_files(self.directory / "state", self.directory / "work" if files else None, command,
+                                   exit_code, limits, timeout, seconds)
+        result.timed_out = timed_out
+        return result
 
     def snapshot(self) -> Snapshot:
         """Freeze the current state: a copy of this sandbox's directory tree."""
@@ -238,8 +308,9 @@ class BwrapSandbox:
 
     def close(self) -> None:
         """Delete this sandbox's directory tree (its processes died with their bwrap)."""
-        self.closed = True
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self.closed:
+            self.closed = True
+            self.owner.remove_dir(self.directory)
 
 
 def _user_process_count(uid: int) -> int:
@@ -263,7 +334,8 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0,
+                 channel: bool = True) -> None:
         import docker
 
         self.limits = limits or SandboxLimits()
@@ -274,6 +346,9 @@ class DockerBackend:
             raise SandboxError(f"the Docker daemon does not answer: {error}") from error
         self.warm_pool = warm_pool
         self.owner = owner_id()
+        # The FIFO channel needs the daemon on this machine (it bind-mounts a local directory).
+        self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+        self.root = Path(tempfile.mkdtemp(prefix=f"{DOCKER_PREFIX}{os.getpid()}-")) if self.channel else None
         self._pools: dict[str, queue.SimpleQueue] = {}
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
@@ -282,16 +357,26 @@ class DockerBackend:
     def labels(self, kind: str) -> dict[str, str]:
         return {LABEL: kind, OWNER_LABEL: self.owner}
 
-    def _start(self, image: str, workdir: str):
+    def _start(self, image: str, workdir: str) -> tuple[object, Path | None]:
         limits = self.limits
-        return self.client.containers.run(
-            image, KEEPALIVE, detach=True, init=True, labels=self.labels("container"),
-            network_disabled=True, network_mode="none", working_dir=workdir,
+        channel, volumes, command = None, {}, KEEPALIVE
+        if self.channel:
+            channel = Path(tempfile.mkdtemp(prefix="chan-", dir=self.root))
+            channel.chmod(0o755)
+            os.mkfifo(channel / "in", 0o600)
+            os.mkfifo(channel / "out", 0o600)
+            volumes = {str(channel): {"bind": CHANNEL_DIR, "mode": "ro"}}
+            command = ["bash", "-c", SERVER]
+        container = self.client.containers.run(
+            image, command, detach=True, init=True, labels=self.labels("container"),
+            network_disabled=True, network_mode="none", working_dir=workdir, volumes=volumes,
+            environment={**runner_env(), "PIVOT_WORKDIR": workdir},
             mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
             nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
             cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
             security_opt=["no-new-privileges"],
         )
+        return container, channel
 
     def create(self, image: str, workdir: str = "/app") -> DockerSandbox:
         """A fresh sandbox from `image` (which must exist locally: nothing is pulled)."""
@@ -301,8 +386,8 @@ class DockerBackend:
             self.client.images.get(image)
         except docker.errors.ImageNotFound as error:
             raise SandboxError(f"docker image {image!r} is not available locally (nothing is pulled)") from error
-        container = self._start(image, workdir)
-        sandbox = DockerSandbox(self, container, workdir)
+        container, channel = self._start(image, workdir)
+        sandbox = DockerSandbox(self, container, workdir, channel)
         sandbox.run(f"mkdir -p {workdir}", timeout=30)
         return sandbox
 
@@ -310,11 +395,11 @@ class DockerBackend:
         """A sandbox from the snapshot image: a warm container when one is ready, else a new one."""
         pool = self._pool(snapshot)
         try:
-            container = pool.get_nowait()
+            container, channel = pool.get_nowait()
         except queue.Empty:
-            container = self._start(snapshot.ref, snapshot.workdir)
+            container, channel = self._start(snapshot.ref, snapshot.workdir)
         self._refill(snapshot)
-        return DockerSandbox(self, container, snapshot.workdir)
+        return DockerSandbox(self, container, snapshot.workdir, channel)
 
     def _pool(self, snapshot: Snapshot) -> queue.SimpleQueue:
         with self._lock:
@@ -348,13 +433,15 @@ class DockerBackend:
             time.sleep(0.02)
         return pool.qsize() >= self.warm_pool
 
-    def remove_container(self, container, wait: bool = False) -> None:
-        """Remove a container (in the background unless `wait`)."""
+    def remove_container(self, container, channel: Path | None = None, wait: bool = False) -> None:
+        """Remove a container and its channel directory (in the background unless `wait`)."""
         def remove() -> None:
             try:
                 container.remove(force=True)
             except Exception:  # already gone
-                return
+                pass
+            if channel is not None:
+                shutil.rmtree(channel, ignore_errors=True)
 
         if wait or self._closed:
             remove()
@@ -366,7 +453,7 @@ class DockerBackend:
         with self._lock:
             pool = self._pools.pop(snapshot.ref, None)
         while pool is not None and not pool.empty():
-            self.remove_container(pool.get_nowait(), wait=True)
+            self.remove_container(*pool.get_nowait(), wait=True)
         try:
             self.client.images.remove(snapshot.ref, force=True)
         except Exception:  # still used by a live fork: gc/close removes it later
@@ -380,6 +467,8 @@ class DockerBackend:
             self._pools.clear()
         remove_labelled(self.client, owner=self.owner)
         self.client.close()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> DockerBackend:
         return self
@@ -393,26 +482,75 @@ class DockerSandbox:
 
     backend = "docker"
 
-    def __init__(self, owner: DockerBackend, container, workdir: str) -> None:
+    def __init__(self, owner: DockerBackend, container, workdir: str, channel: Path | None = None) -> None:
         self.owner = owner
         self.container = container
         self.workdir = workdir
-        self.marker = new_marker()
+        self.channel = channel
         self.closed = False
+        # With overlay2 and a local daemon, the container's filesystem is readable from here: the
+        # output and the file manifest are then read directly, with no process in the container.
+        merged = container.attrs.get("GraphDriver", {}).get("Data", {}).get("MergedDir") if channel else None
+        self.merged = Path(merged) if merged and os.access(merged, os.R_OK | os.X_OK) else None
 
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
-        """Run one command (see pivot_envs.sandbox.Sandbox.run)."""
+        """Run one command (see pivot_envs.sandbox.Sandbox.run): through the channel, else `docker exec`."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
-        argv = runner_argv(command, timeout, limits, self.marker, self.workdir if files else "")
+        marker = new_marker()
         start = time.monotonic()
+        if self.channel is not None and self.merged is not None:
+            argv = runner_argv(command, timeout, limits, marker, report=False)
+            raw = self._call(argv[4:], deadline=start + timeout + 30)
+            found = re.search(rb"\n%s exit (\d+)\n$" % marker.encode(), raw)
+            if found is None:
+                raise SandboxError(f"the command server of {self.container.short_id} did not report: {raw[-300:]!r}")
+            workspace = self.merged / self.workdir.lstrip("/") if files else None
+            return result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command, int(found.group(1)),
+                                     limits, timeout, time.monotonic() - start)
+        argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
+        if self.channel is not None:
+            raw = self._call(argv[4:], deadline=start + timeout + 30)
+        else:
+            try:
+                _, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
+            except Exception as error:
+                raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
+        return parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
+
+    def _call(self, args: list[str], deadline: float) -> bytes:
+        """Send the runner's arguments to the container's command server and read its report."""
+        assert self.channel is not None
+        # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
+        reply = os.open(self.channel / "out", os.O_RDONLY | os.O_NONBLOCK)
         try:
-            exit_code, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
-        except Exception as error:
-            raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
-        return parse_runner_output(raw or b"", command, self.marker, limits, timeout, time.monotonic() - start)
+            while True:
+                try:
+                    request = os.open(self.channel / "in", os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError as error:  # ENXIO: the server is not reading yet (starting, or between calls)
+                    if error.errno != errno.ENXIO or time.monotonic() > deadline:
+                        raise SandboxError(f"the command server of {self.container.short_id} does not answer") from error
+                    time.sleep(0.001)
+            os.set_blocking(request, True)
+            with os.fdopen(request, "wb") as handle:
+                handle.write(b"".join(arg.encode() + b"\0" for arg in args))
+            chunks, poller = [], select.poll()
+            poller.register(reply, select.POLLIN | select.POLLHUP)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxError(f"the command server of {self.container.short_id} did not reply in time")
+                if not poller.poll(left * 1000):
+                    continue
+                chunk = os.read(reply, 1 << 16)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(reply)
 
     def snapshot(self) -> Snapshot:
         """`docker commit` the container as a labelled image."""
@@ -435,7 +573,7 @@ class DockerSandbox:
         """Remove the container (in the background: it is never reused)."""
         if not self.closed:
             self.closed = True
-            self.owner.remove_container(self.container)
+            self.owner.remove_container(self.container, self.channel)
 
 
 def remove_labelled(client, owner: str | None = None, include_base: bool = False) -> tuple[int, int]:
@@ -483,8 +621,10 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
             _, images = remove_labelled(client, include_base=True)
             removed["images"] += images
         client.close()
-    for path in Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*"):
-        pid = path.name[len(BWRAP_PREFIX):].split("-", 1)[0]
+    for path in Path(tempfile.gettempdir()).glob("pivot-envs-*"):
+        if not path.name.startswith((BWRAP_PREFIX, DOCKER_PREFIX)):
+            continue
+        pid = path.name.split("-")[3]
         if all_owners or not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
             shutil.rmtree(path, ignore_errors=True)
             removed["directories"] += 1

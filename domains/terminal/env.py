@@ -32,7 +32,7 @@ class TerminalConfig:
 
     sandbox: str = option("auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES)
     prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
-    warm_pool: int = option(4, "Docker: containers kept started per snapshot, so a fork costs no docker run")
+    warm_pool: int = option(4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)")
     build_image: bool = option(True, "build the base root filesystem/image when it is missing (needs root and debootstrap)")
 
 
@@ -103,7 +103,8 @@ class TerminalEnv(PivotEnv):
         return bundled_pivots()
 
     def parse(self, action: Any) -> ParsedAction:
-        return parse_action(action)
+        # bash's syntax check costs a process: the verifier runs it only for commands that exit 2.
+        return parse_action(action, check_syntax=False)
 
     def restore(self, pivot: Pivot) -> None:
         self._ensure_backend()
@@ -172,7 +173,7 @@ class TerminalEnv(PivotEnv):
             self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
             self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, docker_base=tag)
         else:
-            self.backend = BwrapBackend(rootfs, self.limits)
+            self.backend = BwrapBackend(rootfs, self.limits, warm_pool=self.config.warm_pool)
             self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs)
 
     def close(self) -> None:

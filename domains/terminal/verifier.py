@@ -1,8 +1,9 @@
 """The terminal domain's functional verifier (paper Eq. 5): is the sampled command locally acceptable?
 
-Rules, applied in order to a parsed command (an unparseable or malformed action already scored 0
-with its category before reaching here):
+Rules, applied in order to a parsed command (an unparseable action already scored 0 with its
+category before reaching here):
 
+0. The command exited 2 and `bash -n` rejects it                    -> 0, "malformed_command".
 1. The sampled command hit the hard timeout                         -> 0, "timed_out".
 2. Normalized command equal to the expert's (shell tokens, spacing)  -> 1, "same_command".
 3. Effect equivalence: run from the same forked prefix state, the sampled command and the
@@ -32,7 +33,7 @@ from pivot_envs.pivot import Pivot
 from pivot_envs.sandbox import CommandResult, file_changes
 from pivot_envs.verifiers import Verdict
 
-from .parse import command_of_message
+from .parse import command_of_message, syntax_error
 
 Judge = Callable[[Pivot, dict[str, Any], Any], "float | bool"]
 
@@ -99,6 +100,10 @@ class TerminalVerifier:
         reference: CommandResult | None = data.get("expert")
         similarity = command_similarity(command, expert)
         extra: dict[str, Any] = {"similarity": round(similarity, 4)}
+        if sample is not None and sample.exit_code == 2 and not sample.timed_out:
+            problem = syntax_error(command)  # bash exits 2 on a syntax error (and on some usage errors)
+            if problem:
+                return Verdict(0.0, "malformed_command", f"bash -n rejects the command: {problem}", extra=extra)
         if sample is not None and sample.timed_out:
             return Verdict(0.0, "timed_out", f"the command ran past its {sample.seconds:.1f}s limit", extra=extra)
         if command_tokens(command) == command_tokens(expert) and command_tokens(command):

@@ -97,3 +97,16 @@ def test_docker_containers_and_snapshots_carry_the_label_and_close_removes_them(
     backend.close()
     assert client.containers.list(all=True, filters=owned) == []
     assert client.images.list(filters=owned) == []
+
+
+def test_docker_without_the_command_channel_runs_through_docker_exec(has_docker):
+    from pivot_envs.domains.terminal.backends import DockerBackend
+    from pivot_envs.domains.terminal.image import image_tag
+
+    backend = DockerBackend(warm_pool=0, channel=False)
+    sandbox = backend.create(image_tag(), "/app")
+    assert sandbox.channel is None
+    sandbox.run("cd /tmp && export X=2 && echo data > /app/f")
+    result = sandbox.run("pwd; echo $X", files=True)
+    assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
+    backend.close()

@@ -132,3 +132,20 @@ def test_without_docker_or_bubblewrap_the_error_says_how_to_install_them(tmp_pat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
     assert out.startswith("SandboxError")
     assert "apt-get install docker.io" in out and "apt-get install bubblewrap" in out
+
+
+def test_a_malformed_command_scores_zero_as_malformed(has_bwrap):
+    env = TerminalEnv(sandbox="bwrap")
+    env.reset(options={"pivot": "terminal/awk-average/t1"})
+    _, reward, _, _, info = env.step("```bash\nawk '{ s += $3 } END { print s / NR }' scores.txt > (\n```")
+    assert (reward, info["category"], info["valid"]) == (0.0, "malformed_command", True)
+    env.close()
+
+
+def test_a_control_key_runs_in_the_interactive_shell(kind):
+    env = TerminalEnv(sandbox=kind)
+    env.reset(options={"pivot": "terminal/awk-average/t1"})
+    _, reward, _, _, info = env.step('{"keystrokes": "C-c"}')
+    assert info["valid"] and info["parsed"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert reward == 0.0 and info["category"] == "different_effect"
+    env.close()

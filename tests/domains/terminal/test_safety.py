@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
-from pivot_envs.domains.terminal.backends import BWRAP_PREFIX, LABEL, NOBODY
+from pivot_envs.domains.terminal.backends import BWRAP_PREFIX, DOCKER_PREFIX, LABEL, NOBODY
 
 from pivot_envs.sandbox import SandboxLimits
 
@@ -22,7 +22,8 @@ SECRET = "host-secret-4f1c9"
 def leftovers() -> dict[str, int]:
     """What sandboxes could leave on the host: containers, images, processes, mounts, temp dirs."""
     counts = {"mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
-              "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*"))),
+              "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*")))
+              + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}*"))),
               "sandbox_processes": 0}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
