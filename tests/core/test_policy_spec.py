@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from pivot_envs.cli import main
@@ -49,3 +51,9 @@ def test_pivotrl_profile_with_a_bad_spec_exits_with_a_one_line_error(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert err.startswith("pivotrl profile: error: bad policy spec 'gpt4'") and "\n" not in err
     assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_a_vllm_spec_without_vllm_installed_says_what_to_install():
+    with pytest.raises(RuntimeError, match=r"the vllm backend needs the vllm package \(pip install 'pivot-envs\[vllm\]'\)"):
+        load_policy("vllm:smollm2")

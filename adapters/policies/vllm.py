@@ -1,0 +1,127 @@
+"""The vLLM backend: `VLLMPolicy` over the offline `vllm.LLM` engine (GPU).
+
+Prompts are rendered with the same chat template code as the hf backend
+(`chat_template.encode_prompt`) and passed as token ids, so both backends sample after exactly
+the same tokens. Prefix caching is on: the K samples of a pivot (`SamplingParams(n=K)`) and
+later requests at the same pivot reuse the prefix's KV blocks. Logprobs (`logprobs=0`) are the
+sampled tokens' logprobs under the model.
+
+`update_weights(state_dict)` loads a trainer's current weights into the engine in place
+(`LLM.apply_model(lambda model: model.load_weights(...))`, the documented route of current vLLM;
+older versions expose the model at `llm.llm_engine.model_executor.driver_worker.model_runner.model`)
+and resets the prefix cache, whose blocks were computed with the old weights. For the in-place
+update to reach the model, the engine runs in this process: VLLMPolicy sets
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the environment says otherwise.
+
+vllm is imported when a VLLMPolicy is built, never by `import pivot_envs`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pivot_envs.adapters.chat_template import encode_prompt
+
+from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
+
+
+class VLLMPolicy:
+    """A model served by an in-process `vllm.LLM` engine, as a Policy.
+
+    path:                    model directory or hub name ("smollm2": the embedded checkpoint).
+    dtype:                   vLLM dtype ("auto", "bfloat16", "float32", ...).
+    gpu_memory_utilization:  fraction of GPU memory vLLM may take (leave room for a trainer).
+    max_model_len:           context limit (None: the model's).
+    seed:                    engine seed.
+    engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size, ...).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        name: str | None = None,
+        **engine_options: Any,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise RuntimeError(f"the vllm backend needs the vllm package (pip install 'pivot-envs[vllm]'): {error}") from None
+
+        if path == "smollm2":
+            from pivot_envs.adapters import smollm2
+
+            path = str(smollm2.checkpoint())
+        self.path = path
+        self.name = name or f"vllm:{path}"
+        self.llm = LLM(
+            model=path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_prefix_caching=True,
+            **engine_options,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def encode(self, chat: dict[str, Any]) -> list[int]:
+        """The prompt token ids of a chat ({"messages", "tools"})."""
+        return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
+
+    def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        """n completions per chat, all chats in one engine call."""
+        from vllm import SamplingParams as VLLMSampling
+
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        prompts = [self.encode(chat) for chat in chats]
+        params = VLLMSampling(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            logprobs=0,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+        groups = []
+        for prompt, output in zip(prompts, outputs):
+            group = []
+            for sample in sorted(output.outputs, key=lambda s: s.index):
+                token_ids = list(sample.token_ids)
+                logprobs = [entry[token].logprob for token, entry in zip(token_ids, sample.logprobs or [])]
+                group.append(
+                    Completion(
+                        text=sample.text,
+                        token_ids=token_ids,
+                        logprobs=logprobs,
+                        finish_reason=str(sample.finish_reason or ""),
+                        prompt_token_ids=list(prompt),
+                    )
+                )
+            groups.append(group)
+        return groups
+
+    def update_weights(self, state_dict: dict[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (a transformers state dict of the same architecture) into the engine."""
+        weights = list(state_dict.items()) if isinstance(state_dict, dict) else list(state_dict)
+        if hasattr(self.llm, "apply_model"):
+            self.llm.apply_model(lambda model: model.load_weights(weights))
+        else:
+            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
+        self.llm.reset_prefix_cache()
+
+
+def from_spec(rest: str, **options: Any) -> VLLMPolicy:
+    """`vllm:PATH` (a model directory, a hub name, or `smollm2`); options are VLLMPolicy's arguments."""
+    if not rest:
+        raise PolicySpecError("policy spec 'vllm:' needs a model: vllm:PATH")
+    options.pop("device", None)  # vLLM places the model itself
+    return VLLMPolicy(rest, **options)
