@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -89,6 +90,23 @@ def bench_naive_docker(samples: int) -> dict:
             "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95)}
 
 
+def bench_bwrap_floor(samples: int = 30) -> dict:
+    """The floor under any bubblewrap sample: starting `bwrap --unshare-all ... true` on the root filesystem."""
+    from pivot_envs.domains.terminal.backends import BwrapBackend
+    from pivot_envs.domains.terminal.image import rootfs_path
+
+    backend = BwrapBackend(rootfs_path(), warm_pool=0)
+    sandbox = backend.create("/app")
+    argv = sandbox._argv(["true"])
+    latencies = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        subprocess.run(argv, check=True)
+        latencies.append(time.perf_counter() - start)
+    backend.close()
+    return {"p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95)}
+
+
 def _worker(kind: str, seconds: float, queue) -> None:
     env = TerminalEnv([bench_pivot()], sandbox=kind, warm_pool=4)
     env.reset(options={"index": 0})
@@ -131,6 +149,8 @@ def main() -> None:
     kinds = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
     for kind in kinds:
         results[kind] = bench_env(kind, args.group, args.rounds)
+    if "bwrap" in kinds:
+        results["bwrap_floor"] = bench_bwrap_floor()
     if "docker" in kinds:
         results["naive_docker"] = bench_naive_docker(args.naive_samples)
         results["docker_speedup_vs_naive"] = results["naive_docker"]["p50_ms"] / results["docker"]["p50_ms"]
@@ -146,6 +166,9 @@ def main() -> None:
     if "naive_docker" in results:
         r = results["naive_docker"]
         rows.append(("naive docker (run + replay)", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", "-", str(r["samples"]), "-"))
+    if "bwrap_floor" in results:
+        r = results["bwrap_floor"]
+        rows.append(("floor: bare `bwrap true`", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
