@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -130,6 +131,8 @@ class BwrapBackend:
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pivot-bwrap")
         self._closed = False
+        # A backend that is never closed still removes its directories when collected or at exit.
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.root, True)
 
     def _system_binds(self) -> list[str]:
         args: list[str] = []
@@ -219,7 +222,7 @@ class BwrapBackend:
         self._closed = True
         self._workers.shutdown(wait=True)
         self._pools.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._finalizer()
 
     def __enter__(self) -> BwrapBackend:
         return self
@@ -353,6 +356,8 @@ class DockerBackend:
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
         self._closed = False
+        # A backend that is never closed still removes its containers and images when collected or at exit.
+        self._finalizer = weakref.finalize(self, _remove_owned, self.owner, self.root)
 
     def labels(self, kind: str) -> dict[str, str]:
         return {LABEL: kind, OWNER_LABEL: self.owner}
@@ -467,6 +472,7 @@ class DockerBackend:
             self._pools.clear()
         remove_labelled(self.client, owner=self.owner)
         self.client.close()
+        self._finalizer.detach()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -574,6 +580,19 @@ class DockerSandbox:
         if not self.closed:
             self.closed = True
             self.owner.remove_container(self.container, self.channel)
+
+
+def _remove_owned(owner: str, root: Path | None) -> None:
+    import docker
+
+    try:
+        client = docker.from_env()
+        remove_labelled(client, owner=owner)
+        client.close()
+    except Exception:  # the daemon is gone: `pivotrl sandbox gc` removes them later
+        pass
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_labelled(client, owner: str | None = None, include_base: bool = False) -> tuple[int, int]:

@@ -48,3 +48,22 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
     live.close()
     assert client.images.list(filters={"label": [f"{LABEL}=base"]})  # the base image stays without --base
     assert not list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}{owner.split(':')[1]}-*"))
+
+
+def test_a_process_that_never_closes_its_backends_leaves_nothing_at_exit(has_docker, has_bwrap):
+    import docker
+
+    code = (
+        "from pivot_envs.domains.terminal.backends import DockerBackend, BwrapBackend\n"
+        "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
+        "d = DockerBackend(warm_pool=1); s = d.create(image_tag(), '/app'); d.fork(s.snapshot())\n"
+        "b = BwrapBackend(rootfs_path()); b.create('/app')\n"
+        "print(d.owner, b.root, d.root, flush=True)\n"
+    )
+    owner, bwrap_root, docker_root = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    client = docker.from_env()
+    mine = {"label": [f"pivot-envs.owner={owner}"]}
+    assert client.containers.list(all=True, filters=mine) == []
+    assert client.images.list(filters=mine) == []
+    assert not Path(bwrap_root).exists() and not Path(docker_root).exists()
