@@ -511,11 +511,15 @@ class DockerSandbox:
             argv = runner_argv(command, timeout, limits, marker, report=False)
             raw = self._call(argv[4:], deadline=start + timeout + 30)
             found = re.search(rb"\n%s exit (\d+)\n$" % marker.encode(), raw)
-            if found is None:
-                raise SandboxError(f"the command server of {self.container.short_id} did not report: {raw[-300:]!r}")
             workspace = self.merged / self.workdir.lstrip("/") if files else None
-            return result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command, int(found.group(1)),
-                                     limits, timeout, time.monotonic() - start)
+            # No trailer: the request was taken, then the server died (the command killed every
+            # process, e.g. `kill -9 -1`): the command's doing, reported like a SIGKILL.
+            exit_code = int(found.group(1)) if found else 137
+            result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command, exit_code,
+                                       limits, timeout, time.monotonic() - start)
+            if found is None:
+                result.output += "\n[the command killed the sandbox's processes]\n"
+            return result
         argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
         if self.channel is not None:
             raw = self._call(argv[4:], deadline=start + timeout + 30)

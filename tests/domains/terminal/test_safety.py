@@ -140,6 +140,12 @@ def test_filling_the_disk_stops_at_the_file_size_limit(suite):
     serves_next_episode(suite)
 
 
+def test_killing_every_process_in_the_sandbox_is_the_commands_failure_not_the_envs(suite):
+    info = attack(suite, "kill -9 -1")
+    assert info["output"]["exit_code"] != 0
+    serves_next_episode(suite)
+
+
 def test_nothing_is_left_behind_after_the_suite(suite):
     suite["env"].close()
     deadline = time.monotonic() + 10  # killed processes are reaped asynchronously
