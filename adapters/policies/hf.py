@@ -23,10 +23,15 @@ class HFPolicy:
     """A transformers causal LM as a Policy.
 
     model:       a `transformers` causal LM (updated in place by trainers: `policy.model`).
-    tokenizer:   its tokenizer (with a chat template; see `chat_template.render_prompt`).
+    tokenizer:   its tokenizer (with a chat template; see `chat_template.render_prompt`); None
+                 allows only `generate_ids`, whose completions then carry no text.
     device:      where to run ("cpu", "cuda", "cuda:1"); defaults to the model's device.
     batch_size:  chats prefilled together; the decode batch is batch_size * n rows.
     name:        recorded in profiles as the reference policy's name.
+    share_prefix: prefill each prompt once for its n samples (False: once per sample, the
+                 naive way, kept for comparison).
+    stop_token_ids: the ids that end a completion (default: the tokenizer's and the model's
+                 end-of-sequence ids and `<|im_end|>`; an empty list never stops early).
 
     Logprobs are those of the model's own distribution (log-softmax of the logits, before
     temperature and top-p), at the sampled ids, so a trainer can use them as the behaviour
@@ -37,11 +42,12 @@ class HFPolicy:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer: Any | None,
         device: str | None = None,
         batch_size: int = 8,
         name: str | None = None,
         share_prefix: bool = True,
+        stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -53,8 +59,9 @@ class HFPolicy:
         self.batch_size = batch_size
         self.share_prefix = share_prefix
         self.name = name or f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
-        self.stop_ids = self._stop_ids()
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
+        self.stop_ids = set(stop_token_ids) if stop_token_ids is not None else self._stop_ids()
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = pad if pad is not None else min(self.stop_ids, default=0)
 
     @classmethod
     def from_pretrained(
@@ -76,26 +83,36 @@ class HFPolicy:
 
     def _stop_ids(self) -> set[int]:
         ids: set[int] = set()
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        for source in (tokenizer_eos, getattr(self.model.generation_config, "eos_token_id", None)):
             if isinstance(source, int):
                 ids.add(source)
             elif isinstance(source, (list, tuple)):
                 ids.update(int(i) for i in source)
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end, int) and end != self.tokenizer.unk_token_id:
-            ids.add(end)
+        if self.tokenizer is not None:
+            end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if isinstance(end, int) and end != self.tokenizer.unk_token_id:
+                ids.add(end)
         if not ids:
-            raise ValueError(f"{self.name}: the tokenizer defines no end-of-sequence token to stop at")
+            raise ValueError(f"{self.name}: neither tokenizer nor model defines an end-of-sequence token to stop at")
         return ids
 
     def encode(self, chat: dict[str, Any]) -> list[int]:
         """The prompt token ids of a chat ({"messages", "tools"})."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no tokenizer: it can only generate from token ids (generate_ids)")
         return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
     ) -> list[list[Completion]]:
         """n completions for each chat, in order; seeded by `sampling.seed` when given."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        return self.generate_ids([self.encode(chat) for chat in chats], n, sampling)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        """n completions for each already-tokenized prompt (the engine under `generate`)."""
         import torch
 
         if n < 1:
@@ -105,7 +122,9 @@ class HFPolicy:
             generator.manual_seed(int(sampling.seed))
         else:
             generator.seed()
-        prompts = [self.encode(chat) for chat in chats]
+        prompts = [list(p) for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), self.batch_size):
             out.extend(self._generate_batch(prompts[start : start + self.batch_size], n, sampling, generator))
@@ -195,7 +214,7 @@ class HFPolicy:
                 shown = token_ids[:-1] if stopped else token_ids
                 group.append(
                     Completion(
-                        text=self.tokenizer.decode(shown, skip_special_tokens=False),
+                        text=self.tokenizer.decode(shown, skip_special_tokens=False) if self.tokenizer else "",
                         token_ids=token_ids,
                         logprobs=logprobs[row, :length].tolist(),
                         finish_reason="stop" if stopped else "length",

@@ -145,3 +145,17 @@ def test_bad_arguments_are_clear_errors(model_and_tokenizer, policy):
         HFPolicy(*model_and_tokenizer, batch_size=0)
     with pytest.raises(ValueError, match="n must be"):
         policy.generate(CHATS, n=0, sampling=SamplingParams())
+
+
+def test_token_id_prompts_generate_without_a_tokenizer_and_an_empty_stop_list_never_stops(model_and_tokenizer, policy):
+    model, _ = model_and_tokenizer
+    prompt = policy.encode(CHATS[0])
+    bare = HFPolicy(model, None, stop_token_ids=[])
+    (group,) = bare.generate_ids([prompt], 2, SamplingParams(temperature=0.0, max_new_tokens=20))
+    (reference,) = policy.generate_ids([prompt], 1, SamplingParams(temperature=0.0, max_new_tokens=20))
+    stop = reference[0].token_ids.index(next(t for t in reference[0].token_ids if t in policy.stop_ids))
+    for completion in group:
+        assert len(completion.token_ids) == 20 and completion.finish_reason == "length" and completion.text == ""
+        assert completion.token_ids[: stop + 1] == reference[0].token_ids
+    with pytest.raises(ValueError, match="no tokenizer"):
+        bare.generate(CHATS, 1, SamplingParams())

@@ -1,0 +1,150 @@
+"""Profiling throughput with the hf backend against raw `model.generate` on the same prompts.
+
+The profiler (`pivot_envs.profile.profile`: batched generation across candidates, env steps on a
+thread pool, fsynced output) runs over real bundled tau-bench airline candidates with SmolLM2;
+the baseline is `model.generate(num_return_sequences=K)` over the same rendered prompts, batched
+the same way, generating only (no env, no output). Both generate exactly `--max-new-tokens`
+tokens per sample (no early stop), so the wall times compare like for like; the profiler's
+overhead is its time over the baseline's, minus one (target: <= 10%).
+
+    python benchmarks/profile_throughput.py --pivots 8 --k 8 --max-new-tokens 32
+
+By default the candidates' long policy prompt is cut and only the expert's tools are kept
+(`--full-prompts` keeps them whole: ~4k-token prompts, for a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "out" / "profile_throughput.json"
+
+
+def candidates(count: int, full: bool):
+    from pivot_envs.domains.tool_use.env import bundled_pivots
+
+    from pivot_envs.chat import tool_name
+
+    chosen = []
+    for pivot in bundled_pivots():
+        if full:
+            chosen.append(pivot)
+        elif len(pivot.messages) <= 8 and pivot.expert.get("tool_calls"):
+            names = {c["function"]["name"] for c in pivot.expert["tool_calls"]}
+            messages = [dict(m) for m in pivot.messages]
+            messages[0]["content"] = "You are an airline customer service agent. Use the tools to help the user."
+            chosen.append(replace(pivot, messages=messages, tools=[t for t in pivot.tools if tool_name(t) in names]))
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def baseline(model, tokenizer, prompts, k: int, new_tokens: int, batch: int) -> float:
+    """Seconds for model.generate over the prompts, `batch` prompts per call, K samples each."""
+    import torch
+
+    started = time.perf_counter()
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(chunk):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        with torch.inference_mode():
+            out = model.generate(
+                ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                num_return_sequences=k,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        assert out.shape[0] == len(chunk) * k and out.shape[1] == width + new_tokens
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pivots", type=int, default=8)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch-pivots", type=int, default=4)
+    parser.add_argument("--env-workers", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--full-prompts", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+
+    import torch
+    from pivot_envs.adapters import smollm2
+    from pivot_envs.adapters.policies.hf import HFPolicy
+
+    from pivot_envs.profile import ProfileConfig, profile
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = smollm2.load(device=args.device)
+    pivots = candidates(args.pivots, args.full_prompts)
+    policy = HFPolicy(model, tokenizer, device=args.device, batch_size=args.batch_pivots, name="hf:smollm2",
+                      stop_token_ids=[])  # fixed-length samples, like the baseline's min_new_tokens
+    prompts = [policy.encode(p.observation) for p in pivots]
+    policy.generate_ids(prompts[:1], 2, _sampling(2))  # warm-up
+    baseline(model, tokenizer, prompts[:1], 2, 2, 1)
+
+    base_s = baseline(model, tokenizer, prompts, args.k, args.max_new_tokens, args.batch_pivots)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = ProfileConfig(k=args.k, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0,
+                               batch_pivots=args.batch_pivots, env_workers=args.env_workers, progress=False)
+        run = profile(pivots, policy, Path(tmp) / "profiled.jsonl", config)
+    samples = len(pivots) * args.k
+    tokens = samples * args.max_new_tokens
+    assert run.samples == samples and run.generated_tokens == tokens
+    result = {
+        "pivots": len(pivots),
+        "k": args.k,
+        "new_tokens": args.max_new_tokens,
+        "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
+        "device": args.device,
+        "threads": args.threads,
+        "generate_s": base_s,
+        "generate_samples_per_s": samples / base_s,
+        "generate_tokens_per_s": tokens / base_s,
+        "profile_s": run.seconds,
+        "profile_samples_per_s": samples / run.seconds,
+        "profile_tokens_per_s": tokens / run.seconds,
+        "overhead": run.seconds / base_s - 1,
+        "invalid_samples": run.invalid,
+    }
+    print(f"{len(pivots)} candidates x K={args.k}, {args.max_new_tokens} new tokens, "
+          f"mean prompt {result['mean_prompt_tokens']:.0f} tokens, device {args.device}")
+    print(f"{'':24} {'seconds':>8} {'samples/s':>10} {'tokens/s':>9}")
+    print(f"{'model.generate (gen only)':24} {base_s:>8.2f} {samples / base_s:>10.2f} {tokens / base_s:>9.1f}")
+    print(f"{'pivotrl profile (all)':24} {run.seconds:>8.2f} {samples / run.seconds:>10.2f} {tokens / run.seconds:>9.1f}")
+    print(f"overhead: {result['overhead']:+.1%} (profile time / generate time - 1; target <= +10%)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _sampling(tokens: int):
+    from pivot_envs.policy import SamplingParams
+
+    return SamplingParams(temperature=1.0, max_new_tokens=tokens, seed=0)
+
+
+if __name__ == "__main__":
+    main()
