@@ -163,7 +163,10 @@ class BwrapBackend:
     def _copy(self, snapshot: Snapshot) -> Path:
         directory = self._new_dir()
         directory.rmdir()
-        subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], check=True)
+        copied = subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], capture_output=True)
+        if copied.returncode != 0:  # e.g. the snapshot was released while a warm copy was queued
+            shutil.rmtree(directory, ignore_errors=True)
+            raise SandboxError(f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}")
         return directory
 
     def fork(self, snapshot: Snapshot) -> BwrapSandbox:
@@ -182,7 +185,7 @@ class BwrapBackend:
             if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
                 try:
                     pool.put(self._copy(snapshot))
-                except (OSError, subprocess.CalledProcessError):
+                except (OSError, SandboxError):
                     return  # the next fork copies synchronously
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
