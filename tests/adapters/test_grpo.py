@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-
 from pivot_envs.adapters.grpo import (  # noqa: E402
     GRPOConfig,
     action_logprobs,
@@ -25,6 +24,7 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     train,
 )
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
+
 from pivot_envs.verifiers import Verdict  # noqa: E402
 
 
@@ -44,9 +44,8 @@ def make_env():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
     from pivot_envs.adapters import smollm2
+    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 

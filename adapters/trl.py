@@ -1,0 +1,79 @@
+"""TRL adapter: pivots as a `datasets.Dataset`, pivot envs as `reward_funcs` for `trl.GRPOTrainer`.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from pivot_envs.adapters.trl import to_dataset, reward_function
+
+    dataset = to_dataset(pivots)                                  # prompt, tools, pivot_id
+    reward = reward_function("pivot/tool-use-v0", pivots=pivots)  # steps the env at each row's pivot
+    GRPOTrainer(model, reward_funcs=reward, train_dataset=dataset, args=GRPOConfig(...)).train()
+
+Users who outgrow one machine train with TRL + accelerate (DeepSpeed, FSDP) on the same envs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pivot_envs.evaluate import EnvPool, resolve_env
+from pivot_envs.pivot import Pivot
+
+
+def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:
+    """A `datasets.Dataset` with one row per pivot: `prompt`, `tools` (JSON), `pivot_id`, `domain`.
+
+    Without a tokenizer `prompt` is conversational: the pivot's messages normalised to plain
+    {role, content} turns with the tools described Hermes-style in the system prompt
+    (`chat_template.prompt_messages`), because TRL renders one trainer-wide tool list, not one per
+    row. With a tokenizer `prompt` is the rendered prompt text (`chat_template.render_prompt`),
+    the exact prompt the bundled trainer and the hf policy use.
+    """
+    from datasets import Dataset
+    from pivot_envs.adapters.chat_template import prompt_messages, render_prompt
+
+    if not pivots:
+        raise ValueError("to_dataset: no pivots")
+    rows = []
+    for pivot in pivots:
+        if tokenizer is not None:
+            prompt: Any = render_prompt(tokenizer, pivot.messages, pivot.tools)
+        else:
+            prompt = prompt_messages(pivot.messages, pivot.tools)
+        rows.append({"prompt": prompt, "tools": json.dumps(pivot.tools), "pivot_id": pivot.id, "domain": pivot.domain})
+    return Dataset.from_list(rows)
+
+
+def _completion_text(completion: Any) -> str:
+    """The text of a TRL completion: a string, or a conversational list of assistant messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(message.get("content") or "") for message in completion if isinstance(message, dict))
+    raise TypeError(f"a completion must be text or a list of messages, got {type(completion).__name__}")
+
+
+def reward_function(env_id: str | Callable[[], Any], num_envs: int = 4, **env_kwargs: Any) -> Callable[..., list[float | None]]:
+    """A TRL reward function that steps the env at each row's pivot with each completion.
+
+    TRL calls it as `f(prompts=..., completions=..., completion_ids=..., pivot_id=[...], ...)`
+    (dataset columns arrive as keyword lists). It returns the env's reward (the functional
+    verifier), or None for a sample whose infrastructure failed (`info["valid"] == False`): TRL
+    leaves such samples out of the group's baseline instead of scoring them 0.
+    `env_id` is an env id built with `env_kwargs` (which must hold the pivots unless the domain's
+    bundled ones are meant), or a factory of envs.
+    """
+    pivots = list(env_kwargs.pop("pivots", None) or [])
+    make_env = resolve_env(env_id, pivots, **env_kwargs)
+    pool: EnvPool | None = None
+
+    def pivot_reward(completions: Sequence[Any], pivot_id: Sequence[str], **_: Any) -> list[float | None]:
+        nonlocal pool
+        if len(completions) != len(pivot_id):
+            raise ValueError(f"pivot reward: {len(completions)} completions but {len(pivot_id)} pivot ids")
+        if pool is None:
+            pool = EnvPool(make_env, num_envs)
+        scores = pool.score([(pid, _completion_text(c)) for pid, c in zip(pivot_id, completions)])
+        return [score.reward if score.valid else None for score in scores]
+
+    return pivot_reward

@@ -1,0 +1,115 @@
+"""TRL adapter: pivots as a Dataset and envs as reward_funcs, driven by the real trl.GRPOTrainer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
+from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
+
+from pivot_envs.env import InfrastructureError  # noqa: E402
+from pivot_envs.verifiers import Verdict  # noqa: E402
+
+
+class HasLetterVerifier:
+    """A toy functional verifier SmolLM2 passes about half the time: the action contains the letter 'a'."""
+
+    name = "has-letter"
+
+    def verify(self, pivot, action, outcome=None):
+        hit = "a" in str(action.get("content") or "").lower()
+        return Verdict(1.0 if hit else 0.0, "has_letter" if hit else "no_letter")
+
+
+def letter_env():
+    return EchoEnv(real_pivots(), verifier=HasLetterVerifier())
+
+
+class BrokenBackendEnv(EchoEnv):
+    def execute(self, pivot, action):
+        if pivot.id.endswith("/2"):
+            raise InfrastructureError("tool backend down")
+        return super().execute(pivot, action)
+
+
+def test_dataset_rows_hold_the_conversational_prompt_tools_and_pivot_id():
+    pivots = real_pivots()
+    dataset = to_dataset(pivots)
+    assert len(dataset) == len(pivots)
+    row = dataset[0]
+    assert row["pivot_id"] == pivots[0].id
+    assert row["prompt"][0]["role"] == "system" and "<tools>" in row["prompt"][0]["content"]
+    assert row["prompt"][-1] == {"role": "user", "content": pivots[0].messages[-1]["content"]}
+    assert json.loads(row["tools"]) == pivots[0].tools
+
+
+def test_dataset_with_a_tokenizer_holds_the_rendered_prompt():
+    from pivot_envs.adapters import smollm2
+    from pivot_envs.adapters.chat_template import render_prompt
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
+    pivot = real_pivots()[1]
+    assert to_dataset([pivot], tokenizer=tokenizer)[0]["prompt"] == render_prompt(tokenizer, pivot.messages, pivot.tools)
+
+
+def test_reward_function_scores_each_completion_at_its_rows_pivot():
+    pivots = real_pivots()
+    reward = reward_function(lambda: EchoEnv(pivots))  # strict verifier: only the expert's action scores 1
+    answer = pivots[4].expert["content"]
+    got = reward(
+        prompts=[None] * 3,
+        completions=[[{"role": "assistant", "content": answer}], "something else", answer],
+        pivot_id=[pivots[4].id, pivots[4].id, pivots[0].id],
+    )
+    assert got == [1.0, 0.0, 0.0]
+
+
+def test_infrastructure_failures_are_none_so_trl_masks_them():
+    pivots = real_pivots()
+    reward = reward_function(lambda: BrokenBackendEnv(pivots))
+    assert reward(completions=["x", "x"], pivot_id=[pivots[0].id, pivots[1].id]) == [0.0, None]
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
+    from pivot_envs.adapters import smollm2
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(2)
+    model, tokenizer = smollm2.load()
+    pivots = real_pivots()[:4]
+    env_reward = reward_function(letter_env, num_envs=2)
+    seen: list[tuple[list, list]] = []
+
+    def pivot_reward(completions, pivot_id, **kwargs):
+        seen.append((list(completions), list(pivot_id)))
+        return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=2,
+        max_completion_length=16, learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, seed=0, temperature=1.0, dataloader_num_workers=0, gradient_checkpointing=False, bf16=False,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=pivot_reward, args=args, train_dataset=to_dataset(pivots),
+                          processing_class=tokenizer)
+    trainer.train()
+
+    logged = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
+    assert len(seen) == 2 and len(logged) == 2
+    fresh = letter_env()
+    for (completions, ids), reward in zip(seen, logged):
+        rescored = []
+        for completion, pid in zip(completions, ids):
+            fresh.reset(options={"pivot": pid})
+            rescored.append(fresh.step(completion[0]["content"])[1])
+        assert reward == pytest.approx(sum(rescored) / len(rescored))
+        assert set(ids) <= {p.id for p in pivots}
