@@ -201,9 +201,47 @@ def test_lora_trains_only_the_adapters_and_the_policy_generates_with_them(tokeni
     pytest.importorskip("peft")
     policy = tiny_policy(tokenizer)
     base = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    probe = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        logits_before = policy.model(probe).logits
     result = train(tiny_config(tmp_path, steps=2, lora=True, lora_rank=4, learning_rate=5e-3, checkpoint_every=0),
                    real_pivots(), policy=policy, env_id=make_env)
     state = policy.model.state_dict()
     assert any("lora_" in k for k in state)  # the policy's own module carries the adapters
     assert all(torch.equal(state[k], v) for k, v in state.items() if "lora_" not in k and k in base)
     assert (result.final / "adapter_model.safetensors").is_file()
+    with torch.no_grad():
+        assert not torch.allclose(policy.model(probe).logits, logits_before)  # what the policy generates with moved
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-model")
+    policy = tiny_policy(tokenizer)
+    policy.model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_pivotrl_train_runs_on_the_bundled_tool_use_pivots(tiny_checkpoint, tmp_path):
+    import gymnasium as gym
+
+    import pivot_envs
+    from pivot_envs import write_pivots
+    from pivot_envs.cli import main
+
+    gym.register_envs(pivot_envs)
+    bundled = gym.make("pivot/tool-use-v0").unwrapped.pivots
+    write_pivots(bundled[:3], tmp_path / "train.jsonl")
+    write_pivots(bundled[3:5], tmp_path / "heldout.jsonl")
+    code = main(["train", "--pivots", str(tmp_path / "train.jsonl"), "--heldout", str(tmp_path / "heldout.jsonl"),
+                 "--policy", f"hf:{tiny_checkpoint}", "--steps", "2", "--batch-pivots", "2", "--group-size", "2",
+                 "--max-new-tokens", "4", "--eval-every", "2", "--checkpoint-every", "1", "--out", str(tmp_path / "run"),
+                 "--plot"])
+    assert code == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[1]["eval_turn_accuracy"] == 0.0  # a random model does not call airline tools
+    assert (tmp_path / "run" / "checkpoints" / "step-2" / "trainer_state.pt").is_file()
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "rewards.png").is_file()

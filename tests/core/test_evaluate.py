@@ -140,3 +140,33 @@ def test_env_errors_name_the_pivot():
     pivots = real_pivots()
     with EnvPool(lambda: EchoEnv(pivots), size=1) as pool, pytest.raises(RuntimeError, match="pivot no/such"):
         pool.score([("no/such", "x")])
+
+
+def test_pivotrl_eval_reports_the_tool_use_domain_with_a_local_model(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    import gymnasium as gym
+    from pivot_envs.adapters import smollm2
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    import pivot_envs
+    from pivot_envs import write_pivots
+    from pivot_envs.cli import main
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    gym.register_envs(pivot_envs)
+    write_pivots(gym.make("pivot/tool-use-v0").unwrapped.pivots[:3], tmp_path / "heldout.jsonl")
+
+    code = main(["eval", "--pivots", str(tmp_path / "heldout.jsonl"), "--policy", f"hf:{tmp_path / 'model'}",
+                 "--samples", "2", "--temperature", "1.0", "--max-new-tokens", "4", "--json", str(tmp_path / "report.json")])
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    rows = {(row["domain"], row["mode"]): row for row in report["rows"]}
+    assert rows[("tool-use", "greedy")]["functional"]["n"] == 3
+    assert rows[("tool-use", "sampled")]["functional"]["n"] == 6
+    assert "tool-use" in capsys.readouterr().out
