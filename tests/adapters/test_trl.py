@@ -113,3 +113,19 @@ def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
             rescored.append(fresh.step(completion[0]["content"])[1])
         assert reward == pytest.approx(sum(rescored) / len(rescored))
         assert set(ids) <= {p.id for p in pivots}
+
+
+def test_reward_function_by_env_id_scores_with_the_registered_tool_use_domain():
+    import gymnasium as gym
+    from pivot_envs.adapters.chat_template import prompt_messages
+
+    import pivot_envs
+
+    gym.register_envs(pivot_envs)
+    pivots = [p for p in gym.make("pivot/tool-use-v0").unwrapped.pivots if p.expert.get("tool_calls")][:3]
+    reward = reward_function("pivot/tool-use-v0", pivots=pivots, num_envs=2)
+    # the expert's turn written the way the model writes it: Hermes <tool_call> blocks
+    expert_texts = [prompt_messages([p.expert], [])[0]["content"] for p in pivots]
+    got = reward(completions=[[{"role": "assistant", "content": t}] for t in expert_texts] + ["no tool call"],
+                 pivot_id=[p.id for p in pivots] + [pivots[0].id])
+    assert got == [1.0, 1.0, 1.0, 0.0]
