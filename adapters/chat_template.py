@@ -129,6 +129,100 @@ def render_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seq
     return tokenizer.apply_chat_template(prompt_messages(messages, tools), add_generation_prompt=True, tokenize=False)
 
 
-def encode_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
-    """The token ids of `render_prompt` (the template already holds the special tokens)."""
-    return list(tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"])
+def encode_prompt(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    max_tokens: int | None = None,
+) -> list[int]:
+    """The token ids of `render_prompt` (the template already holds the special tokens).
+
+    With `max_tokens`, a prompt longer than that is fitted to it by `fit_prompt`.
+    """
+    ids = _token_ids(tokenizer, render_prompt(tokenizer, messages, tools))
+    if not max_tokens or len(ids) <= max_tokens:
+        return ids
+    ids = _token_ids(tokenizer, fit_prompt(tokenizer, messages, tools, max_tokens))
+    return ids[-max_tokens:]  # last resort when even the kept parts exceed the budget
+
+
+def _token_ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def compact_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool schema without descriptions and titles (names, types and required fields stay)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("description", "title")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(tool_to_chat(tool))
+
+
+def _cut_middle(text: str, keep: int) -> str:
+    """`text` with its middle replaced by a marker, keeping about `keep` characters."""
+    keep = max(0, keep)
+    if keep >= len(text):
+        return text
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :] if keep else ""
+    return f"{head}\n[... {len(text) - keep} characters left out ...]\n{tail}"
+
+
+def fit_prompt(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, max_tokens: int
+) -> str:
+    """Render a chat within `max_tokens`, leaving out only as much as needed, in this order:
+    tool descriptions; the oldest turns after the system prompt (the last turn always stays);
+    then the middle of the longest remaining message (a marker says how much went).
+
+    For small models on a CPU budget: the state is shortened, so use it knowingly (the policy's
+    `max_prompt_tokens`, off by default). Prompts within the budget are rendered unchanged.
+    """
+
+    def size(text: str) -> int:
+        return len(_token_ids(tokenizer, text))
+
+    text = render_prompt(tokenizer, messages, tools)
+    if size(text) <= max_tokens:
+        return text
+    tools = [compact_tool(tool) for tool in tools or []]
+    native = template_speaks_tools(tokenizer)
+    # On templates without tool support the tools live in the system prompt, which may be cut too.
+    chat = _native_messages(messages) if native else prompt_messages(messages, tools)
+    shown_tools = tools if native else None
+
+    def render(chat: list[dict[str, Any]]) -> str:
+        if native:
+            return render_prompt(tokenizer, chat, shown_tools)
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+
+    text = render(chat)
+    if size(text) <= max_tokens:
+        return text
+    head = 1 if chat and chat[0].get("role") in ("system", "developer") else 0
+    lo, hi = 0, max(0, len(chat) - head - 1)  # turns to drop: find the fewest that fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if size(render(chat[:head] + chat[head + mid :])) <= max_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    chat = [dict(m) for m in chat[:head] + chat[head + lo :]]
+    text = render(chat)
+    for _ in range(6):
+        excess = size(text) - max_tokens
+        if excess <= 0:
+            break
+        candidates = [m for m in chat if isinstance(m.get("content"), str) and m["content"]]
+        if not candidates:
+            break
+        longest = max(candidates, key=lambda m: len(m["content"]))
+        content = longest["content"]
+        chars_per_token = len(content) / max(1, size(content))
+        longest["content"] = _cut_middle(content, len(content) - int((excess + 32) * chars_per_token))
+        text = render(chat)
+    return text

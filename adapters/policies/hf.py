@@ -32,6 +32,9 @@ class HFPolicy:
                  naive way, kept for comparison).
     stop_token_ids: the ids that end a completion (default: the tokenizer's and the model's
                  end-of-sequence ids and `<|im_end|>`; an empty list never stops early).
+    max_prompt_tokens: fit longer prompts to this many tokens (`chat_template.fit_prompt`:
+                 tool descriptions, then the oldest turns, then the middle of the longest
+                 message are left out); None renders every prompt whole.
 
     Logprobs are those of the model's own distribution (log-softmax of the logits, before
     temperature and top-p), at the sampled ids, so a trainer can use them as the behaviour
@@ -48,6 +51,7 @@ class HFPolicy:
         name: str | None = None,
         share_prefix: bool = True,
         stop_token_ids: Sequence[int] | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -58,6 +62,7 @@ class HFPolicy:
             self.model.to(device)
         self.batch_size = batch_size
         self.share_prefix = share_prefix
+        self.max_prompt_tokens = max_prompt_tokens or None
         self.name = name or f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
         self.stop_ids = set(stop_token_ids) if stop_token_ids is not None else self._stop_ids()
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -101,7 +106,7 @@ class HFPolicy:
         """The prompt token ids of a chat ({"messages", "tools"})."""
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer: it can only generate from token ids (generate_ids)")
-        return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
+        return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens)
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
