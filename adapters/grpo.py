@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.config import option
-from pivot_envs.evaluate import EnvPool, EvalConfig, evaluate, resolve_env
+from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.pivot import Pivot
 from pivot_envs.policy import SamplingParams
+from pivot_envs.scoring import EnvPool, resolve_env
 
 
 @dataclass

@@ -16,8 +16,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pivot_envs.evaluate import EnvPool, resolve_env
 from pivot_envs.pivot import Pivot
+from pivot_envs.scoring import EnvPool, resolve_env
 
 
 def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from pivot_envs.config import option
 from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
+from pivot_envs.scoring import EnvPool, resolve_env
 
 
 @dataclass
@@ -107,45 +107,6 @@ def completed_ids(path: str | os.PathLike[str]) -> set[str]:
     return ids
 
 
-class EnvPool:
-    """Env instances per env id, each used by one thread at a time."""
-
-    def __init__(self, config: ProfileConfig, pivots_by_env: dict[str, list[Pivot]]) -> None:
-        self.config = config
-        self.pivots_by_env = pivots_by_env
-        self._free: dict[str, queue.Queue] = {}
-        self._made: dict[str, int] = {}
-        self._envs: list[Any] = []
-
-    def _make(self, env_id: str) -> Any:
-        import gymnasium as gym
-
-        import pivot_envs
-
-        gym.register_envs(pivot_envs)
-        env = gym.make(env_id, pivots=self.pivots_by_env[env_id], disable_env_checker=True, **self.config.env_kwargs)
-        self._envs.append(env)
-        return env
-
-    def step(self, env_id: str, pivot_id: str, action: Any) -> tuple[float, dict[str, Any]]:
-        """Reset an env of `env_id` to the pivot, step the action; returns (reward, info)."""
-        free = self._free.setdefault(env_id, queue.Queue())
-        try:
-            env = free.get_nowait()
-        except queue.Empty:
-            env = self._make(env_id)
-        try:
-            env.reset(options={"pivot": pivot_id})
-            _, reward, _, _, info = env.step(action)
-            return float(reward), info
-        finally:
-            free.put(env)
-
-    def close(self) -> None:
-        for env in self._envs:
-            env.close()
-
-
 def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
     """The env that scores a candidate: `config.env`, else pivot/<domain>-v0."""
     if config.env:
@@ -155,17 +116,12 @@ def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
     return f"pivot/{pivot.domain}-v0"
 
 
-def _sample_result(pool: EnvPool, env_id: str, pivot: Pivot, completion: Completion) -> dict[str, Any]:
+def _sample_result(future: Future) -> dict[str, Any]:
     try:
-        reward, info = pool.step(env_id, pivot.id, completion.action)
+        score = future.result()
     except Exception as error:  # an env bug is not the action's fault: mask the sample, count it
         return {"reward": 0.0, "strict": 0.0, "category": "env_error", "valid": False, "detail": repr(error)}
-    return {
-        "reward": reward,
-        "strict": float(info.get("strict_reward", 0.0)),
-        "category": str(info.get("category", "")),
-        "valid": bool(info.get("valid", True)),
-    }
+    return {"reward": score.reward, "strict": score.strict_reward, "category": score.category, "valid": score.valid}
 
 
 def _action_text(completion: Completion) -> str:
@@ -224,11 +180,14 @@ def profile(
     by_env: dict[str, list[Pivot]] = {}
     for pivot in todo:
         by_env.setdefault(env_id_for(pivot, config), []).append(pivot)
-    pool = EnvPool(config, by_env)
+    pools = {
+        env_id: EnvPool(resolve_env(env_id, pivots_of_env, **config.env_kwargs), size=config.env_workers)
+        for env_id, pivots_of_env in by_env.items()
+    }
     started = time.perf_counter()
     bar = _progress(config, len(todo), run.skipped)
     try:
-        with PivotWriter(out, append=True) as writer, ThreadPoolExecutor(config.env_workers) as executor:
+        with PivotWriter(out, append=True) as writer:
             pending: list[tuple[Pivot, list[Completion], list[Future]]] = []
             for index, batch in enumerate(_batches(todo, config.batch_pivots)):
                 sampling = config.sampling
@@ -248,13 +207,14 @@ def profile(
                 _finish(pending, writer, run, policy, config, bar, started)
                 for pivot, group in zip(batch, groups):
                     env_id = env_id_for(pivot, config)
-                    futures = [executor.submit(_sample_result, pool, env_id, pivot, c) for c in group]
+                    futures = [pools[env_id].submit(pivot.id, c.action) for c in group]
                     pending.append((pivot, group, futures))
             _finish(pending, writer, run, policy, config, bar, started)
     finally:
         if bar is not None:
             bar.close()
-        pool.close()
+        for pool in pools.values():
+            pool.close()
     run.seconds = time.perf_counter() - started
     return run
 
@@ -262,7 +222,7 @@ def profile(
 def _finish(pending, writer, run: ProfileRun, policy: Policy, config: ProfileConfig, bar, started: float) -> None:
     """Wait for the queued candidates' env steps and write each finished candidate."""
     for pivot, group, futures in pending:
-        results = [future.result() for future in futures]
+        results = [_sample_result(future) for future in futures]
         record = Profile.from_samples(
             [r["reward"] for r in results],
             policy=policy.name,

@@ -9,8 +9,9 @@ from echo_domain import EchoEnv, real_pivots
 
 from pivot_envs.chat import calls_of
 from pivot_envs.env import InfrastructureError, Outcome
-from pivot_envs.evaluate import EnvPool, EvalConfig, evaluate, wilson_interval
+from pivot_envs.evaluate import EvalConfig, evaluate, wilson_interval
 from pivot_envs.policy import Completion
+from pivot_envs.scoring import EnvPool
 from pivot_envs.verifiers import Verdict
 
 
