@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from peak_memory import PeakMemory
 
 # SmolLM2's architectures, for --random-init (no weights needed): 135M (the embedded model) and 1.7B.
 COMMON = dict(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
@@ -70,50 +70,6 @@ def make_batch(prefix: int, action: int, groups: int, group_size: int, vocab: in
         advantages = [1.0 if i % 2 == 0 else -1.0 for i in range(group_size)]
         batch.append((ids, actions, advantages))
     return batch
-
-
-class PeakMemory:
-    """Peak memory above the start of a measured region: CUDA allocator stats, or sampled process RSS on CPU."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-
-    def __enter__(self) -> PeakMemory:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-        else:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed pages back so the RSS baseline is what is in use
-            self.base = self.peak_rss = self._rss()
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak_rss = max(self.peak_rss, self._rss())
-
-    def __exit__(self, *exc: object) -> None:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self.base
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = self.peak_rss - self.base
 
 
 def ours(model, batch, device: str, repeats: int):

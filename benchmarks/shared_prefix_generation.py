@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 from pathlib import Path
+
+from peak_memory import PeakMemory
 
 OUT = Path(__file__).resolve().parent / "out" / "shared_prefix_generation.json"
 
@@ -56,52 +57,6 @@ def load_model(device: str, random_init: bool, dtype_name: str):
         model, _ = smollm2.load(device=device, dtype=dtype)
     model.eval()
     return model
-
-
-class PeakMemory:
-    """Peak memory during a block: CUDA allocator peak, or resident-set growth sampled every 2 ms on CPU."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-        self.peak = 0
-
-    def __enter__(self) -> PeakMemory:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-        else:
-            self.base = _rss()
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss() - self.base)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc: object) -> None:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self.base
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, _rss() - self.base)
-
-
-def _rss() -> int:
-    import os
-
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_generate(model, prompt, n: int, new_tokens: int) -> None:
