@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
-from peak_memory import PeakMemory
+from peak_memory import best_time_and_peak
 
 # SmolLM2's architectures, for --random-init (no weights needed): 135M (the embedded model) and 1.7B.
 COMMON = dict(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
@@ -132,19 +131,9 @@ def trl(model, batch, device: str, repeats: int, action: int):
 
 
 def measure(step, device: str, repeats: int) -> dict[str, float]:
-    import torch
-
     step()  # warm-up: allocator, kernels, optimizer state
-    times, peak = [], 0
-    for _ in range(repeats):
-        with PeakMemory(device) as memory:
-            began = time.perf_counter()
-            step()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - began)
-        peak = max(peak, memory.peak)
-    return {"seconds": min(times), "peak_bytes": peak}
+    seconds, peak = best_time_and_peak(step, device, repeats)
+    return {"seconds": seconds, "peak_bytes": peak}
 
 
 def attempt(method, *args):

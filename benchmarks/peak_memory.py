@@ -50,3 +50,19 @@ class PeakMemory:
 def _rss() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def best_time_and_peak(fn, device: str, repeats: int) -> tuple[float, int]:
+    """Run `fn` `repeats` times: the best wall time (seconds) and the largest peak memory (bytes)."""
+    import torch
+
+    times, peak = [], 0
+    for _ in range(repeats):
+        with PeakMemory(device) as memory:
+            started = time.perf_counter()
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        peak = max(peak, memory.peak)
+    return min(times), peak

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-from peak_memory import PeakMemory
+from peak_memory import best_time_and_peak
 
 OUT = Path(__file__).resolve().parent / "out" / "shared_prefix_generation.json"
 
@@ -86,21 +85,6 @@ def run_policy(policy, prompt, n: int, new_tokens: int) -> None:
     assert all(len(c.token_ids) == new_tokens for c in group)
 
 
-def measure(fn, device: str, repeats: int) -> tuple[float, int]:
-    import torch
-
-    times, peaks = [], []
-    for _ in range(repeats):
-        with PeakMemory(device) as memory:
-            started = time.perf_counter()
-            fn()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        peaks.append(memory.peak)
-    return min(times), max(peaks)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -128,9 +112,9 @@ def main() -> None:
     for length in args.prefix_lengths:
         prompt = torch.randint(3, SMOLLM2_SHAPE["vocab_size"], (length,), generator=generator).tolist()
         run_policy(shared, prompt[:64], args.n, 2)  # warm-up (kernels, allocator)
-        base_t, base_m = measure(lambda prompt=prompt: run_generate(model, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
-        naive_t, naive_m = measure(lambda prompt=prompt: run_policy(naive, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
-        ours_t, ours_m = measure(lambda prompt=prompt: run_policy(shared, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
+        base_t, base_m = best_time_and_peak(lambda prompt=prompt: run_generate(model, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
+        naive_t, naive_m = best_time_and_peak(lambda prompt=prompt: run_policy(naive, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
+        ours_t, ours_m = best_time_and_peak(lambda prompt=prompt: run_policy(shared, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
         rows.append(
             {
                 "prefix_tokens": length,
