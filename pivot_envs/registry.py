@@ -31,7 +31,7 @@ class DomainSpec:
     env_class:    a PivotEnv subclass; `gym.make` passes its keyword arguments to it.
     description:  one line for `pivotrl domains` and the docs.
     verifiers:    the verifier names the env accepts (informational; the env class decides).
-    max_episode_steps: always 1: a pivot episode is one action.
+    kwargs:       default keyword arguments of the env class (gym.make's override them).
     """
 
     name: str
@@ -119,14 +119,6 @@ def register_domains() -> list[str]:
             )
         registered.append(identifier)
     return registered
-
-
-def domain_spec(name: str) -> DomainSpec:
-    """Load a domain's spec by name (imports the domain module)."""
-    found = discover()
-    if name not in found:
-        raise PluginError(f"no domain named {name!r}; installed: {sorted(found)}")
-    return load_domain(found[name])
 
 
 def import_object(path: str) -> Any:

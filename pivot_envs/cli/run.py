@@ -69,6 +69,11 @@ class Stage:
             print(f"      done in {self.seconds:.0f} s", flush=True)
 
 
+def indented(text: str) -> str:
+    """A block of text under a stage's title."""
+    return "      " + text.replace("\n", "\n      ")
+
+
 def load_candidates(config: RunConfig) -> list[Any]:
     """D_cand: the input's pivots, or the domain's bundled ones."""
     import gymnasium as gym
@@ -146,7 +151,7 @@ def run(config: RunConfig) -> Path:
         wanted = {pivot.id for pivot in sample}
         profiled = [pivot for pivot in read_pivots(profiled_path) if pivot.id in wanted]
         diagnostics = diagnose(profiled, lambda_diff=config.lambda_diff)
-        print("      " + format_report(diagnostics).replace("\n", "\n      "))
+        print(indented(format_report(diagnostics)))
     timings["profile"] = stage.seconds
 
     with Stage(4, f"keep the pivots (D_adv: var > 0 and mean < {config.lambda_diff})") as stage:
@@ -165,7 +170,7 @@ def run(config: RunConfig) -> Path:
     eval_config = EvalConfig(max_new_tokens=config.max_new_tokens, batch_size=4, num_envs=2, seed=config.seed)
     with Stage(5, f"evaluate before training ({len(eval_set)} held-out pivots, greedy)") as stage:
         before = evaluate(policy, eval_set, eval_config)
-        print("      " + before.format().replace("\n", "\n      "))
+        print(indented(before.format()))
     timings["eval_before"] = stage.seconds
 
     grpo = GRPOConfig(
@@ -192,7 +197,7 @@ def run(config: RunConfig) -> Path:
 
     with Stage(7, "evaluate after training") as stage:
         after = evaluate(policy, eval_set, eval_config)
-        print("      " + after.format().replace("\n", "\n      "))
+        print(indented(after.format()))
     timings["eval_after"] = stage.seconds
 
     png = plot_metrics(result.metrics_path, out / "rewards.png")
