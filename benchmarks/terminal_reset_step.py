@@ -55,8 +55,9 @@ def bench_env(kind: str, group: int, rounds: int) -> dict:
     assert reward == 1.0 and info["output"]["output"] == "500\n", info
     latencies = []
     for _ in range(rounds):
-        if kind == "docker":  # between groups the policy generates; the warm pool refills meanwhile
-            env.backend.wait_warm(env._state.snapshot, timeout=60)
+        # Between groups the policy generates; the warm pool (started containers, or bwrap sandboxes
+        # with their command server) refills meanwhile.
+        env.backend.wait_warm(env._state.snapshot, timeout=60)
         for _ in range(group):
             start = time.perf_counter()
             env.reset(options={"index": 0})
@@ -97,7 +98,7 @@ def bench_bwrap_floor(samples: int = 30) -> dict:
 
     backend = BwrapBackend(rootfs_path(), warm_pool=0)
     sandbox = backend.create("/app")
-    argv = sandbox._argv(["true"])
+    argv = [*backend._drop, *backend.argv(sandbox.directory, "/app", ["true"])]
     latencies = []
     for _ in range(samples):
         start = time.perf_counter()

@@ -190,18 +190,6 @@ trap '__pivot_rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } >/.pivot/env.sh 
 eval "$1"
 """
 
-# The runner for sandboxes entered once per command (bubblewrap): one bash, no `timeout` process.
-# The host enforces the time limit by killing the sandbox, whose PID namespace takes the whole
-# process tree with it. Same arguments as RUNNER ($3 unused); output stays in /.pivot/out.
-DIRECT_RUNNER = r"""
-ulimit -f "$4" 2>/dev/null
-[ "$5" -gt 0 ] && ulimit -u "$5" 2>/dev/null
-[ "$6" -gt 0 ] && ulimit -v "$6" 2>/dev/null
-ulimit -t "$7" 2>/dev/null
-exec >/.pivot/out 2>&1 </dev/null
-set -- "$1"
-""" + _INNER
-
 RUNNER = r"""
 exec 2>/dev/null
 [ -d /.pivot ] || mkdir -p /.pivot 2>/dev/null
@@ -228,18 +216,18 @@ exit 0
 """
 
 
-# A command server for sandboxes entered once (Docker containers): it reads a request (the
-# runner's arguments, NUL-separated) from the FIFO /.pivot-chan/in, runs the runner, and writes
-# its report followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A
-# command then costs a bash fork in the container instead of a `docker exec` through the daemon.
+# The command server both backends start once per sandbox: it reads a request (the runner's
+# arguments, NUL-separated) from the FIFO /.pivot-chan/in, runs the runner, and writes its report
+# followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A command then
+# costs a bash fork in the sandbox instead of a `docker exec` through the daemon or a new bwrap.
 # The channel is mounted read-only, so commands cannot remove it.
 SERVER = r"""
 trap '' PIPE
 while :; do
   args=()
-  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in
+  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
   [ "${#args[@]}" -gt 7 ] || continue
-  { ( cd "$PIVOT_WORKDIR" 2>/dev/null; exec bash -c "$PIVOT_RUNNER" pivot-runner "${args[@]}" )
+  { ( cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; eval "$PIVOT_RUNNER" )
     printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
 done
 """
@@ -250,9 +238,10 @@ def runner_argv(command: str, timeout: float, limits: SandboxLimits, marker: str
                 nproc: int = 0, address_space_kb: int = 0, report: bool = True) -> list[str]:
     """The argv that runs `command` through the runner inside a sandbox.
 
-    report=True: the runner prints a header, the cut output and the manifest (Docker).
+    report=True: the runner prints a header, the cut output and the manifest (Docker without a
+    readable container filesystem).
     report=False: it leaves the output in /.pivot/out and exits with the command's status, for
-    backends that read the sandbox's files from the host (bubblewrap).
+    backends that read the sandbox's files from the host (bubblewrap, local Docker).
     """
     return [
         "bash", "-c", RUNNER, "pivot-runner", command, f"{max(timeout, 0.1):.3f}",
@@ -290,26 +279,45 @@ def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLi
 
 
 def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike | None, command: str,
-                      exit_code: int, limits: SandboxLimits, timeout: float, seconds: float) -> CommandResult:
-    """A CommandResult read from the host side of a sandbox (the runner ran with report=False)."""
+                      exit_code: int, limits: SandboxLimits, timeout: float, seconds: float,
+                      within: str | os.PathLike | None = None) -> CommandResult:
+    """A CommandResult read from the host side of a sandbox (the runner ran with report=False).
+
+    `within` is the sandbox's tree on the host: a state directory, output file or workspace the
+    command replaced by a link pointing out of it is not read (the link would be followed on the
+    host), and the output file itself is opened without following a link.
+    """
     out = Path(state_dir) / "out"
-    try:
-        size = out.stat().st_size
-        with out.open("rb") as handle:
-            if size > limits.output_bytes:
-                half = limits.output_bytes // 2
-                head = handle.read(half)
-                handle.seek(size - half)
-                body = head + handle.read(half)
-            else:
-                body = handle.read()
-    except OSError:
-        size, body = 0, b""
+    size, body = 0, b""
+    if _inside(out, within):
+        try:
+            descriptor = os.open(out, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            descriptor = -1
+        if descriptor >= 0:
+            with os.fdopen(descriptor, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > limits.output_bytes:
+                    half = limits.output_bytes // 2
+                    body = handle.read(half)
+                    handle.seek(size - half)
+                    body += handle.read(half)
+                else:
+                    body = handle.read()
     kept = min(size, limits.output_bytes)
     output = _join_cut(body, size - kept, limits.output_bytes)
-    files = manifest(workspace, limits.manifest_files) if workspace is not None else None
+    files = None
+    if workspace is not None:
+        files = manifest(workspace, limits.manifest_files) if _inside(workspace, within) else {}
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
     return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
+
+
+def _inside(path: str | os.PathLike, root: str | os.PathLike | None) -> bool:
+    """Whether `path`, with every link resolved on the host, stays inside `root` (True without a root)."""
+    if root is None:
+        return True
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
 
 def _join_cut(body: bytes, cut: int, limit: int) -> str:
@@ -343,14 +351,24 @@ def manifest(root: str | os.PathLike, limit: int = 5000) -> dict[str, str]:
             elif stat.S_ISDIR(info.st_mode):
                 entries[relative] = f"d {mode}"
             elif stat.S_ISREG(info.st_mode):
-                try:
-                    digest = hashlib.md5(path.read_bytes()).hexdigest()
-                except OSError:
-                    digest = "unreadable"
+                digest = _digest(path)
                 entries[relative] = f"f {mode} {digest}"
             else:
                 entries[relative] = f"p {mode}"
     return entries
+
+
+def _digest(path: Path) -> str:
+    # O_NOFOLLOW: a file swapped for a link after the lstat is not followed out of the sandbox.
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "unreadable"
+    digest = hashlib.md5()
+    with os.fdopen(descriptor, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _parse_manifest(text: str, marker: str) -> dict[str, str]:

@@ -1,7 +1,11 @@
 """Sandbox backends for the terminal domain: Docker (docker SDK, real daemon) and bubblewrap.
 
 Both run every command through `pivot_envs.sandbox.RUNNER` (shell state restore, resource
-limits, hard timeout over the whole process group, output capped, optional file manifest).
+limits, hard timeout over the whole process group, output capped, optional file manifest), sent
+to a command server (`pivot_envs.sandbox.SERVER`) that waits inside the sandbox on a pair of
+FIFOs: a command then costs a bash fork inside the sandbox, not a `docker exec` or a bwrap start.
+The host reads the command's output and the workspace's files directly from the sandbox's
+directories, never following a link the command may have planted there.
 
 Docker: containers with the network disabled and CPU, memory and pids limits; a snapshot is a
 `docker commit`; forks come from a small warm pool of containers already started from the
@@ -12,8 +16,11 @@ and `pivotrl sandbox gc` find all of them.
 bubblewrap: the base root filesystem's system directories bound read-only, a writable workspace,
 home, /tmp and state directory per sandbox (a directory tree on the host), all namespaces
 unshared (no network), limits through rlimits. A snapshot is a copy of that tree; a fork is a
-copy-on-write copy (`cp -a --reflink=auto`). When run as root, the sandbox drops to the `nobody`
-user on the host (inside it is root of its own user namespace), so RLIMIT_NPROC bounds fork bombs.
+copy-on-write copy (`cp -a --reflink=auto`) with its bwrap and command server already started in
+the background (the warm pool), so a fork costs neither a copy nor a bwrap start. Killing a
+sandbox's bwrap kills its PID namespace, so every process the commands left behind. When run as
+root, the sandbox drops to the `nobody` user on the host (inside it is root of its own user
+namespace), so RLIMIT_NPROC bounds fork bombs.
 """
 
 from __future__ import annotations
@@ -30,12 +37,12 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pivot_envs.sandbox import (
     CHANNEL_DIR,
-    DIRECT_RUNNER,
     SERVER,
     STATE_DIR,
     CommandResult,
@@ -106,11 +113,144 @@ def _drop_privileges() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The command channel (both backends)
+
+
+def _fifo_channel(parent: Path, owner: int | None = None) -> Path:
+    """A new channel directory with the request and reply FIFOs (owned by `owner` when given)."""
+    channel = Path(tempfile.mkdtemp(prefix="chan-", dir=parent))
+    channel.chmod(0o755)
+    os.mkfifo(channel / "in", 0o600)
+    os.mkfifo(channel / "out", 0o600)
+    if owner is not None:
+        for path in (channel / "in", channel / "out"):
+            os.chown(path, owner, owner)
+    return channel
+
+
+def call_server(channel: Path, args: list[str], deadline: float, name: str,
+                alive: Callable[[], bool] | None = None) -> tuple[bytes, int | None]:
+    """Send the runner's arguments to a sandbox's command server; returns (reply, exit status or None).
+
+    The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading stops
+    there, so a process that holds the reply FIFO open cannot hold the call. None: the server
+    closed the reply without a trailer (the command killed it, e.g. `kill -9 -1`). A server that
+    does not take the request, or does not finish before `deadline`, raises SandboxError
+    (TimeoutError-derived `ServerTimeout` for the latter).
+    """
+    trailer = re.compile(rb"\n%s exit (\d+)\n$" % re.escape(args[7].encode()))
+    # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
+    reply = os.open(channel / "out", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                request = os.open(channel / "in", os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as error:  # ENXIO: the server is not reading yet (starting, or between calls)
+                if error.errno != errno.ENXIO or time.monotonic() > deadline or (alive is not None and not alive()):
+                    raise SandboxError(f"the command server of {name} does not answer") from error
+                time.sleep(0.0005)
+        os.set_blocking(request, True)
+        with os.fdopen(request, "wb") as handle:
+            handle.write(b"".join(arg.encode() + b"\0" for arg in args))
+        chunks, poller = bytearray(), select.poll()
+        poller.register(reply, select.POLLIN | select.POLLHUP)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServerTimeout(f"the command server of {name} did not reply in time")
+            if not poller.poll(min(left, 0.5) * 1000):
+                continue
+            chunk = os.read(reply, 1 << 16)
+            if not chunk:
+                return bytes(chunks), None
+            chunks += chunk
+            found = trailer.search(chunks[-64:])
+            if found:
+                _wait_closed(reply, poller, min(deadline, time.monotonic() + 1.0))
+                return bytes(chunks[: len(chunks) - len(found.group(0))]), int(found.group(1))
+    finally:
+        os.close(reply)
+
+
+def _wait_closed(reply: int, poller: select.poll, until: float) -> None:
+    # The server closes the reply right after the trailer; the next call must not open the FIFO
+    # while this write end is still open (it would then read this close as its own end of reply).
+    # A process that holds the FIFO open costs at most until `until`.
+    while (left := until - time.monotonic()) > 0:
+        if poller.poll(left * 1000):
+            try:
+                if not os.read(reply, 1 << 16):
+                    return
+            except BlockingIOError:
+                continue
+
+
+class ServerTimeout(SandboxError):
+    """A command server did not reply before its deadline (the runner's own timeout did not end it)."""
+
+
+# ---------------------------------------------------------------------------------------------
 # bubblewrap
 
 
+class _Server:
+    """A sandbox's bwrap process running the command server, and its channel directory."""
+
+    def __init__(self, process: subprocess.Popen, channel: Path) -> None:
+        self.process = process
+        self.channel = channel
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """Kill the sandbox's PID namespace, so every process in it; the bwrap then exits by itself."""
+        # Killing the namespace's init (bwrap's child) lets bwrap reap it and exit: killing bwrap
+        # instead would leave the init to the host's PID 1 (a zombie there, or a live sandbox if
+        # bwrap was killed before the init armed its parent-death signal).
+        deadline = time.monotonic() + 2.0
+        while self.process.poll() is None:
+            children = _children(self.process.pid)
+            if children:
+                for pid in children:
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+                return
+            if time.monotonic() > deadline:  # no namespace yet after 2 s: bwrap is stuck starting
+                self.process.kill()
+                return
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        """Kill the sandbox, reap its bwrap and drop the channel."""
+        self.kill()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.channel, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _stop_all(servers: set[_Server], root: Path) -> None:
+    for server in list(servers):
+        server.stop()
+    servers.clear()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 class BwrapBackend:
-    """Makes bubblewrap sandboxes on one root filesystem; `close()` removes every directory it made."""
+    """Makes bubblewrap sandboxes on one root filesystem; `close()` kills their processes and removes every directory it made."""
 
     name = "bwrap"
 
@@ -125,14 +265,16 @@ class BwrapBackend:
         self.root.chmod(0o755)
         self._drop = _drop_privileges()
         self._system = self._system_binds()
-        # Copies of each snapshot made ahead in the background, so a fork is a rename-free pop.
+        # Forks of each snapshot made ahead in the background: a copy with its server started.
         self.warm_pool = warm_pool
         self._pools: dict[str, queue.SimpleQueue] = {}
+        self._servers: set[_Server] = set()
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pivot-bwrap")
         self._closed = False
-        # A backend that is never closed still removes its directories when collected or at exit.
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.root, True)
+        # A backend that is never closed still kills its sandboxes and removes its directories
+        # when collected or at exit.
+        self._finalizer = weakref.finalize(self, _stop_all, self._servers, self.root)
 
     def _system_binds(self) -> list[str]:
         args: list[str] = []
@@ -151,6 +293,45 @@ class BwrapBackend:
         if self._drop:
             subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(path)], check=True)
 
+    def argv(self, directory: Path, workdir: str, inner: list[str], new_session: bool = True,
+             channel: Path | None = None) -> list[str]:
+        """The bwrap argv that runs `inner` in the sandbox made of `directory`'s trees (without the user drop)."""
+        d = directory
+        return [
+            "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
+            "--hostname", "sandbox",
+            "--uid", "0", "--gid", "0",
+            *self._system,
+            "--dev", "/dev", "--proc", "/proc",
+            "--bind", str(d / "tmp"), "/tmp",
+            "--bind", str(d / "home"), "/root",
+            "--bind", str(d / "state"), STATE_DIR,
+            "--bind", str(d / "work"), workdir,
+            *(["--ro-bind", str(channel), CHANNEL_DIR] if channel is not None else []),
+            "--chdir", workdir,
+            "--clearenv", *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
+            "--setenv", "PIVOT_WORKDIR", workdir,
+            *inner,
+        ]
+
+    def start_server(self, directory: Path, workdir: str) -> _Server:
+        """Start the sandbox's bwrap with the command server inside; it takes requests once it reads its FIFO."""
+        channel = _fifo_channel(self.root, NOBODY if self._drop else None)
+        # As root, drop to nobody in the child itself (no setpriv process in between).
+        user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if self._drop else {}
+        with open(channel / "stderr", "wb") as stderr:
+            process = subprocess.Popen(self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel),
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, **user)
+        server = _Server(process, channel)
+        with self._lock:
+            self._servers.add(server)
+        return server
+
+    def stop_server(self, server: _Server) -> None:
+        with self._lock:
+            self._servers.discard(server)
+        server.stop()
+
     def create(self, workdir: str = "/app") -> BwrapSandbox:
         """A fresh sandbox with an empty workspace at `workdir`."""
         directory = self._new_dir()
@@ -158,7 +339,7 @@ class BwrapBackend:
             (directory / part).mkdir()
         (directory / "tmp").chmod(0o1777)
         self._own(directory)
-        return BwrapSandbox(self, directory, workdir)
+        return BwrapSandbox(self, directory, workdir, self.start_server(directory, workdir))
 
     def _copy(self, snapshot: Snapshot) -> Path:
         directory = self._new_dir()
@@ -170,58 +351,69 @@ class BwrapBackend:
         return directory
 
     def fork(self, snapshot: Snapshot) -> BwrapSandbox:
-        """A new sandbox whose directories are a copy-on-write copy of the snapshot's (made ahead when warm)."""
+        """A new sandbox from the snapshot: a warm one (copied, server started) when ready, else made now."""
         with self._lock:
             pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
         try:
-            directory = pool.get_nowait()
+            directory, server = pool.get_nowait()
         except queue.Empty:
             directory = self._copy(snapshot)
+            server = self.start_server(directory, snapshot.workdir)
         self._refill(snapshot, pool)
-        return BwrapSandbox(self, directory, snapshot.workdir)
+        return BwrapSandbox(self, directory, snapshot.workdir, server)
 
     def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
-        def copy_one() -> None:
+        def make_one() -> None:
             if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
                 try:
-                    pool.put(self._copy(snapshot))
+                    directory = self._copy(snapshot)
+                    pool.put((directory, self.start_server(directory, snapshot.workdir)))
                 except (OSError, SandboxError):
-                    return  # the next fork copies synchronously
+                    return  # the next fork makes its sandbox synchronously
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
-            self._workers.submit(copy_one)
+            self._workers.submit(make_one)
 
     def prewarm(self, snapshot: Snapshot) -> None:
-        """Start making copies of the snapshot in the background."""
+        """Start making forks of the snapshot in the background."""
         with self._lock:
             pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
         self._refill(snapshot, pool)
 
     def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
-        """Block until the snapshot's warm copies are ready (benchmarks use this)."""
+        """Block until the snapshot's warm forks are ready (benchmarks use this)."""
         deadline = time.monotonic() + timeout
         pool = self._pools.get(snapshot.ref)
         while pool is not None and pool.qsize() < self.warm_pool and time.monotonic() < deadline:
             time.sleep(0.01)
         return pool is not None and pool.qsize() >= self.warm_pool
 
-    def remove_dir(self, directory: Path) -> None:
-        """Delete a sandbox directory (in the background while the backend is open)."""
-        if self._closed:
+    def discard(self, directory: Path, server: _Server | None) -> None:
+        """Kill a sandbox and delete its directory (in the background while the backend is open)."""
+        def remove() -> None:
+            if server is not None:
+                self.stop_server(server)
             shutil.rmtree(directory, ignore_errors=True)
+
+        if self._closed:
+            remove()
         else:
-            self._workers.submit(shutil.rmtree, directory, True)
+            if server is not None:
+                server.kill()  # now, so nothing the command left runs on
+            self._workers.submit(remove)
 
     def release(self, snapshot: Snapshot) -> None:
-        """Delete a snapshot's directory and its warm copies."""
+        """Delete a snapshot's directory and its warm forks."""
         with self._lock:
             pool = self._pools.pop(snapshot.ref, None)
         while pool is not None and not pool.empty():
-            shutil.rmtree(pool.get_nowait(), ignore_errors=True)
+            directory, server = pool.get_nowait()
+            self.stop_server(server)
+            shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(snapshot.ref, ignore_errors=True)
 
     def close(self) -> None:
-        """Remove every sandbox and snapshot directory this backend made."""
+        """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
         self._closed = True
         self._workers.shutdown(wait=True)
         self._pools.clear()
@@ -235,64 +427,48 @@ class BwrapBackend:
 
 
 class BwrapSandbox:
-    """One bubblewrap sandbox: a directory tree on the host, entered once per command."""
+    """One bubblewrap sandbox: a directory tree on the host and a bwrap running the command server on it."""
 
     backend = "bwrap"
 
-    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str) -> None:
+    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: _Server | None = None) -> None:
         self.owner = owner
         self.directory = directory
         self.workdir = workdir
+        self.server = server
         self.closed = False
 
-    def _argv(self, inner: list[str], new_session: bool = True, drop: bool = True) -> list[str]:
-        d = self.directory
-        return [
-            *(self.owner._drop if drop else []),
-            "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
-            "--hostname", "sandbox",
-            "--uid", "0", "--gid", "0",
-            *self.owner._system,
-            "--dev", "/dev", "--proc", "/proc",
-            "--bind", str(d / "tmp"), "/tmp",
-            "--bind", str(d / "home"), "/root",
-            "--bind", str(d / "state"), STATE_DIR,
-            "--bind", str(d / "work"), self.workdir,
-            "--chdir", self.workdir,
-            "--clearenv", *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
-            *inner,
-        ]
-
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
-        """Run one command (see pivot_envs.sandbox.Sandbox.run)."""
+        """Run one command (see pivot_envs.sandbox.Sandbox.run) through the sandbox's command server."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
+        if self.server is None or not self.server.alive():  # e.g. the previous command killed every process
+            if self.server is not None:
+                self.owner.stop_server(self.server)
+            self.server = self.owner.start_server(self.directory, self.workdir)
+        server = self.server
         nproc = _user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
-        argv = runner_argv(command, timeout, limits, "", nproc=nproc,
-                           address_space_kb=limits.memory_mb * 1024, report=False)
-        argv[2] = DIRECT_RUNNER
-        # As root, drop to nobody in the child itself (no setpriv process in between).
-        user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if self.owner._drop else {}
+        args = runner_argv(command, timeout, limits, new_marker(), nproc=nproc,
+                           address_space_kb=limits.memory_mb * 1024, report=False)[4:]
         start = time.monotonic()
-        process = subprocess.Popen(self._argv(argv, drop=False), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   stdin=subprocess.DEVNULL, **user)
         try:
-            _, stderr = process.communicate(timeout=timeout)
-            exit_code, timed_out = process.returncode, False
-        except subprocess.TimeoutExpired:
-            # Killing bwrap kills its PID namespace (--die-with-parent), so the whole process tree.
-            process.kill()
-            _, stderr = process.communicate()
-            exit_code, timed_out = 137, True
-        seconds = time.monotonic() - start
-        # The command's own stderr goes to the output file: anything here is bubblewrap's.
-        if stderr.startswith(b"bwrap:"):
-            raise SandboxError(f"bubblewrap failed ({exit_code}): {stderr.decode(errors='replace')[-500:]}")
-        result = result_from_files(self.directory / "state", self.directory / "work" if files else None, command,
-                                   exit_code, limits, timeout, seconds)
-        result.timed_out = timed_out
+            # The runner kills the command at `timeout`; the deadline only catches a wedged server.
+            _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox", server.alive)
+            note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
+        except ServerTimeout:
+            self.owner.stop_server(server)
+            self.server, exit_code, note = None, 137, "\n[the sandbox did not answer: killed]\n"
+        except SandboxError as error:
+            stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace") if server.channel.exists() else ""
+            if stderr.startswith("bwrap:"):
+                raise SandboxError(f"bubblewrap failed: {stderr}") from error
+            raise
+        workspace = self.directory / "work" if files else None
+        result = result_from_files(self.directory / "state", workspace, command, 137 if exit_code is None else exit_code,
+                                   limits, timeout, time.monotonic() - start, within=self.directory)
+        result.output += note
         return result
 
     def snapshot(self) -> Snapshot:
@@ -310,13 +486,15 @@ class BwrapSandbox:
         """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
         # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
         # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
-        return self._argv(["bash", "--norc", "--noprofile", "-i"], new_session=False)
+        return [*self.owner._drop, *self.owner.argv(self.directory, self.workdir,
+                                                   ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
 
     def close(self) -> None:
-        """Delete this sandbox's directory tree (its processes died with their bwrap)."""
+        """Kill the sandbox's processes and delete its directory tree."""
         if not self.closed:
             self.closed = True
-            self.owner.remove_dir(self.directory)
+            self.owner.discard(self.directory, self.server)
+            self.server = None
 
 
 def _user_process_count(uid: int) -> int:
@@ -369,10 +547,7 @@ class DockerBackend:
         limits = self.limits
         channel, volumes, command = None, {}, KEEPALIVE
         if self.channel:
-            channel = Path(tempfile.mkdtemp(prefix="chan-", dir=self.root))
-            channel.chmod(0o755)
-            os.mkfifo(channel / "in", 0o600)
-            os.mkfifo(channel / "out", 0o600)
+            channel = _fifo_channel(self.root)
             volumes = {str(channel): {"bind": CHANNEL_DIR, "mode": "ro"}}
             command = ["bash", "-c", SERVER]
         container = self.client.containers.run(
@@ -510,60 +685,28 @@ class DockerSandbox:
         timeout = limits.timeout if timeout is None else timeout
         marker = new_marker()
         start = time.monotonic()
+        name = f"container {self.container.short_id}"
         if self.channel is not None and self.merged is not None:
             argv = runner_argv(command, timeout, limits, marker, report=False)
-            raw = self._call(argv[4:], deadline=start + timeout + 30)
-            found = re.search(rb"\n%s exit (\d+)\n$" % marker.encode(), raw)
+            _, exit_code = call_server(self.channel, argv[4:], start + timeout + 30, name)
             workspace = self.merged / self.workdir.lstrip("/") if files else None
             # No trailer: the request was taken, then the server died (the command killed every
             # process, e.g. `kill -9 -1`): the command's doing, reported like a SIGKILL.
-            exit_code = int(found.group(1)) if found else 137
-            result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command, exit_code,
-                                       limits, timeout, time.monotonic() - start)
-            if found is None:
+            result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command,
+                                       137 if exit_code is None else exit_code, limits, timeout, time.monotonic() - start,
+                                       within=self.merged)
+            if exit_code is None:
                 result.output += "\n[the command killed the sandbox's processes]\n"
             return result
         argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
         if self.channel is not None:
-            raw = self._call(argv[4:], deadline=start + timeout + 30)
+            raw, _ = call_server(self.channel, argv[4:], start + timeout + 30, name)
         else:
             try:
                 _, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
             except Exception as error:
                 raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
         return parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
-
-    def _call(self, args: list[str], deadline: float) -> bytes:
-        """Send the runner's arguments to the container's command server and read its report."""
-        assert self.channel is not None
-        # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
-        reply = os.open(self.channel / "out", os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                try:
-                    request = os.open(self.channel / "in", os.O_WRONLY | os.O_NONBLOCK)
-                    break
-                except OSError as error:  # ENXIO: the server is not reading yet (starting, or between calls)
-                    if error.errno != errno.ENXIO or time.monotonic() > deadline:
-                        raise SandboxError(f"the command server of {self.container.short_id} does not answer") from error
-                    time.sleep(0.001)
-            os.set_blocking(request, True)
-            with os.fdopen(request, "wb") as handle:
-                handle.write(b"".join(arg.encode() + b"\0" for arg in args))
-            chunks, poller = [], select.poll()
-            poller.register(reply, select.POLLIN | select.POLLHUP)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SandboxError(f"the command server of {self.container.short_id} did not reply in time")
-                if not poller.poll(left * 1000):
-                    continue
-                chunk = os.read(reply, 1 << 16)
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        finally:
-            os.close(reply)
 
     def snapshot(self) -> Snapshot:
         """`docker commit` the container as a labelled image."""
@@ -627,7 +770,8 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
     """Remove sandboxes left by processes that are gone (all of them with `all_owners`).
 
     Docker: labelled containers and snapshot images (and the base image with `include_base`);
-    bubblewrap: the temporary directories of dead processes. Returns what was removed.
+    bubblewrap: the sandboxes still running and the temporary directories of dead processes.
+    Returns what was removed.
     """
     removed = {"containers": 0, "images": 0, "directories": 0}
     if docker_available():
@@ -647,6 +791,7 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
             _, images = remove_labelled(client, include_base=True)
             removed["images"] += images
         client.close()
+    removed["processes"] = _kill_orphaned_bwrap(all_owners)
     for path in Path(tempfile.gettempdir()).glob("pivot-envs-*"):
         if not path.name.startswith((BWRAP_PREFIX, DOCKER_PREFIX)):
             continue
@@ -655,6 +800,29 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
             shutil.rmtree(path, ignore_errors=True)
             removed["directories"] += 1
     return removed
+
+
+def _kill_orphaned_bwrap(all_owners: bool = False) -> int:
+    """Kill the bubblewrap sandboxes whose owning process is gone (a crash while one was starting)."""
+    prefix = str(Path(tempfile.gettempdir(), BWRAP_PREFIX)).encode()
+    killed = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(b"bwrap"):
+            continue
+        roots = [arg[len(prefix):].split(b"-")[0] for arg in argv if arg.startswith(prefix)]
+        if roots and (all_owners or not Path(f"/proc/{roots[0].decode()}").exists()):
+            try:
+                os.kill(int(entry.name), 9)
+                killed += 1
+            except ProcessLookupError:
+                continue
+    return killed
 
 
 def _owner_alive(owner: str) -> bool:

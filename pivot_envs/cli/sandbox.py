@@ -1,7 +1,7 @@
 """`pivotrl sandbox`: build the terminal domain's base image, and remove leftover sandboxes.
 
     pivotrl sandbox build-image   # debootstrap root filesystem (+ docker import when a daemon answers); idempotent
-    pivotrl sandbox gc            # remove containers, snapshot images and bubblewrap directories of dead processes
+    pivotrl sandbox gc            # remove containers, snapshot images, bubblewrap sandboxes and directories of dead processes
     pivotrl sandbox gc --all      # ... of every process, this one's included (and --base: the base image too)
 """
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="sandbox_action", metavar="ACTION", required=True)
     build = actions.add_parser("build-image", help="build the Debian base root filesystem and Docker image (idempotent)")
     add_options(build, ImageConfig)
-    gc = actions.add_parser("gc", help="remove labelled containers/images and bubblewrap directories left behind")
+    gc = actions.add_parser("gc", help="remove labelled containers/images and bubblewrap sandboxes/directories left behind")
     add_options(gc, GcConfig)
 
 

@@ -30,6 +30,7 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
         "from pivot_envs.domains.terminal.backends import DockerBackend, BwrapBackend\n"
         "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
         "d = DockerBackend(warm_pool=0); s = d.create(image_tag(), '/app'); s.snapshot()\n"
+        # Dying while the sandbox's bwrap starts can leave its namespace running: gc kills it.
         "b = BwrapBackend(rootfs_path()); b.create('/app')\n"
         "print(d.owner, b.root, flush=True)\n"
         "os._exit(0)\n"
@@ -44,6 +45,10 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
     assert client.containers.list(all=True, filters=mine) == []
     assert client.images.list(filters=mine) == []
     assert not Path(root).exists()
+    deadline = time.monotonic() + 5  # SIGKILLed processes exit asynchronously
+    while _processes_using(root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_using(root)  # the dead process's bubblewrap sandbox was killed
     assert live_sandbox.run("echo still-here").output == "still-here\n"  # a live process's sandboxes stay
     live.close()
     assert client.images.list(filters={"label": [f"{LABEL}=base"]})  # the base image stays without --base
@@ -67,3 +72,15 @@ def test_a_process_that_never_closes_its_backends_leaves_nothing_at_exit(has_doc
     assert client.containers.list(all=True, filters=mine) == []
     assert client.images.list(filters=mine) == []
     assert not Path(bwrap_root).exists() and not Path(docker_root).exists()
+
+
+def _processes_using(root: str) -> list[int]:
+    """Live processes whose command line names `root` (a bubblewrap sandbox's directories)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and root.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

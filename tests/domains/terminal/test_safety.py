@@ -124,6 +124,19 @@ def test_a_host_file_outside_the_sandbox_cannot_be_read(suite):
     serves_next_episode(suite)
 
 
+def test_links_planted_where_the_host_reads_results_are_not_followed(suite):
+    # The host reads the output file and the workspace from the sandbox's directories; a link
+    # planted there must not make it read a host file (or list a host directory) instead.
+    host_file, host_dir = suite["host_file"], suite["host_file"].parent
+    info = attack(suite, f"ln -sfn {host_file} /.pivot/out")
+    assert SECRET not in info["output"]["output"]
+    info = attack(suite, f"mkdir -p /tmp/x && ln -s {host_file} /tmp/x/out && rm -rf /.pivot; ln -sfn /tmp/x /.pivot; "
+                         f"cd / && rm -rf /app; ln -sfn {host_dir} /app")
+    assert SECRET not in info["output"]["output"]
+    assert all("secret" not in change["path"] for change in info["output"]["files_changed"])
+    serves_next_episode(suite)
+
+
 def test_a_network_connection_cannot_be_opened(suite):
     info = attack(suite, "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=1); print('CONNECTED')\"")
     assert "CONNECTED" not in info["output"]["output"] and info["output"]["exit_code"] != 0
