@@ -22,7 +22,7 @@ from pivot_envs.scoring import EnvFactory, EnvPool, resolve_env
 # -- accuracy with a Wilson interval --------------------------------------------------------------------
 
 
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a success rate (95% for z = 1.96); (0, 1) when n = 0."""
     if n <= 0:
         return 0.0, 1.0
@@ -33,9 +33,33 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def effective_size(rewards: Sequence[float], clusters: Sequence[str]) -> float:
+    """The number of independent samples `rewards` are worth when they come in clusters (pivots).
+
+    Samples at one pivot are correlated, so their mean varies more than n independent samples'.
+    The variance of the overall mean is estimated over clusters (the ratio estimator's variance
+    with a C/(C-1) correction) and n_eff = p(1-p) / var: about n for independent samples, about
+    the number of pivots when each pivot's samples all agree. Never more than n.
+    """
+    n = len(rewards)
+    mean = sum(rewards) / n if n else 0.0
+    groups: dict[str, list[float]] = defaultdict(list)
+    for reward, cluster in zip(rewards, clusters):
+        groups[cluster].append(reward)
+    count = len(groups)
+    if count < 2 or count == n or mean in (0.0, 1.0):  # one sample per pivot: independent as they are
+        return float(n)
+    variance = sum((sum(g) - len(g) * mean) ** 2 for g in groups.values()) / (n * n) * count / (count - 1)
+    return float(n) if variance <= 0 else min(float(n), mean * (1.0 - mean) / variance)
+
+
 @dataclass
 class Accuracy:
-    """Mean reward over n scored actions, with its 95% Wilson interval."""
+    """Mean reward over n scored actions, with its 95% Wilson interval.
+
+    With several samples per pivot the interval uses the effective sample size (`effective_size`),
+    since samples at one pivot are not independent.
+    """
 
     mean: float
     n: int
@@ -43,11 +67,13 @@ class Accuracy:
     high: float
 
     @classmethod
-    def of(cls, rewards: Sequence[float]) -> Accuracy:
+    def of(cls, rewards: Sequence[float], clusters: Sequence[str] | None = None) -> Accuracy:
         n = len(rewards)
         total = float(sum(rewards))
-        low, high = wilson_interval(total, n)
-        return cls(total / n if n else 0.0, n, low, high)
+        mean = total / n if n else 0.0
+        size = effective_size(rewards, clusters) if clusters is not None else float(n)
+        low, high = wilson_interval(mean * size, size)
+        return cls(mean, n, low, high)
 
     def __str__(self) -> str:
         return f"{100 * self.mean:5.1f}% [{100 * self.low:5.1f}, {100 * self.high:5.1f}]"
@@ -152,22 +178,25 @@ def evaluate(
         by_domain[pivot.domain].append(pivot)
     report = EvalReport(policy=str(getattr(policy, "name", policy)))
     for mode, n, sampling in _modes(config):
-        pooled: dict[str, list[float]] = {"functional": [], "strict": []}
+        pooled: dict[str, list] = {"functional": [], "strict": [], "clusters": []}
         pooled_invalid = 0
         for domain, members in sorted(by_domain.items()):
             completions = generate_all(policy, members, n, sampling, config.batch_size)
             jobs = [(pivot.id, c.action) for pivot, group in zip(members, completions) for c in group]
             with EnvPool(resolve_env(env, members, **env_kwargs), config.num_envs) as pool:
                 scores = pool.score(jobs)
-            functional = [s.reward for s in scores if s.valid]
-            strict = [s.strict_reward for s in scores if s.valid]
-            invalid = sum(1 for s in scores if not s.valid)
-            report.rows.append(EvalRow(domain, mode, len(members), n, Accuracy.of(functional), Accuracy.of(strict), invalid))
+            kept = [(score, pivot_id) for score, (pivot_id, _) in zip(scores, jobs) if score.valid]
+            functional = [score.reward for score, _ in kept]
+            strict = [score.strict_reward for score, _ in kept]
+            clusters = [pivot_id for _, pivot_id in kept]
+            invalid = len(scores) - len(kept)
+            report.rows.append(EvalRow(domain, mode, len(members), n, Accuracy.of(functional, clusters),
+                                       Accuracy.of(strict, clusters), invalid))
             pooled["functional"] += functional
             pooled["strict"] += strict
+            pooled["clusters"] += clusters
             pooled_invalid += invalid
         if len(by_domain) > 1:
-            report.rows.append(
-                EvalRow("all", mode, len(pivots), n, Accuracy.of(pooled["functional"]), Accuracy.of(pooled["strict"]), pooled_invalid)
-            )
+            report.rows.append(EvalRow("all", mode, len(pivots), n, Accuracy.of(pooled["functional"], pooled["clusters"]),
+                                       Accuracy.of(pooled["strict"], pooled["clusters"]), pooled_invalid))
     return report

@@ -9,7 +9,7 @@ from echo_domain import EchoEnv, real_pivots
 
 from pivot_envs.chat import calls_of
 from pivot_envs.env import InfrastructureError, Outcome
-from pivot_envs.evaluate import EvalConfig, evaluate, wilson_interval
+from pivot_envs.evaluate import Accuracy, EvalConfig, effective_size, evaluate, wilson_interval
 from pivot_envs.policy import Completion
 from pivot_envs.scoring import EnvPool
 from pivot_envs.verifiers import Verdict
@@ -68,6 +68,24 @@ def test_wilson_interval_matches_the_closed_form():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
+def test_samples_that_agree_within_each_pivot_count_as_one_per_pivot():
+    # 10 pivots x 8 samples, each pivot all right or all wrong: 80 scores worth about 10.
+    rewards = [float(pivot < 4) for pivot in range(10) for _ in range(8)]
+    clusters = [f"p{pivot}" for pivot in range(10) for _ in range(8)]
+    assert effective_size(rewards, clusters) == pytest.approx(9.0)  # C - 1, with the small-sample correction
+    clustered = Accuracy.of(rewards, clusters)
+    assert clustered.n == 80 and clustered.mean == pytest.approx(0.4)
+    assert clustered.high - clustered.low > 2.5 * (Accuracy.of(rewards).high - Accuracy.of(rewards).low) / 2
+
+
+def test_samples_that_vary_within_each_pivot_keep_about_their_count():
+    # The same rate at every pivot, with the successes spread over the samples: near-independent.
+    rewards = [float((pivot + sample) % 5 < 2) for pivot in range(10) for sample in range(10)]
+    clusters = [f"p{pivot}" for pivot in range(10) for _ in range(10)]
+    assert effective_size(rewards, clusters) == pytest.approx(100.0)
+    assert effective_size([1.0, 1.0, 1.0], ["a", "a", "b"]) == 3.0  # no variance: the plain count
+
+
 def test_the_expert_policy_is_fully_accurate():
     pivots = real_pivots()
     report = evaluate(expert_on(pivots, {p.id for p in pivots}), pivots, env=lambda: EchoEnv(pivots))
@@ -90,6 +108,8 @@ def test_greedy_and_sampled_modes_ask_the_policy_for_what_they_score():
     greedy, sampled = report.row("echo", "greedy"), report.row("echo", "sampled")
     assert greedy.functional.mean == 1.0 and greedy.functional.n == 5
     assert sampled.functional.mean == pytest.approx(1 / 3) and sampled.functional.n == 15
+    # Every pivot has the same 1-in-3 rate: the interval is that of 15 near-independent samples.
+    assert (sampled.functional.low, sampled.functional.high) == pytest.approx(wilson_interval(5, 15))
     assert {(n, t) for _, n, t in policy.calls} == {(1, 0.0), (3, 0.7)}
     assert max(size for size, _, _ in policy.calls) == 2
 
