@@ -221,13 +221,14 @@ exit 0
 # followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A command then
 # costs a bash fork in the sandbox instead of a `docker exec` through the daemon or a new bwrap.
 # The channel is mounted read-only, so commands cannot remove it.
+# The server ignores SIGPIPE (the host may stop reading); commands get the default back.
 SERVER = r"""
 trap '' PIPE
 while :; do
   args=()
   while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
   [ "${#args[@]}" -gt 7 ] || continue
-  { ( cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; eval "$PIVOT_RUNNER" )
+  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; eval "$PIVOT_RUNNER" )
     printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
 done
 """

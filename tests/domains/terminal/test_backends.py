@@ -60,6 +60,11 @@ def test_stdin_is_closed_and_pagers_and_colours_are_off(sandbox):
     assert result.output == "cat cat dumb 1\n"
 
 
+def test_commands_see_a_closed_pipe_as_a_normal_shell_does(sandbox):
+    # SIGPIPE has its default action: `yes` dies quietly (141) when `head` stops reading.
+    assert sandbox.run("yes | head -1; echo ${PIPESTATUS[@]}").output == "y\n141 0\n"
+
+
 def test_long_output_keeps_head_and_tail_with_a_marker(sandbox):
     result = sandbox.run("seq 1 100000")
     assert result.output.startswith("1\n2\n3\n")
