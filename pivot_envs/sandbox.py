@@ -70,6 +70,7 @@ class SandboxLimits:
     cpu_seconds: int = option(60, "CPU time per process in seconds (RLIMIT_CPU)")
     processes: int = option(128, "process-count limit (Docker pids limit; bubblewrap RLIMIT_NPROC above the current count)")
     file_mb: int = option(64, "largest file a command may write in MB (RLIMIT_FSIZE): bounds disk filling and endless output")
+    disk_mb: int = option(1024, "most a sandbox may write in all, in MB: a command over it is killed (checked every 0.1 s)")
     manifest_files: int = option(5000, "at most this many workspace entries are compared for file changes")
 
 
@@ -319,6 +320,28 @@ def _inside(path: str | os.PathLike, root: str | os.PathLike | None) -> bool:
     if root is None:
         return True
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
+def disk_usage(root: str | os.PathLike, stop_above: int | None = None) -> int:
+    """Bytes allocated under `root` (links not followed); stops counting once above `stop_above`."""
+    total, pending = 0, [os.fspath(root)]
+    while pending:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += info.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+        if stop_above is not None and total > stop_above:
+            break
+    return total
 
 
 def _join_cut(body: bytes, cut: int, limit: int) -> str:

@@ -49,6 +49,7 @@ from pivot_envs.sandbox import (
     SandboxError,
     SandboxLimits,
     Snapshot,
+    disk_usage,
     new_marker,
     parse_runner_output,
     result_from_files,
@@ -129,14 +130,15 @@ def _fifo_channel(parent: Path, owner: int | None = None) -> Path:
 
 
 def call_server(channel: Path, args: list[str], deadline: float, name: str,
-                alive: Callable[[], bool] | None = None) -> tuple[bytes, int | None]:
+                alive: Callable[[], bool] | None = None, check: Callable[[], str] | None = None) -> tuple[bytes, int | None]:
     """Send the runner's arguments to a sandbox's command server; returns (reply, exit status or None).
 
     The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading stops
     there, so a process that holds the reply FIFO open cannot hold the call. None: the server
     closed the reply without a trailer (the command killed it, e.g. `kill -9 -1`). A server that
-    does not take the request, or does not finish before `deadline`, raises SandboxError
-    (TimeoutError-derived `ServerTimeout` for the latter).
+    does not take the request raises SandboxError; one that does not finish before `deadline`
+    raises `ServerTimeout`. While the command runs, `check()` is called every CHECK_EVERY seconds;
+    a non-empty answer (a limit the command broke) raises `LimitExceeded` with it.
     """
     trailer = re.compile(rb"\n%s exit (\d+)\n$" % re.escape(args[7].encode()))
     # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
@@ -155,11 +157,17 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
             handle.write(b"".join(arg.encode() + b"\0" for arg in args))
         chunks, poller = bytearray(), select.poll()
         poller.register(reply, select.POLLIN | select.POLLHUP)
+        next_check = time.monotonic() + CHECK_EVERY
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 raise ServerTimeout(f"the command server of {name} did not reply in time")
-            if not poller.poll(min(left, 0.5) * 1000):
+            if check is not None and now >= next_check:
+                broken = check()
+                if broken:
+                    raise LimitExceeded(broken)
+                next_check = time.monotonic() + CHECK_EVERY
+            if not poller.poll(max(min(deadline, next_check) - now, 0.0) * 1000):
                 continue
             chunk = os.read(reply, 1 << 16)
             if not chunk:
@@ -188,6 +196,24 @@ def _wait_closed(reply: int, poller: select.poll, until: float) -> None:
 
 class ServerTimeout(SandboxError):
     """A command server did not reply before its deadline (the runner's own timeout did not end it)."""
+
+
+class LimitExceeded(SandboxError):
+    """The running command broke a limit the host watches (the disk limit); the caller kills it."""
+
+
+# How often the host checks a running command's disk use.
+CHECK_EVERY = 0.1
+
+
+def _disk_check(root: Path, limits: SandboxLimits) -> Callable[[], str]:
+    limit = limits.disk_mb * 1024 * 1024
+
+    def check() -> str:
+        used = disk_usage(root, stop_above=limit)
+        return f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed" if used > limit else ""
+
+    return check
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,11 +481,14 @@ class BwrapSandbox:
         start = time.monotonic()
         try:
             # The runner kills the command at `timeout`; the deadline only catches a wedged server.
-            _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox", server.alive)
+            _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox", server.alive,
+                                       _disk_check(self.directory, limits))
             note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
-        except ServerTimeout:
+        except (ServerTimeout, LimitExceeded) as error:
+            # Killing the sandbox ends the command and whatever it started; the files stay.
             self.owner.stop_server(server)
-            self.server, exit_code, note = None, 137, "\n[the sandbox did not answer: killed]\n"
+            broken = str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
+            self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
         except SandboxError as error:
             stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace") if server.channel.exists() else ""
             if stderr.startswith("bwrap:"):
@@ -674,8 +703,11 @@ class DockerSandbox:
         self.closed = False
         # With overlay2 and a local daemon, the container's filesystem is readable from here: the
         # output and the file manifest are then read directly, with no process in the container.
-        merged = container.attrs.get("GraphDriver", {}).get("Data", {}).get("MergedDir") if channel else None
+        layers = container.attrs.get("GraphDriver", {}).get("Data", {}) if channel else {}
+        merged, upper = layers.get("MergedDir"), layers.get("UpperDir")
         self.merged = Path(merged) if merged and os.access(merged, os.R_OK | os.X_OK) else None
+        # The container's writable layer: what its commands wrote, watched against the disk limit.
+        self.upper = Path(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
 
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
         """Run one command (see pivot_envs.sandbox.Sandbox.run): through the channel, else `docker exec`."""
@@ -688,15 +720,22 @@ class DockerSandbox:
         name = f"container {self.container.short_id}"
         if self.channel is not None and self.merged is not None:
             argv = runner_argv(command, timeout, limits, marker, report=False)
-            _, exit_code = call_server(self.channel, argv[4:], start + timeout + 30, name)
-            workspace = self.merged / self.workdir.lstrip("/") if files else None
+            check = _disk_check(self.upper, limits) if self.upper is not None else None
             # No trailer: the request was taken, then the server died (the command killed every
             # process, e.g. `kill -9 -1`): the command's doing, reported like a SIGKILL.
+            note = "the command killed the sandbox's processes"
+            try:
+                _, exit_code = call_server(self.channel, argv[4:], start + timeout + 30, name, check=check)
+            except LimitExceeded as error:
+                # Restarting the container kills every process in it and keeps its files.
+                self.container.restart(timeout=0)
+                exit_code, note = None, str(error)
+            workspace = self.merged / self.workdir.lstrip("/") if files else None
             result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command,
                                        137 if exit_code is None else exit_code, limits, timeout, time.monotonic() - start,
                                        within=self.merged)
             if exit_code is None:
-                result.output += "\n[the command killed the sandbox's processes]\n"
+                result.output += f"\n[{note}]\n"
             return result
         argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
         if self.channel is not None:

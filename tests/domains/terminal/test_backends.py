@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from pivot_envs.domains.terminal.backends import LABEL, OWNER_LABEL
@@ -52,6 +53,14 @@ def test_the_timeout_kills_the_whole_process_tree(sandbox):
     assert time.monotonic() - start < 5
     time.sleep(2.5)
     assert sandbox.run("ls /app").output == ""
+
+
+def test_a_command_over_the_disk_limit_is_killed_and_the_sandbox_keeps_its_files(backend, sandbox):
+    backend.limits = dataclasses.replace(backend.limits, disk_mb=40)
+    result = sandbox.run("for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; done; echo finished")
+    assert result.exit_code == 137 and "disk limit (40 MB)" in result.output and "finished" not in result.output
+    after = sandbox.run("ls big* | wc -l; rm big*; echo next")
+    assert 5 <= int(after.output.split()[0]) < 100 and after.output.endswith("next\n")
 
 
 def test_stdin_is_closed_and_pagers_and_colours_are_off(sandbox):

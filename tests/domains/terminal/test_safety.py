@@ -15,7 +15,7 @@ from pivot_envs.domains.terminal.backends import BWRAP_PREFIX, DOCKER_PREFIX, LA
 from pivot_envs.sandbox import SandboxLimits
 
 PIVOT = "terminal/count-error-lines/t1"
-LIMITS = SandboxLimits(timeout=2.0, processes=64, file_mb=16, memory_mb=512)
+LIMITS = SandboxLimits(timeout=2.0, processes=64, file_mb=16, memory_mb=512, disk_mb=100)
 SECRET = "host-secret-4f1c9"
 
 
@@ -150,6 +150,16 @@ def test_filling_the_disk_stops_at_the_file_size_limit(suite):
     assert str(LIMITS.file_mb * 1024 * 1024) in info["output"]["output"]
     block = os.statvfs(tempfile.gettempdir()).f_frsize
     assert (free_before - os.statvfs(tempfile.gettempdir()).f_bavail) * block < 200 * 1024 * 1024
+    serves_next_episode(suite)
+
+
+def test_filling_the_disk_with_many_files_stops_at_the_disk_limit(suite):
+    info = attack(suite, "for i in $(seq 1 400); do head -c 16M /dev/zero > /app/f$i; done; echo finished; sleep 30")
+    output = info["output"]["output"]
+    assert "finished" not in output and "disk limit (100 MB)" in output, output[-300:]
+    assert info["output"]["exit_code"] == 137 and not info["output"]["timed_out"]
+    written = sum(change["path"].startswith("f") for change in info["output"]["files_changed"]) * 16
+    assert 100 <= written < 400  # stopped within a few checks of the limit, long before 400 files
     serves_next_episode(suite)
 
 
