@@ -7,7 +7,9 @@ them through the envs, normalise the rewards per group, update, log, evaluate, c
 
 A pivot's group shares one long prefix (the state s) and differs only in short actions, so the
 prefix runs once per group, with gradients, and its key/value cache is shared by the G actions
-(`action_logprobs`); `sequence_logprobs` is the naive per-sequence computation it equals.
+(`action_logprobs`); `sequence_logprobs` is the naive per-sequence computation it equals. The
+update packs several groups into one pass (`groups_logprobs`: their prefixes in one forward, all
+their actions in a second, one backward), so a GPU runs few large kernels instead of many small ones.
 The tokens trained on are the tokens sampled: `Completion.prompt_token_ids + token_ids`.
 """
 
@@ -50,6 +52,14 @@ class GRPOConfig:
     std_epsilon: float = option(1e-4, "epsilon_std added to the group's reward std (Eq. 1)")
     scale_by_std: bool = option(True, "divide by the group's reward std (Eq. 1); off gives Dr. GRPO's unscaled advantage")
     max_grad_norm: float = option(1.0, "clip the gradient's global norm to this (0 disables)")
+    tokens_per_pass: int = option(
+        8192,
+        "padded tokens per forward/backward of the update: groups are packed into one pass (their prefixes in one "
+        "forward, all their actions in a second) while groups x longest prefix + actions x longest action stays "
+        "within it; a larger group runs alone. More per pass: fewer, larger passes, much faster on a GPU (small "
+        "passes are launch-bound), little gain on a CPU; peak activation memory grows in proportion. 0: one group "
+        "per pass",
+    )
     seed: int = option(0, "seed of pivot sampling, action sampling and torch")
     lora: bool = option(False, "train LoRA adapters (peft) instead of all weights; the reference is the base model")
     lora_rank: int = option(16, "LoRA rank r")
@@ -111,16 +121,16 @@ def group_advantages(
 # -- log pi(a_i | s) with the prefix shared across the group ---------------------------------------
 
 
-def _pad(actions: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
-    """Right-padded action ids [G, T] and their mask."""
+def _pad(rows: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
+    """Right-padded ids [N, T] and their mask."""
     import torch
 
-    width = max(len(a) for a in actions)
-    ids = torch.zeros(len(actions), width, dtype=torch.long, device=device)
-    mask = torch.zeros(len(actions), width, dtype=torch.bool, device=device)
-    for i, action in enumerate(actions):
-        ids[i, : len(action)] = torch.tensor(list(action), dtype=torch.long, device=device)
-        mask[i, : len(action)] = True
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(list(row), dtype=torch.long, device=device)
+        mask[i, : len(row)] = True
     return ids, mask
 
 
@@ -140,36 +150,58 @@ def token_entropy(logits: Any, temperature: float = 1.0) -> Any:
         return -(torch.exp(logits - logz) * (logits - logz)).sum(-1)
 
 
-def action_logprobs(
-    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0, entropy: bool = False
+def groups_logprobs(
+    model: Any,
+    groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+    temperature: float = 1.0,
+    entropy: bool = False,
 ) -> tuple[Any, Any, Any]:
-    """Per-token log pi(a_i | s) of G actions after one shared prefix, computed with the prefix run once.
+    """Per-token log pi(a_i | s) of several groups' actions, each group (s, [a_1..a_G]) after its own prefix,
+    in two forward passes: every prefix runs once, all the actions run together.
 
-    The prefix s runs once (batch 1) and keeps its key/value cache; the cache is repeated to G rows
-    (`batch_repeat_interleave`, which stays in the autograd graph, so the prefix gets the gradients
-    of all G actions) and the right-padded actions run on top with their attention mask and
-    positions P, P+1, ... The first action token is predicted by the prefix's last position, so the
-    last action token is never an input. Returns (logprobs [G, T], mask [G, T], entropy [G, T] or None),
-    equal to `sequence_logprobs` up to float rounding.
+    The prefixes run in one pass (right-padded to the longest, with their attention mask) and keep
+    their key/value cache. Each group's cache rows are repeated to its G actions (`batch_select_indices`,
+    an index that stays in the autograd graph, so a prefix gets the gradients of all its actions), and
+    the right-padded actions of every group run in one pass on top, at positions P, P+1, ... after their
+    own prefix's length P, attending to their own prefix's tokens (mask = prefix mask | action mask).
+    The first action token is predicted by its prefix's last position, so the last action token is
+    never an input. Returns (logprobs [R, T], mask [R, T], entropy [R, T] or None), one row per action
+    in group order; each group's rows equal its `sequence_logprobs` up to float rounding.
     """
     import torch
 
     device = next(model.parameters()).device
-    ids, mask = _pad(actions, device)
-    group, width = ids.shape
-    prefix = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
-    out = model(input_ids=prefix, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1:, :].expand(group, 1, -1)
+    prefixes, prefix_mask = _pad([prefix for prefix, _ in groups], device)
+    ids, mask = _pad([action for _, actions in groups for action in actions], device)
+    width = ids.shape[1]
+    lengths = prefix_mask.sum(1)
+    # row r of the actions belongs to group rows[r]
+    rows = torch.repeat_interleave(torch.tensor([len(actions) for _, actions in groups], device=device))
+    positions = torch.arange(prefixes.shape[1], device=device).expand_as(prefixes)
+    out = model(input_ids=prefixes, attention_mask=prefix_mask.long(), position_ids=positions, use_cache=True,
+                logits_to_keep=(lengths - 1)[:, None])  # each prefix's last position only
+    logits = out.logits[rows]
     if width > 1:
         cache = out.past_key_values
-        cache.batch_repeat_interleave(group)
-        inputs, length = ids[:, :-1], prefix.shape[1]
-        attention = torch.cat([torch.ones(group, length, dtype=torch.long, device=device), mask[:, :-1].long()], dim=1)
-        positions = torch.arange(length, length + width - 1, device=device).expand(group, -1)
-        rest = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True)
+        cache.batch_select_indices(rows)
+        attention = torch.cat([prefix_mask[rows], mask[:, :-1]], dim=1).long()
+        positions = lengths[rows, None] + torch.arange(width - 1, device=device)
+        rest = model(input_ids=ids[:, :-1], attention_mask=attention, position_ids=positions, past_key_values=cache,
+                     use_cache=True)
         logits = torch.cat([logits, rest.logits], dim=1)
     logprobs = token_logprobs(logits, ids, temperature)
     return logprobs, mask, token_entropy(logits, temperature) if entropy else None
+
+
+def action_logprobs(
+    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0, entropy: bool = False
+) -> tuple[Any, Any, Any]:
+    """Per-token log pi(a_i | s) of one group's G actions after its shared prefix: `groups_logprobs` of one group.
+
+    The prefix runs once with its key/value cache shared by the G actions. Returns (logprobs [G, T],
+    mask [G, T], entropy [G, T] or None), equal to `sequence_logprobs` up to float rounding.
+    """
+    return groups_logprobs(model, [(prefix_ids, actions)], temperature, entropy)
 
 
 def sequence_logprobs(
@@ -235,8 +267,6 @@ class Group:
     prefix: list[int]
     actions: list[list[int]]
     advantages: list[float]
-    old_logprobs: Any = None
-    ref_logprobs: Any = None
 
 
 def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[float], valid: Sequence[bool]) -> Group:
@@ -274,14 +304,15 @@ def _reference(model: Any, config: GRPOConfig) -> Any:
     return reference.eval()
 
 
-def _reference_logprobs(model: Any, reference: Any, group: Group, config: GRPOConfig) -> Any:
+def _reference_logprobs(model: Any, reference: Any, groups: Sequence[Group], config: GRPOConfig) -> Any:
     import torch
 
+    pairs = [(g.prefix, g.actions) for g in groups]
     with torch.no_grad():
         if reference is not None:
-            return action_logprobs(reference, group.prefix, group.actions, config.temperature)[0]
+            return groups_logprobs(reference, pairs, config.temperature)[0]
         with model.disable_adapter():
-            return action_logprobs(model, group.prefix, group.actions, config.temperature)[0]
+            return groups_logprobs(model, pairs, config.temperature)[0]
 
 
 def _base_of(model: Any) -> Any:
@@ -402,31 +433,57 @@ class MetricsLog:
 # -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
 
 
+def pack_groups(groups: Sequence[Group], tokens_per_pass: int) -> list[list[Group]]:
+    """The groups of a batch split into passes of at most `tokens_per_pass` padded tokens each.
+
+    A pass of k groups with R actions costs k x (longest prefix) + R x (longest action) tokens: what
+    `groups_logprobs` pads to. Groups are taken longest prefix first, so the groups padded together
+    have similar prefixes; a group over the budget runs alone; `tokens_per_pass` 0 gives one group per pass.
+    """
+    passes: list[list[Group]] = []
+    for group in sorted(groups, key=lambda g: len(g.prefix), reverse=True):
+        if passes:
+            candidate = passes[-1] + [group]
+            cost = len(candidate) * max(len(g.prefix) for g in candidate) + sum(len(g.actions) for g in candidate) * max(
+                len(a) for g in candidate for a in g.actions
+            )
+            if cost <= tokens_per_pass:
+                passes[-1] = candidate
+                continue
+        passes.append([group])
+    return passes
+
+
 def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
     """`config.iterations` AdamW steps on the batch's groups; returns the loss and its statistics.
 
     The loss is summed over every action token of the batch and divided by their number (token-level
-    aggregation), one backward per group so only one group's activations are alive at a time.
+    aggregation). The groups are packed into passes of at most `config.tokens_per_pass` padded tokens
+    (`pack_groups`): per pass, one forward over the prefixes, one over the actions, one backward, so
+    only one pass's activations are alive at a time.
     """
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     tokens = sum(len(a) for g in groups for a in g.actions)
+    passes = pack_groups(groups, config.tokens_per_pass)
+    old_logprobs, ref_logprobs = [], []  # per pass, fixed by the first iteration
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     for iteration in range(config.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for group in groups:
-            logprobs, mask, entropy = action_logprobs(model, group.prefix, group.actions, config.temperature, entropy=iteration == 0)
+        for index, chunk in enumerate(passes):
+            logprobs, mask, entropy = groups_logprobs(
+                model, [(g.prefix, g.actions) for g in chunk], config.temperature, entropy=iteration == 0
+            )
             if iteration == 0:
                 # pi_theta_old is the policy that sampled: the weights before this batch's first step.
-                group.old_logprobs = logprobs.detach()
-                if config.beta > 0.0:
-                    group.ref_logprobs = _reference_logprobs(model, reference, group, config)
+                old_logprobs.append(logprobs.detach())
+                ref_logprobs.append(_reference_logprobs(model, reference, chunk, config) if config.beta > 0.0 else None)
                 totals["entropy"] += float((entropy * mask).sum()) / tokens
-            advantages = torch.tensor(group.advantages, dtype=logprobs.dtype, device=logprobs.device)
+            advantages = torch.tensor([a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device)
             loss, stats = clipped_loss(
-                logprobs, group.old_logprobs, advantages, mask, config.epsilon_low, config.epsilon_high,
-                config.beta, group.ref_logprobs,
+                logprobs, old_logprobs[index], advantages, mask, config.epsilon_low, config.epsilon_high,
+                config.beta, ref_logprobs[index],
             )
             (loss / tokens).backward()
             totals["loss"] += float(loss.detach()) / tokens / config.iterations

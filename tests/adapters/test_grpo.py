@@ -14,14 +14,17 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
 from pivot_envs.adapters.grpo import (  # noqa: E402
+    Group,
     GRPOConfig,
     action_logprobs,
     build_group,
     clipped_loss,
     group_advantages,
     latest_checkpoint,
+    pack_groups,
     plot_metrics,
     train,
+    update,
 )
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
 
@@ -149,6 +152,53 @@ def test_invalid_samples_are_dropped_from_the_update():
     completions = [Completion("a", token_ids=[1], prompt_token_ids=[9]), Completion("b", token_ids=[2], prompt_token_ids=[9])]
     group = build_group("p/1", completions, [0.5, 0.0], [True, False])
     assert group.actions == [[1]] and group.advantages == [0.5]
+
+
+# -- passes of several groups ----------------------------------------------------------------------
+
+
+def _groups(seed: int, shapes) -> list[Group]:
+    """Groups of random ids: shapes is [(prefix length, [action lengths])]."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n):
+        return torch.randint(0, 500, (n,), generator=generator).tolist()
+
+    return [Group(f"p/{i}", ids(prefix), [ids(n) for n in actions], [(-1.0) ** j for j in range(len(actions))])
+            for i, (prefix, actions) in enumerate(shapes)]
+
+
+def test_groups_are_packed_into_passes_within_the_token_budget():
+    groups = _groups(0, [(100, [10, 4]), (30, [5]), (80, [8, 8, 2]), (20, [1, 3])])
+    # longest prefix first; 100 and 80 together pad to 2 x 100 + 5 actions x 10 = 250 tokens
+    assert [[len(g.prefix) for g in chunk] for chunk in pack_groups(groups, 250)] == [[100, 80], [30, 20]]
+    passes = pack_groups(groups, 249)
+    assert sorted(id(g) for chunk in passes for g in chunk) == sorted(id(g) for g in groups)
+    assert [[len(g.prefix) for g in chunk] for chunk in passes] == [[100], [80, 30], [20]]
+    for chunk in passes[1:]:  # what groups_logprobs pads to
+        actions = [a for g in chunk for a in g.actions]
+        assert len(chunk) * max(len(g.prefix) for g in chunk) + len(actions) * max(map(len, actions)) <= 249
+    assert pack_groups(groups, 0) == [[g] for g in sorted(groups, key=lambda g: -len(g.prefix))]
+    assert pack_groups(groups, 10**6) == [sorted(groups, key=lambda g: -len(g.prefix))]
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pass(tokenizer, beta):
+    groups = _groups(1, [(40, [6, 1, 3]), (9, [4]), (25, [1, 7])])
+    initial = tiny_policy(tokenizer).model.state_dict()
+    results = []
+    for tokens_per_pass in (0, 10**6):
+        model = tiny_policy(tokenizer).model
+        reference = tiny_policy(tokenizer, seed=1).model if beta else None  # another model: KL > 0
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # linear in the gradients, unlike Adam's first step
+        stats = update(model, reference, optimizer, groups, GRPOConfig(tokens_per_pass=tokens_per_pass, iterations=2, beta=beta))
+        results.append((stats, {k: v - initial[k] for k, v in model.state_dict().items()}))
+    (one, one_steps), (packed, packed_steps) = results
+    assert packed == pytest.approx(one, rel=1e-4, abs=1e-7)
+    assert packed["grad_norm"] > 0 and (packed["kl"] > 0) == (beta > 0)
+    difference = torch.sqrt(sum(((packed_steps[k] - one_steps[k]) ** 2).sum() for k in one_steps))
+    norm = torch.sqrt(sum((step**2).sum() for step in one_steps.values()))
+    assert norm > 0 and difference / norm < 1e-5
 
 
 # -- the loop -----------------------------------------------------------------------------------------
