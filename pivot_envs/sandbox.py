@@ -180,7 +180,8 @@ def new_marker() -> str:
     return "PIVOT" + secrets.token_hex(8)
 
 
-# The runner. Positional arguments: $1 command, $2 timeout (s), $3 output bytes kept (0: leave the
+# The runner. Positional arguments: $1 command, $2 timeout (s; "host": the host enforces it by
+# killing the runner's process group, which then needs no `timeout` and no second bash), $3 output bytes kept (0: leave the
 # output in /.pivot/out for the host to read, and exit with the command's status), $4 file size
 # limit (KB), $5 process limit (0: none), $6 address-space limit (KB, 0: none), $7 CPU seconds,
 # $8 marker, $9 workspace to list in the manifest ("" for none), ${10} manifest entries.
@@ -198,6 +199,13 @@ ulimit -f "$4" 2>/dev/null
 [ "$5" -gt 0 ] && ulimit -u "$5" 2>/dev/null
 [ "$6" -gt 0 ] && ulimit -v "$6" 2>/dev/null
 ulimit -t "$7" 2>/dev/null
+if [ "$2" = host ]; then  # the host kills this process group at the time limit: no timeout process
+  exec >/.pivot/out 2>&1 </dev/null
+  set -- "$1"
+  unset args arg
+  eval "$PIVOT_INNER"
+  exit
+fi
 if [ "$3" = 0 ]; then
   exec timeout -s KILL "$2" bash -c "$PIVOT_INNER" pivot "$1" >/.pivot/out 2>&1 </dev/null
 fi
@@ -222,9 +230,11 @@ exit 0
 # followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A command then
 # costs a bash fork in the sandbox instead of a `docker exec` through the daemon or a new bwrap.
 # The channel is mounted read-only, so commands cannot remove it.
-# The server ignores SIGPIPE (the host may stop reading); commands get the default back.
+# The server ignores SIGPIPE (the host may stop reading); commands get the default back. Job
+# control (set -m) runs each request in a process group of its own, which the host can kill.
 SERVER = r"""
 trap '' PIPE
+set -m
 while :; do
   args=()
   while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
@@ -236,9 +246,12 @@ done
 CHANNEL_DIR = "/.pivot-chan"
 
 
-def runner_argv(command: str, timeout: float, limits: SandboxLimits, marker: str, manifest_dir: str = "",
+def runner_argv(command: str, timeout: float | None, limits: SandboxLimits, marker: str, manifest_dir: str = "",
                 nproc: int = 0, address_space_kb: int = 0, report: bool = True) -> list[str]:
     """The argv that runs `command` through the runner inside a sandbox.
+
+    timeout=None: the caller enforces the time limit by killing the runner's process group (only
+    with report=False, through the command server).
 
     report=True: the runner prints a header, the cut output and the manifest (Docker without a
     readable container filesystem).
@@ -246,7 +259,7 @@ def runner_argv(command: str, timeout: float, limits: SandboxLimits, marker: str
     backends that read the sandbox's files from the host (bubblewrap, local Docker).
     """
     return [
-        "bash", "-c", RUNNER, "pivot-runner", command, f"{max(timeout, 0.1):.3f}",
+        "bash", "-c", RUNNER, "pivot-runner", command, "host" if timeout is None else f"{max(timeout, 0.1):.3f}",
         str(limits.output_bytes if report else 0),
         str(limits.file_mb * 1024), str(nproc), str(address_space_kb), str(limits.cpu_seconds), marker,
         manifest_dir, str(limits.manifest_files),

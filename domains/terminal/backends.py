@@ -130,7 +130,8 @@ def _fifo_channel(parent: Path, owner: int | None = None) -> Path:
 
 
 def call_server(channel: Path, args: list[str], deadline: float, name: str,
-                alive: Callable[[], bool] | None = None, check: Callable[[], str] | None = None) -> tuple[bytes, int | None]:
+                alive: Callable[[], bool] | None = None, check: Callable[[], str] | None = None,
+                kill_at: float | None = None, kill: Callable[[], None] | None = None) -> tuple[bytes, int | None]:
     """Send the runner's arguments to a sandbox's command server; returns (reply, exit status or None).
 
     The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading stops
@@ -138,7 +139,8 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
     closed the reply without a trailer (the command killed it, e.g. `kill -9 -1`). A server that
     does not take the request raises SandboxError; one that does not finish before `deadline`
     raises `ServerTimeout`. While the command runs, `check()` is called every CHECK_EVERY seconds;
-    a non-empty answer (a limit the command broke) raises `LimitExceeded` with it.
+    a non-empty answer (a limit the command broke) raises `LimitExceeded` with it. At `kill_at`,
+    `kill()` is called once (it ends the command: the time limit) and the reply is still awaited.
     """
     trailer = re.compile(rb"\n%s exit (\d+)\n$" % re.escape(args[7].encode()))
     # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
@@ -158,16 +160,21 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
         chunks, poller = bytearray(), select.poll()
         poller.register(reply, select.POLLIN | select.POLLHUP)
         next_check = time.monotonic() + CHECK_EVERY
+        kill_at = kill_at if kill is not None else None
         while True:
             now = time.monotonic()
             if now >= deadline:
                 raise ServerTimeout(f"the command server of {name} did not reply in time")
+            if kill_at is not None and now >= kill_at:
+                kill()
+                kill_at = None
             if check is not None and now >= next_check:
                 broken = check()
                 if broken:
                     raise LimitExceeded(broken)
                 next_check = time.monotonic() + CHECK_EVERY
-            if not poller.poll(max(min(deadline, next_check) - now, 0.0) * 1000):
+            wake = min(deadline, next_check, kill_at if kill_at is not None else deadline)
+            if not poller.poll(max(wake - now, 0.0) * 1000):
                 continue
             chunk = os.read(reply, 1 << 16)
             if not chunk:
@@ -230,6 +237,17 @@ class _Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def kill_request(self) -> None:
+        """Kill the process group of the request the server is running (the time limit)."""
+        for init in _children(self.process.pid):
+            for shell in _children(init):
+                if _cmdline(shell).startswith(b"bash\0-c\0" + SERVER.encode()[:40]):
+                    for job in _children(shell):  # each request runs in a process group of its own (set -m)
+                        try:
+                            os.killpg(job, 9)
+                        except (ProcessLookupError, PermissionError):
+                            continue
+
     def kill(self) -> None:
         """Kill the sandbox's PID namespace, so every process in it; the bwrap then exits by itself."""
         # Killing the namespace's init (bwrap's child) lets bwrap reap it and exit: killing bwrap
@@ -259,6 +277,13 @@ class _Server:
             self.process.kill()
             self.process.wait()
         shutil.rmtree(self.channel, ignore_errors=True)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _children(pid: int) -> list[int]:
@@ -296,7 +321,7 @@ class BwrapBackend:
         self._pools: dict[str, queue.SimpleQueue] = {}
         self._servers: set[_Server] = set()
         self._lock = threading.Lock()
-        self._workers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pivot-bwrap")
+        self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
         self._closed = False
         # A backend that is never closed still kills its sandboxes and removes its directories
         # when collected or at exit.
@@ -476,13 +501,13 @@ class BwrapSandbox:
             self.server = self.owner.start_server(self.directory, self.workdir)
         server = self.server
         nproc = _user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
-        args = runner_argv(command, timeout, limits, new_marker(), nproc=nproc,
+        args = runner_argv(command, None, limits, new_marker(), nproc=nproc,
                            address_space_kb=limits.memory_mb * 1024, report=False)[4:]
         start = time.monotonic()
         try:
-            # The runner kills the command at `timeout`; the deadline only catches a wedged server.
+            # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
             _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox", server.alive,
-                                       _disk_check(self.directory, limits))
+                                       _disk_check(self.directory, limits), start + timeout, server.kill_request)
             note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
         except (ServerTimeout, LimitExceeded) as error:
             # Killing the sandbox ends the command and whatever it started; the files stay.
