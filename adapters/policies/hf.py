@@ -1,10 +1,11 @@
 """The transformers generation backend: `HFPolicy` (CPU or CUDA), the embedded default.
 
 A pivot's prompt is a long shared prefix (the conversation so far) followed by n short sampled
-actions. `generate` prefills each prompt once and shares its KV cache across the n samples
-(`DynamicCache.batch_repeat_interleave(n)`), instead of recomputing the prefix n times as
-`model.generate(num_return_sequences=n)` does. The sampling loop is written out here so every
-completion carries the exact log-probability of each sampled token under the model.
+actions. `generate` prefills each prompt once and shares its KV cache across the n samples (the
+cache's rows repeated n times into a preallocated `StaticCache` that the decode steps fill in
+place), instead of recomputing the prefix n times as `model.generate(num_return_sequences=n)`
+does. The sampling loop is written out here so every completion carries the exact
+log-probability of each sampled token under the model.
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ class HFPolicy:
         if not self.share_prefix:  # the naive way, kept for comparison: prefill every sample's copy
             ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        rows = len(prompts) * n
-        sampled = torch.full((rows, max(sampling.max_new_tokens, 0)), self.pad_id, dtype=torch.long, device=device)
+        rows, steps = len(prompts) * n, max(sampling.max_new_tokens, 0)
+        sampled = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(sampled.shape, dtype=torch.float32, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -161,14 +162,13 @@ class HFPolicy:
             result = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
             )
-            cache, logits = result.past_key_values, result.logits[:, -1, :]
-            if self.share_prefix:
-                cache.batch_repeat_interleave(n)
-                mask = mask.repeat_interleave(n, dim=0)
-                positions = positions.repeat_interleave(n, dim=0)
-                logits = logits.repeat_interleave(n, dim=0)
-            position = positions[:, -1:]
-            for step in range(sampling.max_new_tokens):
+            repeats = n if self.share_prefix else 1
+            cache = self._preallocated(result.past_key_values, repeats, width + steps)
+            logits = result.logits[:, -1, :].repeat_interleave(repeats, dim=0)
+            attention = torch.zeros((rows, width + steps), dtype=mask.dtype, device=device)
+            attention[:, :width] = mask.repeat_interleave(repeats, dim=0)
+            position = positions[:, -1:].repeat_interleave(repeats, dim=0)
+            for step in range(steps):
                 log_probs = torch.log_softmax(logits.float(), dim=-1)
                 token = self._sample(logits.float(), sampling, generator)
                 token = torch.where(finished, torch.full_like(token, self.pad_id), token)
@@ -176,19 +176,30 @@ class HFPolicy:
                 logprobs[:, step] = log_probs.gather(-1, token[:, None])[:, 0]
                 lengths += (~finished).long()
                 finished |= torch.isin(token, stop)
-                if bool(finished.all()) or step + 1 == sampling.max_new_tokens:
+                if bool(finished.all()) or step + 1 == steps:
                     break
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=-1)
+                attention[:, width + step] = 1
                 position = position + 1
                 result = self.model(
                     input_ids=token[:, None],
-                    attention_mask=mask,
+                    attention_mask=attention,
                     position_ids=position,
                     past_key_values=cache,
                     use_cache=True,
                 )
-                cache, logits = result.past_key_values, result.logits[:, -1, :]
+                logits = result.logits[:, -1, :]
         return self._completions(prompts, n, sampled.cpu(), logprobs.cpu(), lengths.cpu())
+
+    def _preallocated(self, prefill: Any, repeats: int, length: int) -> Any:
+        """The prompts' key/value cache copied into a `StaticCache` of `length` positions, each row repeated
+        `repeats` times: the decode steps then write in place instead of growing every layer's cache by
+        concatenation at every token (which copies the whole cache each step)."""
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        for index, layer in enumerate(prefill.layers):
+            cache.update(layer.keys.repeat_interleave(repeats, dim=0), layer.values.repeat_interleave(repeats, dim=0), index)
+        return cache
 
     @staticmethod
     def _sample(logits: Any, sampling: SamplingParams, generator: Any) -> Any:
