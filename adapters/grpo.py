@@ -433,24 +433,24 @@ class MetricsLog:
 # -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
 
 
+def padded_tokens(groups: Sequence[Group]) -> int:
+    """The tokens `groups_logprobs` pads a pass of k groups with R actions to: k x longest prefix + R x longest action."""
+    actions = [a for g in groups for a in g.actions]
+    return len(groups) * max(len(g.prefix) for g in groups) + len(actions) * max(len(a) for a in actions)
+
+
 def pack_groups(groups: Sequence[Group], tokens_per_pass: int) -> list[list[Group]]:
     """The groups of a batch split into passes of at most `tokens_per_pass` padded tokens each.
 
-    A pass of k groups with R actions costs k x (longest prefix) + R x (longest action) tokens: what
-    `groups_logprobs` pads to. Groups are taken longest prefix first, so the groups padded together
-    have similar prefixes; a group over the budget runs alone; `tokens_per_pass` 0 gives one group per pass.
+    Groups are taken longest prefix first, so the groups padded together have similar prefixes;
+    a group over the budget runs alone; `tokens_per_pass` 0 gives one group per pass.
     """
     passes: list[list[Group]] = []
     for group in sorted(groups, key=lambda g: len(g.prefix), reverse=True):
-        if passes:
-            candidate = passes[-1] + [group]
-            cost = len(candidate) * max(len(g.prefix) for g in candidate) + sum(len(g.actions) for g in candidate) * max(
-                len(a) for g in candidate for a in g.actions
-            )
-            if cost <= tokens_per_pass:
-                passes[-1] = candidate
-                continue
-        passes.append([group])
+        if passes and padded_tokens(passes[-1] + [group]) <= tokens_per_pass:
+            passes[-1].append(group)
+        else:
+            passes.append([group])
     return passes
 
 

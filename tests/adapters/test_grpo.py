@@ -22,6 +22,7 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     group_advantages,
     latest_checkpoint,
     pack_groups,
+    padded_tokens,
     plot_metrics,
     train,
     update,
@@ -175,9 +176,8 @@ def test_groups_are_packed_into_passes_within_the_token_budget():
     passes = pack_groups(groups, 249)
     assert sorted(id(g) for chunk in passes for g in chunk) == sorted(id(g) for g in groups)
     assert [[len(g.prefix) for g in chunk] for chunk in passes] == [[100], [80, 30], [20]]
-    for chunk in passes[1:]:  # what groups_logprobs pads to
-        actions = [a for g in chunk for a in g.actions]
-        assert len(chunk) * max(len(g.prefix) for g in chunk) + len(actions) * max(map(len, actions)) <= 249
+    assert [padded_tokens(chunk) for chunk in passes] == [120, 192, 26]  # 80 joining 100 would make 250
+    assert [[len(g.prefix) for g in chunk] for chunk in pack_groups(groups, 100)] == [[100], [80], [30, 20]]  # over: alone
     assert pack_groups(groups, 0) == [[g] for g in sorted(groups, key=lambda g: -len(g.prefix))]
     assert pack_groups(groups, 10**6) == [sorted(groups, key=lambda g: -len(g.prefix))]
 
