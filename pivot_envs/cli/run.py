@@ -74,6 +74,52 @@ def indented(text: str) -> str:
     return "      " + text.replace("\n", "\n      ")
 
 
+@dataclass
+class Signal:
+    """Whether the run had anything to learn from: GRPO's advantage (Eq. 1) is zero in a group
+    whose rewards are all equal, so only mixed outcomes move the policy."""
+
+    samples: int  # profiling samples (profiled candidates x K)
+    successes: int  # ... with functional reward 1
+    mixed: int  # profiled candidates with var > 0 (some samples succeed, some fail)
+    profiled: int
+    groups: int  # GRPO groups sampled (steps x B)
+    varied_groups: int  # ... with non-zero reward variance (the only ones trained on)
+
+    @classmethod
+    def of(cls, profiled: list[Any], history: list[dict[str, Any]], batch_pivots: int) -> Signal:
+        """The figures from profiled pivots and the trainer's per-step records."""
+        profiles = [p.profile for p in profiled if p.profile is not None]
+        return cls(
+            samples=sum(len(p.rewards) for p in profiles),
+            successes=sum(1 for p in profiles for r in p.rewards if r >= 1.0),
+            mixed=sum(1 for p in profiles if p.n_valid > 0 and p.var > 0),
+            profiled=len(profiles),
+            groups=len(history) * batch_pivots,
+            varied_groups=sum(int(record.get("groups_trained", 0)) for record in history),
+        )
+
+    def verdict(self) -> str:
+        """One sentence: was there a learning signal, and if not, why."""
+        if self.varied_groups:
+            return f"learning signal: {self.varied_groups} of {self.groups} GRPO groups had mixed rewards"
+        if not self.successes:
+            return (f"no learning signal: none of the {self.samples} profiling samples scored 1, so every group "
+                    "had zero reward variance and GRPO made no update (a stronger reference policy is needed)")
+        return f"no learning signal: none of the {self.groups} GRPO groups had mixed rewards"
+
+    def table(self) -> list[str]:
+        """Markdown rows of the figures."""
+        rate = self.successes / self.samples if self.samples else 0.0
+        return [
+            "| figure | value |",
+            "|---|---|",
+            f"| profiling samples with reward 1 | {self.successes} of {self.samples} ({100 * rate:.1f}%) |",
+            f"| candidates with mixed outcomes (var > 0) | {self.mixed} of {self.profiled} |",
+            f"| GRPO groups with non-zero reward variance | {self.varied_groups} of {self.groups} |",
+        ]
+
+
 def load_candidates(config: RunConfig) -> list[Any]:
     """D_cand: the input's pivots, or the domain's bundled ones."""
     import gymnasium as gym
@@ -200,14 +246,16 @@ def run(config: RunConfig) -> Path:
         print(indented(after.format()))
     timings["eval_after"] = stage.seconds
 
+    signal = Signal.of(profiled, result.history, config.batch_pivots)
+    print(f"\n{signal.verdict()}")
     png = plot_metrics(result.metrics_path, out / "rewards.png")
     return write_report(out, config, candidates, trajectories, train_side, heldout, profiled, pivots, note,
-                        format_report(diagnostics), before, after, result, png, timings)
+                        format_report(diagnostics), before, after, result, png, timings, signal)
 
 
 def write_report(out: Path, config: RunConfig, candidates: list, trajectories: set, train_side: list,
                  heldout: list, profiled: list, pivots: list, note: str, diagnostics: str, before: Any,
-                 after: Any, result: Any, png: Path, timings: dict[str, float]) -> Path:
+                 after: Any, result: Any, png: Path, timings: dict[str, float], signal: Signal) -> Path:
     """The markdown report of a run (and report.json with the same figures)."""
     lines = [
         "# PivotRL run",
@@ -227,6 +275,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
     ]
     if note:
         lines += [f"Note: {note}.", ""]
+    lines += ["## Learning signal", "", f"{signal.verdict()[0].upper()}{signal.verdict()[1:]}.", "", *signal.table(), ""]
     lines += ["## Profile diagnostics", "", "```", diagnostics, "```", ""]
     lines += ["## Turn accuracy on held-out pivots", "", "Before training:", "", "```", before.format(), "```", ""]
     lines += ["After training:", "", "```", after.format(), "```", ""]
@@ -251,6 +300,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
                 "before": before.to_dict(),
                 "after": after.to_dict(),
                 "history": result.history,
+                "signal": asdict(signal),
             },
             indent=2,
             default=str,

@@ -6,7 +6,28 @@ import json
 from pathlib import Path
 
 from pivot_envs.cli import main
-from pivot_envs.pivot import read_pivots
+from pivot_envs.cli.run import Signal
+from pivot_envs.pivot import Pivot, Profile, read_pivots
+
+
+def profiled_pivot(index: int, rewards: list[float]) -> Pivot:
+    return Pivot(f"t{index}/t0", "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
+                 profile=Profile.from_samples(rewards))
+
+
+def test_signal_counts_successes_mixed_candidates_and_groups_with_variance() -> None:
+    profiled = [profiled_pivot(0, [1.0, 0.0, 0.0, 1.0]), profiled_pivot(1, [0.0] * 4), profiled_pivot(2, [1.0] * 4)]
+    history = [{"step": 1, "groups_trained": 1}, {"step": 2, "groups_trained": 0}]
+    signal = Signal.of(profiled, history, batch_pivots=2)
+    assert (signal.samples, signal.successes, signal.mixed, signal.profiled) == (12, 6, 1, 3)
+    assert (signal.groups, signal.varied_groups) == (4, 1)
+    assert signal.verdict() == "learning signal: 1 of 4 GRPO groups had mixed rewards"
+
+
+def test_signal_says_why_there_is_nothing_to_learn_when_no_sample_succeeds() -> None:
+    signal = Signal.of([profiled_pivot(0, [0.0] * 4)], [{"step": 1, "groups_trained": 0}], batch_pivots=1)
+    assert signal.verdict().startswith("no learning signal: none of the 4 profiling samples scored 1")
+    assert "| profiling samples with reward 1 | 0 of 4 (0.0%) |" in signal.table()
 
 
 def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Path, capsys) -> None:
@@ -34,6 +55,17 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     figures = json.loads((out / "report.json").read_text())
     assert figures["profiled"] == 2 and len(figures["history"]) == 1
     assert {"before", "after", "timings"} <= set(figures)
+
+    # The report says whether anything could be learned, with figures recomputed here from the outputs.
+    rewards = [r for pivot in profiled for r in pivot.profile.rewards]
+    signal = figures["signal"]
+    assert signal["samples"] == len(rewards) == 4
+    assert signal["successes"] == sum(r >= 1.0 for r in rewards)
+    assert signal["mixed"] == sum(pivot.profile.var > 0 for pivot in profiled)
+    assert signal["varied_groups"] == sum(record["groups_trained"] for record in figures["history"])
+    verdict = Signal(**signal).verdict()
+    assert f"{verdict[0].upper()}{verdict[1:]}." in report.split("## Learning signal")[1]
+    assert verdict in printed
 
     # Rerun into the same directory: the profile resumes (nothing profiled twice).
     assert main(argv) == 0
