@@ -56,9 +56,9 @@ class GRPOConfig:
         8192,
         "padded tokens per forward/backward of the update: groups are packed into one pass (their prefixes in one "
         "forward, all their actions in a second) while groups x longest prefix + actions x longest action stays "
-        "within it; a larger group runs alone. More per pass: fewer, larger passes, much faster on a GPU (small "
-        "passes are launch-bound), little gain on a CPU; peak activation memory grows in proportion. 0: one group "
-        "per pass",
+        "within it; a larger group runs alone. More per pass: fewer, larger passes, faster on a GPU (small passes "
+        "are launch-bound) and somewhat on a CPU; peak activation memory grows in proportion. 0: one group per pass "
+        "(least memory)",
     )
     seed: int = option(0, "seed of pivot sampling, action sampling and torch")
     lora: bool = option(False, "train LoRA adapters (peft) instead of all weights; the reference is the base model")

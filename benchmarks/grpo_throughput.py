@@ -1,13 +1,17 @@
-"""GRPO update throughput at pivots: our shared-prefix update against trl.GRPOTrainer's per-sequence loss.
+"""GRPO update throughput at pivots: our shared-prefix update, groups packed or one per pass, against trl.GRPOTrainer.
 
-Both update the same model on the same pivot-shaped batches (B pivots, G actions each, a long
-shared prefix and short actions), one group per forward/backward, token-level loss, AdamW step.
-Ours runs the prefix once per group and shares its KV cache with gradients
-(`pivot_envs.adapters.grpo.update`); TRL runs G full sequences (`GRPOTrainer.compute_loss`).
-Prints a table, writes benchmarks/out/grpo_throughput.json, reports the ratio ours / TRL.
+All three update the same model on the same pivot-shaped batches (B pivots, G actions each, a long
+prefix of 3P/4..P tokens and short actions of A/2..A tokens), token-level loss, AdamW step:
+- packed: `pivot_envs.adapters.grpo.update` with its default `tokens_per_pass` (several groups per
+  pass: their prefixes in one forward, all their actions in a second, one backward);
+- per-group: the same update with `tokens_per_pass=0` (one group per pass: the prefix once, its KV
+  cache shared with gradients by the G actions);
+- TRL: `GRPOTrainer.compute_loss` over full prompt + completion sequences, `--trl-groups-per-pass`
+  groups (G sequences each) per forward/backward.
+Prints a table, writes benchmarks/out/grpo_throughput.json, reports the time ratios between them.
 
-    python benchmarks/grpo_throughput.py                          # CPU, SmolLM2-135M, prefix 1024, action 64, G 8
-    python benchmarks/grpo_throughput.py --device cuda --random-init --prefix 1024 4096 --action 64 256
+    python benchmarks/grpo_throughput.py                          # auto device, SmolLM2-135M, prefix 1024, action 64, B 4, G 8
+    python benchmarks/grpo_throughput.py --device cuda --random-init --prefix 1024 2048 4096 --action 64 256
 """
 
 from __future__ import annotations
@@ -30,15 +34,16 @@ SHAPES = {
 }
 
 
-def load_model(random_init: bool, shape: str, device: str, dtype):
+def load_model(random_init: bool, shape: str, device: str, dtype, layers: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if random_init:
         torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig(**SHAPES[shape])).to(device=device, dtype=dtype).eval()
-    if shape != "135m":
-        raise SystemExit("only the 135M model is embedded: use --random-init for --shape 1.7b")
+        config = dict(SHAPES[shape], **({"num_hidden_layers": layers} if layers else {}))
+        return LlamaForCausalLM(LlamaConfig(**config)).to(device=device, dtype=dtype).eval()
+    if shape != "135m" or layers:
+        raise SystemExit("only the 135M model is embedded: use --random-init for --shape 1.7b or --layers")
     from pivot_envs.adapters import smollm2
 
     return smollm2.load(device=device, dtype=dtype)[0]
@@ -58,24 +63,24 @@ def stub_tokenizer():
 
 
 def make_batch(prefix: int, action: int, groups: int, group_size: int, vocab: int, seed: int):
-    """B groups: a random prefix of `prefix` tokens, G actions of action/2..action tokens, advantages +-1."""
+    """B groups: a random prefix of 3/4 prefix..prefix tokens, G actions of action/2..action tokens, advantages +-1."""
     import random
 
     rng = random.Random(seed)
     batch = []
     for _ in range(groups):
-        ids = [rng.randrange(3, vocab) for _ in range(prefix)]
+        ids = [rng.randrange(3, vocab) for _ in range(rng.randint(prefix * 3 // 4, prefix))]
         actions = [[rng.randrange(3, vocab) for _ in range(rng.randint(action // 2, action))] for _ in range(group_size)]
         advantages = [1.0 if i % 2 == 0 else -1.0 for i in range(group_size)]
         batch.append((ids, actions, advantages))
     return batch
 
 
-def ours(model, batch, device: str, repeats: int):
+def ours(model, batch, device: str, repeats: int, tokens_per_pass: int):
     import torch
     from pivot_envs.adapters.grpo import Group, GRPOConfig, update
 
-    config = GRPOConfig(learning_rate=1e-7, max_grad_norm=0.0)
+    config = GRPOConfig(learning_rate=1e-7, max_grad_norm=0.0, tokens_per_pass=tokens_per_pass)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
 
     def step():
@@ -85,7 +90,7 @@ def ours(model, batch, device: str, repeats: int):
     return measure(step, device, repeats)
 
 
-def trl(model, batch, device: str, repeats: int, action: int):
+def trl(model, batch, device: str, repeats: int, action: int, groups_per_pass: int):
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -93,7 +98,7 @@ def trl(model, batch, device: str, repeats: int, action: int):
     group_size = len(batch[0][1])
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=group_size, num_generations=group_size,
+            output_dir=out, per_device_train_batch_size=group_size * groups_per_pass, num_generations=group_size,
             max_completion_length=action, use_cpu=not device.startswith("cuda"), report_to="none", beta=0.0,
             loss_type="dapo", learning_rate=1e-7, bf16=next(model.parameters()).dtype == torch.bfloat16,
             gradient_checkpointing=False,  # TRL's default recomputes activations; ours does not, so neither does here
@@ -103,22 +108,27 @@ def trl(model, batch, device: str, repeats: int, action: int):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     tokens = sum(len(a) for _, actions, _ in batch for a in actions)
 
-    def inputs_of(ids, actions, advantages):
-        width = max(len(a) for a in actions)
-        completion = torch.zeros(len(actions), width, dtype=torch.long)
-        mask = torch.zeros(len(actions), width, dtype=torch.long)
-        for row, a in enumerate(actions):
+    def inputs_of(groups):
+        """TRL's batch layout: prompts left-padded, completions right-padded, G rows per group."""
+        rows = [(ids, a) for ids, actions, _ in groups for a in actions]
+        prompt_width, width = max(len(ids) for ids, _ in rows), max(len(a) for _, a in rows)
+        prompt = torch.zeros(len(rows), prompt_width, dtype=torch.long)
+        prompt_mask = torch.zeros(len(rows), prompt_width, dtype=torch.long)
+        completion = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for row, (ids, a) in enumerate(rows):
+            prompt[row, prompt_width - len(ids) :] = torch.tensor(ids)
+            prompt_mask[row, prompt_width - len(ids) :] = 1
             completion[row, : len(a)] = torch.tensor(a)
             mask[row, : len(a)] = 1
-        prompt = torch.tensor([ids] * len(actions))
         return {
-            "prompt_ids": prompt.to(device), "prompt_mask": torch.ones_like(prompt).to(device),
+            "prompt_ids": prompt.to(device), "prompt_mask": prompt_mask.to(device),
             "completion_ids": completion.to(device), "completion_mask": mask.to(device),
-            "advantages": torch.tensor(advantages).to(device), "old_per_token_logps": None,
+            "advantages": torch.tensor([x for _, _, adv in groups for x in adv]).to(device), "old_per_token_logps": None,
             "num_items_in_batch": torch.tensor(tokens, device=device),
         }
 
-    prepared = [inputs_of(*group) for group in batch]
+    prepared = [inputs_of(batch[i : i + groups_per_pass]) for i in range(0, len(batch), groups_per_pass)]
     trainer.current_gradient_accumulation_steps = len(prepared)
 
     def step():
@@ -148,63 +158,87 @@ def attempt(method, *args):
         return None
 
 
-def cell(value, spec: str) -> str:
+def cell(value, spec: str, missing: str = "OOM") -> str:
     width = int(spec.split(".")[0])
-    return format(value, spec) if value is not None else "OOM".rjust(width)
+    return format(value, spec) if value is not None else missing.rjust(width)
+
+
+def ratio(value, width: int) -> str:
+    return (f"{value:.2f}x" if value is not None else "-").rjust(width)
+
+
+METHODS = ("packed", "per_group", "trl")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available, else cpu)")
     parser.add_argument("--random-init", action="store_true", help="random weights of SmolLM2's shape (no checkpoint)")
     parser.add_argument("--shape", default="135m", choices=sorted(SHAPES), help="SmolLM2 size (1.7b needs --random-init)")
+    parser.add_argument("--layers", type=int, default=0, help="with --random-init: this many layers (a shallower model, for quick CPU runs)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: float32 on cpu, bfloat16 on cuda")
-    parser.add_argument("--prefix", type=int, nargs="+", default=[1024], help="prefix lengths (tokens) to measure")
+    parser.add_argument("--prefix", type=int, nargs="+", default=[1024], help="longest prefix P (tokens; prefixes are 3P/4..P)")
     parser.add_argument("--action", type=int, nargs="+", default=[64], help="longest action (tokens); actions are action/2..action")
     parser.add_argument("--group-size", type=int, default=8, help="G")
-    parser.add_argument("--batch-pivots", type=int, default=1, help="B")
+    parser.add_argument("--batch-pivots", type=int, default=4, help="B")
+    parser.add_argument("--tokens-per-pass", type=int, default=None, help="packed: GRPOConfig.tokens_per_pass (default: its default)")
+    parser.add_argument("--trl-groups-per-pass", type=int, default=1, help="groups (G sequences each) per TRL forward/backward")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="which updates to time")
     parser.add_argument("--repeats", type=int, default=2, help="timed updates per method (best kept), after one warm-up")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "grpo_throughput.json"))
     args = parser.parse_args()
 
     import torch
+    from pivot_envs.adapters.grpo import Group, GRPOConfig, pack_groups
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    model = load_model(args.random_init, args.shape, args.device, dtype)
-    rows = []
-    header = f"{'prefix':>6} {'action':>6} {'B':>3} {'G':>3} {'ours s':>8} {'TRL s':>8} {'ours samp/s':>11} {'TRL samp/s':>10} {'ours tok/s':>10} {'TRL tok/s':>9} {'ours MiB':>8} {'TRL MiB':>8} {'speed-up':>8} {'mem ratio':>9}"
-    print(f"model: SmolLM2-{args.shape} ({'random init' if args.random_init else 'embedded weights'}), {args.device}, {dtype}, "
-          f"{torch.get_num_threads()} CPU threads")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokens_per_pass = GRPOConfig.tokens_per_pass if args.tokens_per_pass is None else args.tokens_per_pass
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    model = load_model(args.random_init, args.shape, device, dtype, args.layers)
+    layers = model.config.num_hidden_layers
+    header = (f"{'prefix':>6} {'action':>6} {'B':>3} {'G':>3} {'passes':>6} {'packed s':>8} {'group s':>8} {'TRL s':>8} "
+              f"{'packed tok/s':>12} {'group/packed':>12} {'TRL/packed':>10} {'TRL/group':>9} "
+              f"{'packed MiB':>10} {'group MiB':>9} {'TRL MiB':>8}")
+    print(f"model: SmolLM2-{args.shape} ({'random init' if args.random_init else 'embedded weights'}, {layers} layers), "
+          f"{device}, {dtype}, {torch.get_num_threads()} CPU threads, tokens_per_pass {tokens_per_pass}, "
+          f"TRL {args.trl_groups_per_pass} group(s) per pass")
     print(header)
     print("-" * len(header))
+    rows = []
     for prefix in args.prefix:
         for action in args.action:
             batch = make_batch(prefix, action, args.batch_pivots, args.group_size, COMMON["vocab_size"], seed=prefix + action)
-            samples = args.batch_pivots * args.group_size
             tokens = sum(len(a) for _, actions, _ in batch for a in actions)
-            a = attempt(ours, model, batch, args.device, args.repeats)
-            b = attempt(trl, model, batch, args.device, args.repeats, action)
-            row = {"shape": args.shape, "prefix": prefix, "action": action, "batch_pivots": args.batch_pivots,
-                   "group_size": args.group_size, "action_tokens": tokens}
-            for name, result in (("ours", a), ("trl", b)):
+            passes = len(pack_groups([Group("", ids, actions, adv) for ids, actions, adv in batch], tokens_per_pass))
+            runs = {"packed": (ours, tokens_per_pass), "per_group": (ours, 0), "trl": (trl, action, args.trl_groups_per_pass)}
+            results = {name: attempt(runs[name][0], model, batch, device, args.repeats, *runs[name][1:])
+                       if name in args.methods else None for name in METHODS}
+            row = {"shape": args.shape, "layers": layers, "prefix": prefix, "action": action, "batch_pivots": args.batch_pivots,
+                   "group_size": args.group_size, "action_tokens": tokens, "tokens_per_pass": tokens_per_pass,
+                   "packed_passes": passes, "trl_groups_per_pass": args.trl_groups_per_pass}
+            for name, result in results.items():
                 row[f"{name}_s"] = result["seconds"] if result else None
-                row[f"{name}_samples_per_s"] = samples / result["seconds"] if result else None
+                row[f"{name}_samples_per_s"] = args.batch_pivots * args.group_size / result["seconds"] if result else None
                 row[f"{name}_tokens_per_s"] = tokens / result["seconds"] if result else None
                 row[f"{name}_peak_mib"] = result["peak_bytes"] / 2**20 if result else None
-            row["speedup"] = b["seconds"] / a["seconds"] if a and b else None
-            row["memory_ratio"] = b["peak_bytes"] / a["peak_bytes"] if a and b and a["peak_bytes"] > 0 else None
+            for slower, faster in (("per_group", "packed"), ("trl", "packed"), ("trl", "per_group")):
+                a, b = results[slower], results[faster]
+                row[f"{slower}_over_{faster}"] = a["seconds"] / b["seconds"] if a and b else None
             rows.append(row)
-            print(f"{prefix:>6} {action:>6} {args.batch_pivots:>3} {args.group_size:>3} {cell(row['ours_s'], '8.2f')} "
-                  f"{cell(row['trl_s'], '8.2f')} {cell(row['ours_samples_per_s'], '11.2f')} {cell(row['trl_samples_per_s'], '10.2f')} "
-                  f"{cell(row['ours_tokens_per_s'], '10.1f')} {cell(row['trl_tokens_per_s'], '9.1f')} "
-                  f"{cell(row['ours_peak_mib'], '8.0f')} {cell(row['trl_peak_mib'], '8.0f')} "
-                  f"{cell(row['speedup'], '7.2f')}x {cell(row['memory_ratio'], '8.2f')}x", flush=True)
+            gone = {name: "OOM" if name in args.methods else "-" for name in METHODS}  # out of memory, or not timed
+            print(f"{prefix:>6} {action:>6} {args.batch_pivots:>3} {args.group_size:>3} {passes:>6} "
+                  f"{cell(row['packed_s'], '8.2f', gone['packed'])} {cell(row['per_group_s'], '8.2f', gone['per_group'])} "
+                  f"{cell(row['trl_s'], '8.2f', gone['trl'])} {cell(row['packed_tokens_per_s'], '12.1f', gone['packed'])} "
+                  f"{ratio(row['per_group_over_packed'], 12)} {ratio(row['trl_over_packed'], 10)} "
+                  f"{ratio(row['trl_over_per_group'], 9)} {cell(row['packed_peak_mib'], '10.0f', gone['packed'])} "
+                  f"{cell(row['per_group_peak_mib'], '9.0f', gone['per_group'])} {cell(row['trl_peak_mib'], '8.0f', gone['trl'])}",
+                  flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": args.device, "dtype": str(dtype), "random_init": args.random_init, "shape": args.shape,
-                                          "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    Path(args.out).write_text(json.dumps({"device": device, "dtype": str(dtype), "random_init": args.random_init, "shape": args.shape,
+                                          "layers": layers, "threads": torch.get_num_threads(), "rows": rows}, indent=2))
     print(f"wrote {args.out}")
 
 
