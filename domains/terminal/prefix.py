@@ -86,10 +86,22 @@ class PrefixCache:
         self.docker_base = docker_base
         self.builds = 0
         self._states: OrderedDict[str, PrefixState] = OrderedDict()
+        self._keys: dict[int, tuple[Pivot, str]] = {}
+
+    def key(self, pivot: Pivot) -> str:
+        """`prefix_key(pivot)`, remembered per pivot object (it parses every earlier command)."""
+        known = self._keys.get(id(pivot))
+        if known is not None and known[0] is pivot:
+            return known[1]
+        if len(self._keys) >= 4096:
+            self._keys.clear()
+        key = prefix_key(pivot)
+        self._keys[id(pivot)] = (pivot, key)
+        return key
 
     def get(self, pivot: Pivot) -> PrefixState:
         """The prefix state of `pivot`, built now if it is not cached."""
-        key = prefix_key(pivot)
+        key = self.key(pivot)
         if key in self._states:
             self._states.move_to_end(key)
             return self._states[key]
