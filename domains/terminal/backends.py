@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import re
 import select
 import shutil
 import subprocess
@@ -142,7 +141,7 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
     a non-empty answer (a limit the command broke) raises `LimitExceeded` with it. At `kill_at`,
     `kill()` is called once (it ends the command: the time limit) and the reply is still awaited.
     """
-    trailer = re.compile(rb"\n%s exit (\d+)\n$" % re.escape(args[7].encode()))
+    trailer = b"\n%s exit " % args[7].encode()
     # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
     reply = os.open(channel / "out", os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -151,7 +150,9 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
                 request = os.open(channel / "in", os.O_WRONLY | os.O_NONBLOCK)
                 break
             except OSError as error:  # ENXIO: the server is not reading yet (starting, or between calls)
-                if error.errno != errno.ENXIO or time.monotonic() > deadline or (alive is not None and not alive()):
+                if alive is not None and not alive():
+                    raise ServerDown(f"the command server of {name} is gone") from error
+                if error.errno != errno.ENXIO or time.monotonic() > deadline:
                     raise SandboxError(f"the command server of {name} does not answer") from error
                 time.sleep(0.0005)
         os.set_blocking(request, True)
@@ -180,10 +181,11 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
             if not chunk:
                 return bytes(chunks), None
             chunks += chunk
-            found = trailer.search(chunks[-64:])
-            if found:
+            at = chunks.rfind(trailer, max(len(chunks) - 64, 0))
+            status = chunks[at + len(trailer):-1] if at >= 0 and chunks.endswith(b"\n") else b""
+            if status.isdigit():
                 _wait_closed(reply, poller, min(deadline, time.monotonic() + 1.0))
-                return bytes(chunks[: len(chunks) - len(found.group(0))]), int(found.group(1))
+                return bytes(chunks[:at]), int(status)
     finally:
         os.close(reply)
 
@@ -203,6 +205,10 @@ def _wait_closed(reply: int, poller: select.poll, until: float) -> None:
 
 class ServerTimeout(SandboxError):
     """A command server did not reply before its deadline (the runner's own timeout did not end it)."""
+
+
+class ServerDown(SandboxError):
+    """A command server's process is gone before it took the request."""
 
 
 class LimitExceeded(SandboxError):
@@ -451,8 +457,6 @@ class BwrapBackend:
         if self._closed:
             remove()
         else:
-            if server is not None:
-                server.kill()  # now, so nothing the command left runs on
             self._workers.submit(remove)
 
     def release(self, snapshot: Snapshot) -> None:
@@ -497,30 +501,34 @@ class BwrapSandbox:
             raise SandboxError("this sandbox is closed")
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
-        if self.server is None or not self.server.alive():  # e.g. the previous command killed every process
-            if self.server is not None:
-                self.owner.stop_server(self.server)
-            self.server = self.owner.start_server(self.directory, self.workdir)
-        server = self.server
         nproc = _user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
         args = runner_argv(command, None, limits, new_marker(), nproc=nproc,
                            address_space_kb=limits.memory_mb * 1024, report=False)[4:]
-        start = time.monotonic()
-        try:
-            # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
-            _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox", server.alive,
-                                       _disk_check(self.directory, limits), start + timeout, server.kill_request)
-            note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
-        except (ServerTimeout, LimitExceeded) as error:
-            # Killing the sandbox ends the command and whatever it started; the files stay.
-            self.owner.stop_server(server)
-            broken = str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
-            self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
-        except SandboxError as error:
-            stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace") if server.channel.exists() else ""
-            if stderr.startswith("bwrap:"):
-                raise SandboxError(f"bubblewrap failed: {stderr}") from error
-            raise
+        for attempt in (1, 2):
+            if self.server is None:
+                self.server = self.owner.start_server(self.directory, self.workdir)
+            server = self.server
+            start = time.monotonic()
+            try:
+                # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
+                _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox",
+                                           server.alive, _disk_check(self.directory, limits), start + timeout,
+                                           server.kill_request)
+                note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
+                break
+            except ServerDown as error:
+                # The previous command killed the server (`kill -9 -1`): the files stay, start another.
+                stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace")
+                self.owner.stop_server(server)
+                self.server = None
+                if attempt == 2 or stderr.startswith("bwrap:"):
+                    raise SandboxError(f"bubblewrap failed: {stderr}" if stderr else str(error)) from error
+            except (ServerTimeout, LimitExceeded) as error:
+                # Killing the sandbox ends the command and whatever it started; the files stay.
+                self.owner.stop_server(server)
+                broken = str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
+                self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
+                break
         workspace = self.directory / "work" if files else None
         result = result_from_files(self.directory / "state", workspace, command, 137 if exit_code is None else exit_code,
                                    limits, timeout, time.monotonic() - start, within=self.directory)

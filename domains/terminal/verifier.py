@@ -22,6 +22,7 @@ The reward is binary (as in the paper); `extra` holds the similarity and the com
 from __future__ import annotations
 
 import difflib
+import functools
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,13 +51,19 @@ class TerminalVerifierConfig:
 
 def command_tokens(command: str) -> list[str]:
     """Shell tokens of a command (whitespace-split when it does not tokenize), trailing ';' dropped."""
+    return list(_tokens(command))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokens(command: str) -> tuple[str, ...]:
+    # Cached: the expert's command is tokenized for every sample at its pivot.
     try:
         tokens = shlex.split(command, comments=True)
     except ValueError:
         tokens = command.split()
     while tokens and tokens[-1] == ";":
         tokens.pop()
-    return tokens
+    return tuple(tokens)
 
 
 def command_similarity(a: str, b: str) -> float:
