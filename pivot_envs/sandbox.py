@@ -181,10 +181,11 @@ def new_marker() -> str:
 
 
 # The runner. Positional arguments: $1 command, $2 timeout (s; "host": the host enforces it by
-# killing the runner's process group, which then needs no `timeout` and no second bash), $3 output bytes kept (0: leave the
-# output in /.pivot/out for the host to read, and exit with the command's status), $4 file size
-# limit (KB), $5 process limit (0: none), $6 address-space limit (KB, 0: none), $7 CPU seconds,
-# $8 marker, $9 workspace to list in the manifest ("" for none), ${10} manifest entries.
+# killing the runner's process group, which then needs no `timeout` and no second bash), $3
+# output bytes kept (0: leave the output in /.pivot/out for the host to read, and exit with the
+# command's status), $4 file size limit (KB), $5 process limit (0: none), $6 address-space limit
+# (KB, 0: none), $7 CPU seconds, $8 marker, $9 workspace to list in the manifest ("" for none),
+# ${10} manifest entries.
 # The shell state is saved with builtins only (export -p, printf): no extra process per command.
 _INNER = r"""
 [ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1
@@ -202,7 +203,6 @@ ulimit -t "$7" 2>/dev/null
 if [ "$2" = host ]; then  # the host kills this process group at the time limit: no timeout process
   exec >/.pivot/out 2>&1 </dev/null
   set -- "$1"
-  unset args arg
   eval "$PIVOT_INNER"
   exit
 fi
@@ -239,7 +239,7 @@ while :; do
   args=()
   while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
   [ "${#args[@]}" -gt 7 ] || continue
-  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; eval "$PIVOT_RUNNER" )
+  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg; eval "$PIVOT_RUNNER" )
     printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
 done
 """
@@ -304,21 +304,20 @@ def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike
     """
     out = Path(state_dir) / "out"
     size, body = 0, b""
-    if _inside(out, within):
-        try:
-            descriptor = os.open(out, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            descriptor = -1
-        if descriptor >= 0:
-            with os.fdopen(descriptor, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if size > limits.output_bytes:
-                    half = limits.output_bytes // 2
-                    body = handle.read(half)
-                    handle.seek(size - half)
-                    body += handle.read(half)
-                else:
-                    body = handle.read()
+    try:
+        descriptor = os.open(out, os.O_RDONLY | os.O_NOFOLLOW) if _inside(out, within) else None
+    except OSError:
+        descriptor = None
+    if descriptor is not None:
+        with os.fdopen(descriptor, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limits.output_bytes:
+                half = limits.output_bytes // 2
+                body = handle.read(half)
+                handle.seek(size - half)
+                body += handle.read(half)
+            else:
+                body = handle.read()
     kept = min(size, limits.output_bytes)
     output = _join_cut(body, size - kept, limits.output_bytes)
     files = None
