@@ -26,19 +26,23 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
 
     # A child process makes a container, a snapshot image and a bubblewrap directory, then dies without closing.
     code = (
-        "import os\n"
+        "import os, subprocess\n"
         "from pivot_envs.domains.terminal.backends import DockerBackend, BwrapBackend\n"
         "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
         "d = DockerBackend(warm_pool=0); s = d.create(image_tag(), '/app'); s.snapshot()\n"
-        # Dying while the sandbox's bwrap starts can leave its namespace running: gc kills it.
-        "b = BwrapBackend(rootfs_path()); b.create('/app')\n"
+        "b = BwrapBackend(rootfs_path()); sb = b.create('/app')\n"
+        # A sandbox that outlives its owner (as one does when the owner dies while its bwrap starts,
+        # before the parent-death signal is armed): the same bwrap without --die-with-parent.
+        "argv = [a for a in b.argv(sb.directory, '/app', ['sleep', '1000']) if a != '--die-with-parent']\n"
+        "subprocess.Popen([*b._drop, *argv], start_new_session=True,\n"
+        "                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(d.owner, b.root, flush=True)\n"
         "os._exit(0)\n"
     )
     owner, root = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     client = docker.from_env()
     mine = {"label": [f"pivot-envs.owner={owner}"]}
-    assert client.containers.list(all=True, filters=mine) and Path(root).exists()
+    assert client.containers.list(all=True, filters=mine) and Path(root).exists() and _processes_using(root)
     live = DockerBackend(warm_pool=0)
     live_sandbox = live.create(image_tag(), "/app")
     assert main(["sandbox", "gc"]) == 0
