@@ -26,6 +26,7 @@ namespace), so RLIMIT_NPROC bounds fork bombs.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import queue
 import select
@@ -37,7 +38,8 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 
 from pivot_envs.sandbox import (
@@ -94,12 +96,16 @@ def docker_available(timeout: float = 3.0) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
 def bwrap_available() -> bool:
-    """Whether bubblewrap is installed and can create its namespaces here."""
+    """Whether bubblewrap is installed and can create its namespaces here (probed once per process)."""
     if shutil.which("bwrap") is None:
         return False
+    # --as-pid-1: `true` is bwrap's own child, so bwrap reaps it. With bwrap's init in between,
+    # bwrap exits as soon as `true` does and leaves its init to the host's PID 1 (a zombie for
+    # good where PID 1 does not reap, as in many containers).
     result = subprocess.run(
-        [*_drop_privileges(), "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+        [*_drop_privileges(), "bwrap", "--unshare-all", "--die-with-parent", "--as-pid-1", "--ro-bind", "/", "/", "true"],
         capture_output=True, timeout=10,
     )
     return result.returncode == 0
@@ -328,6 +334,7 @@ class BwrapBackend:
         self._servers: set[_Server] = set()
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
+        self._pending: set[Future] = set()
         self._closed = False
         # A backend that is never closed still kills its sandboxes and removes its directories
         # when collected or at exit.
@@ -429,7 +436,7 @@ class BwrapBackend:
                     return  # the next fork makes its sandbox synchronously
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
-            self._workers.submit(make_one)
+            self._submit(make_one)
 
     def prewarm(self, snapshot: Snapshot) -> None:
         """Start making forks of the snapshot in the background."""
@@ -457,7 +464,12 @@ class BwrapBackend:
         if self._closed:
             remove()
         else:
-            self._workers.submit(remove)
+            self._submit(remove)
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        future = self._workers.submit(work)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
 
     def release(self, snapshot: Snapshot) -> None:
         """Delete a snapshot's directory and its warm forks."""
@@ -472,9 +484,13 @@ class BwrapBackend:
     def close(self) -> None:
         """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
         self._closed = True
-        self._workers.shutdown(wait=True)
+        # A bwrap dies with the thread that started it (bubblewrap's parent-death signal follows
+        # the thread), leaving its namespace's init to the host's PID 1. So the workers outlive
+        # the sandboxes they started: finish the work in flight, stop every sandbox, then end them.
+        wait_for(list(self._pending))
         self._pools.clear()
         self._finalizer()
+        self._workers.shutdown(wait=True)
 
     def __enter__(self) -> BwrapBackend:
         return self

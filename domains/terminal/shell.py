@@ -8,7 +8,9 @@ does not know the marker can look like a prompt.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 from pivot_envs.sandbox import CommandResult, SandboxError, new_marker, strip_ansi
@@ -25,6 +27,7 @@ class InteractiveShell:
         import pexpect
 
         self.marker = new_marker()
+        self._bwrap = "bwrap" in argv
         head, tail = self.marker[:9], self.marker[9:]
         self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
         self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
@@ -71,4 +74,18 @@ class InteractiveShell:
 
     def close(self) -> None:
         """End the shell and the process behind it."""
+        if self._bwrap:
+            # Kill the namespace's init first and let bwrap reap it and exit: closing the terminal
+            # kills bwrap, which would leave the init to the host's PID 1 (a zombie for good where
+            # PID 1 does not reap, as in many containers).
+            from .backends import _children
+
+            for pid in _children(self.child.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 2.0
+            while self.child.isalive() and time.monotonic() < deadline:
+                time.sleep(0.005)
         self.child.close(force=True)

@@ -24,19 +24,21 @@ def leftovers() -> dict[str, int]:
     counts = {"mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
               "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*")))
               + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}*"))),
-              "sandbox_processes": 0}
+              "sandbox_processes": 0, "zombies": 0}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             uid = entry.stat().st_uid
-        except OSError:
+            zombie = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except (OSError, IndexError):
             continue
         # The bubblewrap sandboxes run as nobody; Docker's as root in containers, so look for the
-        # suite's own long sleeps by their arguments.
+        # suite's own long sleeps by their arguments. Zombies are counted apart: they are gone
+        # only where the host's PID 1 reaps (not in every container a CI job runs in).
         if uid == NOBODY or argv[:2] in ([b"sleep", b"1000"], [b"sleep", b"100000"]):
-            counts["sandbox_processes"] += 1
+            counts["zombies" if zombie else "sandbox_processes"] += 1
     try:
         import docker
 
@@ -60,7 +62,7 @@ def suite(request, tmp_path_factory):
     before = leftovers()
     pivots = [p for p in bundled_pivots() if p.id == PIVOT]
     env = TerminalEnv(pivots, sandbox=request.param, limits=LIMITS, warm_pool=1)
-    state = {"env": env, "before": before, "host_file": host_file, "mtime": host_file.stat().st_mtime_ns}
+    state = {"env": env, "kind": request.param, "before": before, "host_file": host_file, "mtime": host_file.stat().st_mtime_ns}
     yield state
     env.close()
 
@@ -174,4 +176,10 @@ def test_nothing_is_left_behind_after_the_suite(suite):
     deadline = time.monotonic() + 10  # killed processes are reaped asynchronously
     while leftovers() != suite["before"] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert leftovers() == suite["before"]
+    after, before = leftovers(), suite["before"]
+    # One known exception: when a command kills the sandbox's command server (`kill -9 -1` above),
+    # bubblewrap exits as soon as its init reports that, before the init has exited, so the init
+    # becomes an orphan of the host's PID 1. Where PID 1 does not reap, it stays a zombie. Every
+    # other way a sandbox ends is reaped by this process (close, time limits, forks, the warm pool).
+    assert after["zombies"] - before["zombies"] <= (1 if suite["kind"] == "bwrap" else 0)
+    assert {**after, "zombies": 0} == {**before, "zombies": 0}
