@@ -172,6 +172,9 @@ def read_pivots(path: str | os.PathLike[str]) -> list[Pivot]:
 
 def write_pivots(pivots: Iterable[Pivot], path: str | os.PathLike[str]) -> int:
     """Write pivots as JSONL, streaming; returns how many were written."""
+    if not isinstance(path, (str, os.PathLike)):
+        hint = " (the arguments are swapped: write_pivots(pivots, path))" if isinstance(pivots, (str, os.PathLike)) else ""
+        raise TypeError(f"write_pivots: path must be a str or path, got {type(path).__name__}{hint}")
     count = 0
     with PivotWriter(path, append=False) as writer:
         for pivot in pivots:

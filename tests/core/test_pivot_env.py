@@ -97,6 +97,14 @@ def test_pivots_are_records_with_their_jsonl_form(env: EchoEnv) -> None:
         assert Pivot.from_dict(pivot.to_dict()) == pivot
 
 
+def test_write_pivots_with_swapped_arguments_says_so(tmp_path) -> None:
+    from pivot_envs import write_pivots
+
+    with pytest.raises(TypeError, match="swapped"):
+        write_pivots(tmp_path / "p.jsonl", real_pivots()[:1])
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_an_empty_pivot_set_is_an_error() -> None:
     with pytest.raises(ValueError, match="empty"):
         EchoEnv(pivots=[])
