@@ -146,6 +146,31 @@ def encode_prompt(
     return ids[-max_tokens:]  # last resort when even the kept parts exceed the budget
 
 
+def encode_action(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    action: dict[str, Any],
+) -> list[int]:
+    """The token ids a policy would generate for the assistant message `action` after `messages`:
+    the template's rendering of the chat with `action` appended, less the generation prompt, up to
+    and including its end-of-turn tokens (what SFT on expert turns trains on)."""
+    prompt = render_prompt(tokenizer, messages, tools)
+    chat = [*messages, action]
+    if template_speaks_tools(tokenizer):
+        full = tokenizer.apply_chat_template(
+            _native_messages(chat), tools=[tool_to_chat(tool) for tool in tools] if tools else None, tokenize=False
+        )
+    else:
+        full = tokenizer.apply_chat_template(prompt_messages(chat, tools), tokenize=False)
+    if not full.startswith(prompt):
+        raise ValueError(
+            f"the chat template of {getattr(tokenizer, 'name_or_path', tokenizer)!r} does not render an assistant "
+            "turn as a continuation of its generation prompt, so the expert turn's tokens cannot be cut out"
+        )
+    return _token_ids(tokenizer, full[len(prompt):].rstrip("\n"))
+
+
 def _token_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

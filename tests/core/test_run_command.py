@@ -33,11 +33,12 @@ def test_signal_says_why_there_is_nothing_to_learn_when_no_sample_succeeds() -> 
 def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     argv = ["run", "--out", str(out), "--candidates", "2", "--k", "2", "--eval-pivots", "2", "--steps", "1",
-            "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "8", "--max-prompt-tokens", "384"]
+            "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "8", "--max-prompt-tokens", "384",
+            "--sft-examples", "2", "--sft-epochs", "1"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for stage in range(1, 8):
-        assert f"[{stage}/7]" in printed
+    for stage in range(1, 9):
+        assert f"[{stage}/8]" in printed
     assert printed.strip().endswith(f"report: {out / 'report.md'}")
 
     candidates = read_pivots(out / "candidates.jsonl")
@@ -67,6 +68,16 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     assert f"{verdict[0].upper()}{verdict[1:]}." in report.split("## Learning signal")[1]
     assert verdict in printed
 
-    # Rerun into the same directory: the profile resumes (nothing profiled twice).
+    # The warm-up trained on 2 expert turns for 1 epoch (one optimizer step of 2) and kept its weights.
+    sft = figures["sft"]
+    assert (sft["examples"], sft["epochs"], sft["reused"]) == (2, 1, False)
+    steps = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 1 and steps[0]["loss"] == sft["first_loss"] == sft["last_loss"] > 0
+    assert "| SFT warm-up | 2 expert turns x 1 epochs" in report
+
+    # Rerun into the same directory: the warm-up's weights are reused and the profile resumes
+    # (nothing profiled twice).
     assert main(argv) == 0
+    assert "reused the warmed-up weights" in capsys.readouterr().out
+    assert json.loads((out / "report.json").read_text())["sft"]["reused"] is True
     assert len(read_pivots(out / "profiled.jsonl")) == 2

@@ -1,0 +1,95 @@
+"""The SFT warm-up: expert turns encoded as the policy would generate them, the action's
+log-likelihood with and without the prompt's gradient, and a warm-up that fits its examples."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pivot_envs.adapters.grpo import sequence_logprobs  # noqa: E402
+from pivot_envs.adapters.sft import SFTConfig, action_logprobs, expert_examples, warm_up  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pivots():
+    env = gym.make("pivot/tool-use-v0")
+    try:
+        every = env.unwrapped.pivots
+        calls = [p for p in every if p.expert.get("tool_calls")][:2]
+        messages = [p for p in every if not p.expert.get("tool_calls")][:1]
+        return calls + messages
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from pivot_envs.policy import load_policy
+
+    torch.set_num_threads(1)  # the test machine's cores are shared: one thread is much faster there
+    return load_policy("hf:smollm2", device="cpu", max_prompt_tokens=256)
+
+
+def test_the_expert_turn_decodes_to_an_action_the_env_scores_one(policy, pivots):
+    env = gym.make("pivot/tool-use-v0", pivots=pivots)
+    try:
+        for (_, action), pivot in zip(expert_examples(policy, pivots), pivots):
+            assert action[-1] in policy._stop_ids()  # the turn ends as a generated one would
+            env.reset(options={"pivot": pivot.id})
+            text = policy.tokenizer.decode(action, skip_special_tokens=True)
+            _, reward, _, _, info = env.step(text)
+            assert reward == 1.0, (pivot.id, text, info)
+    finally:
+        env.close()
+
+
+def test_action_logprobs_equal_the_full_sequences_with_or_without_the_prompts_gradient(policy, pivots):
+    examples = expert_examples(policy, pivots)
+    for detach in (False, True):
+        logprobs, mask = action_logprobs(policy.model, examples, detach_prefix=detach)
+        for (prompt, action), row, row_mask in zip(examples, logprobs, mask):
+            reference, _ = sequence_logprobs(policy.model, prompt, [action])
+            assert row_mask.sum() == len(action)
+            torch.testing.assert_close(row[row_mask], reference[0, : len(action)], atol=1e-4, rtol=0)
+
+
+def test_the_detached_prompt_keeps_most_of_the_gradient(policy, pivots):
+    examples = expert_examples(policy, pivots)
+    grads = []
+    for detach in (False, True):
+        policy.model.zero_grad(set_to_none=True)
+        logprobs, mask = action_logprobs(policy.model, examples, detach_prefix=detach)
+        (-(logprobs * mask).sum() / mask.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    policy.model.zero_grad(set_to_none=True)
+    exact, detached = grads
+    assert exact.shape == detached.shape  # every parameter gets a gradient either way
+    assert torch.nn.functional.cosine_similarity(exact, detached, dim=0) > 0.5
+    assert not torch.allclose(exact, detached)  # it is an approximation: the prompt's path is left out
+
+
+def test_the_warm_up_fits_its_examples_and_records_each_step(policy, pivots, tmp_path):
+    examples = expert_examples(policy, pivots)
+
+    def nll() -> float:
+        with torch.no_grad():
+            logprobs, mask = action_logprobs(policy.model, examples)
+            return float(-(logprobs * mask).sum() / mask.sum())
+
+    before = nll()
+    metrics = tmp_path / "sft.jsonl"
+    records = warm_up(policy, pivots, SFTConfig(epochs=3, batch_size=2, learning_rate=1e-4, metrics=str(metrics),
+                                                progress=False))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and [r["epoch"] for r in records] == [0, 0, 1, 1, 2, 2]
+    assert len(metrics.read_text().splitlines()) == 6
+    assert nll() < 0.7 * before
+
+
+def test_the_warm_up_needs_a_trainable_model(pivots):
+    class Remote:
+        name = "openai:http://example#m"
+
+    with pytest.raises(ValueError, match="no trainable model"):
+        warm_up(Remote(), pivots)
