@@ -60,7 +60,7 @@ def expert_examples(policy: Any, pivots: Sequence[Pivot], max_action_tokens: int
     return examples
 
 
-def action_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], detach_prefix: bool = True) -> tuple[Any, Any]:
+def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], detach_prefix: bool = True) -> tuple[Any, Any]:
     """Per-token log pi(action | prompt) of each (prompt, action) pair: (logprobs [N, T], mask [N, T]).
 
     detach_prefix=False: `grpo.groups_logprobs` (exact gradients). True: the prompts without
@@ -120,7 +120,7 @@ def warm_up(policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = Non
             for start in range(0, len(order), config.batch_size):
                 began = time.perf_counter()
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
-                logprobs, mask = action_logprobs(model, batch, config.detach_prefix)
+                logprobs, mask = turn_logprobs(model, batch, config.detach_prefix)
                 loss = -(logprobs * mask).sum() / mask.sum()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

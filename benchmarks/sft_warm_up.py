@@ -32,7 +32,7 @@ def main() -> None:
 
     import gymnasium as gym
     import torch
-    from pivot_envs.adapters.sft import action_logprobs, expert_examples
+    from pivot_envs.adapters.sft import expert_examples, turn_logprobs
 
     from pivot_envs.policy import load_policy
 
@@ -54,7 +54,7 @@ def main() -> None:
         for batch in batches:
 
             def step(batch=batch, detach=detach) -> None:
-                logprobs, mask = action_logprobs(model, batch, detach_prefix=detach)
+                logprobs, mask = turn_logprobs(model, batch, detach_prefix=detach)
                 loss = -(logprobs * mask).sum() / mask.sum()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

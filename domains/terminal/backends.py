@@ -267,13 +267,7 @@ class _Server:
         # bwrap was killed before the init armed its parent-death signal).
         deadline = time.monotonic() + 2.0
         while self.process.poll() is None:
-            children = _children(self.process.pid)
-            if children:
-                for pid in children:
-                    try:
-                        os.kill(pid, 9)
-                    except ProcessLookupError:
-                        pass
+            if kill_children(self.process.pid):
                 return
             if time.monotonic() > deadline:  # no namespace yet after 2 s: bwrap is stuck starting
                 self.process.kill()
@@ -296,6 +290,18 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def kill_children(pid: int) -> bool:
+    """SIGKILL the children of `pid` (of a bwrap: its namespace's init, so the whole sandbox, and
+    bwrap then reaps it and exits); whether it had any."""
+    children = _children(pid)
+    for child in children:
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass
+    return bool(children)
 
 
 def _children(pid: int) -> list[int]:

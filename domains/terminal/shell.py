@@ -8,9 +8,7 @@ does not know the marker can look like a prompt.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 
 from pivot_envs.sandbox import CommandResult, SandboxError, new_marker, strip_ansi
@@ -27,7 +25,6 @@ class InteractiveShell:
         import pexpect
 
         self.marker = new_marker()
-        self._bwrap = "bwrap" in argv
         head, tail = self.marker[:9], self.marker[9:]
         self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
         self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
@@ -74,17 +71,12 @@ class InteractiveShell:
 
     def close(self) -> None:
         """End the shell and the process behind it."""
-        if self._bwrap:
-            # Kill the namespace's init first and let bwrap reap it and exit: closing the terminal
-            # kills bwrap, which would leave the init to the host's PID 1 (a zombie for good where
-            # PID 1 does not reap, as in many containers).
-            from .backends import _children
+        # A bwrap's child is its namespace's init: killed first, bwrap reaps it and exits, where
+        # closing the terminal would kill bwrap and leave the init to the host's PID 1 (a zombie
+        # for good where PID 1 does not reap, as in many containers). `docker exec` has no child.
+        from .backends import kill_children
 
-            for pid in _children(self.child.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if kill_children(self.child.pid):
             deadline = time.monotonic() + 2.0
             while self.child.isalive() and time.monotonic() < deadline:
                 time.sleep(0.005)

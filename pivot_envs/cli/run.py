@@ -25,7 +25,7 @@ HELP = "Run the whole method (extract, profile, filter, split, train, evaluate) 
 
 @dataclass
 class RunConfig:
-    """Options of `pivotrl run`; the defaults take about ten minutes on a 2-core CPU."""
+    """Options of `pivotrl run`; the defaults take about twelve minutes on a 2-core CPU."""
 
     def warm_up_epochs(self) -> int:
         """The SFT warm-up's epochs: `sft_epochs`, or its default for the policy."""
@@ -198,9 +198,9 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
                 "max_prompt_tokens": config.max_prompt_tokens}
     saved, record = out / "sft" / "weights.pt", out / "sft" / "warm_up.json"
     saved.parent.mkdir(parents=True, exist_ok=True)
-    if saved.exists() and record.exists() and json.loads(record.read_text()).get("settings") == settings:
+    figures = json.loads(record.read_text()) if saved.exists() and record.exists() else {}
+    if figures.get("settings") == settings:
         policy.model.load_state_dict(torch.load(saved, map_location=policy.device))
-        figures = json.loads(record.read_text())
         print(f"      reused the warmed-up weights in {saved.parent}")
         return WarmUp(len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True)
     torch.manual_seed(config.seed)
@@ -341,7 +341,7 @@ def run(config: RunConfig) -> Path:
 def write_report(out: Path, config: RunConfig, candidates: list, trajectories: set, train_side: list,
                  heldout: list, profiled: list, pivots: list, note: str, diagnostics: str, before: Any,
                  after: Any, result: Any, png: Path, timings: dict[str, float], signal: Signal,
-                 warm: WarmUp | None = None) -> Path:
+                 warm: WarmUp) -> Path:
     """The markdown report of a run (and report.json with the same figures)."""
     lines = [
         "# PivotRL run",
@@ -352,7 +352,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
         "|---|---|---|",
         f"| extract | {len(candidates)} candidates from {len(trajectories)} trajectories | {timings['extract']:.0f} |",
         f"| split | {len(train_side)} train / {len(heldout)} held-out candidates (by trajectory) | {timings['split']:.0f} |",
-        f"| SFT warm-up | {(warm or WarmUp()).summary()} | {timings.get('sft', 0):.0f} |",
+        f"| SFT warm-up | {warm.summary()} | {timings['sft']:.0f} |",
         f"| profile | {len(profiled)} candidates x K={config.k} | {timings['profile']:.0f} |",
         f"| filter | {len(pivots)} pivots kept (lambda_diff {config.lambda_diff}) | {timings['filter']:.0f} |",
         f"| eval before | see below | {timings['eval_before']:.0f} |",
@@ -388,7 +388,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
                 "after": after.to_dict(),
                 "history": result.history,
                 "signal": asdict(signal),
-                "sft": asdict(warm or WarmUp()),
+                "sft": asdict(warm),
             },
             indent=2,
             default=str,

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pivot_envs.adapters.grpo import sequence_logprobs  # noqa: E402
-from pivot_envs.adapters.sft import SFTConfig, action_logprobs, expert_examples, warm_up  # noqa: E402
+from pivot_envs.adapters.sft import SFTConfig, expert_examples, turn_logprobs, warm_up  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,10 @@ def test_the_expert_turn_decodes_to_an_action_the_env_scores_one(policy, pivots)
         env.close()
 
 
-def test_action_logprobs_equal_the_full_sequences_with_or_without_the_prompts_gradient(policy, pivots):
+def test_turn_logprobs_equal_the_full_sequences_with_or_without_the_prompts_gradient(policy, pivots):
     examples = expert_examples(policy, pivots)
     for detach in (False, True):
-        logprobs, mask = action_logprobs(policy.model, examples, detach_prefix=detach)
+        logprobs, mask = turn_logprobs(policy.model, examples, detach_prefix=detach)
         for (prompt, action), row, row_mask in zip(examples, logprobs, mask):
             reference, _ = sequence_logprobs(policy.model, prompt, [action])
             assert row_mask.sum() == len(action)
@@ -60,7 +60,7 @@ def test_the_detached_prompt_keeps_most_of_the_gradient(policy, pivots):
     grads = []
     for detach in (False, True):
         policy.model.zero_grad(set_to_none=True)
-        logprobs, mask = action_logprobs(policy.model, examples, detach_prefix=detach)
+        logprobs, mask = turn_logprobs(policy.model, examples, detach_prefix=detach)
         (-(logprobs * mask).sum() / mask.sum()).backward()
         grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
     policy.model.zero_grad(set_to_none=True)
@@ -75,7 +75,7 @@ def test_the_warm_up_fits_its_examples_and_records_each_step(policy, pivots, tmp
 
     def nll() -> float:
         with torch.no_grad():
-            logprobs, mask = action_logprobs(policy.model, examples)
+            logprobs, mask = turn_logprobs(policy.model, examples)
             return float(-(logprobs * mask).sum() / mask.sum())
 
     before = nll()
