@@ -60,13 +60,16 @@ def expert_examples(policy: Any, pivots: Sequence[Pivot], max_action_tokens: int
     return examples
 
 
-def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], detach_prefix: bool = True) -> tuple[Any, Any]:
+def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], detach_prefix: bool = True,
+                  share_head: bool = True) -> tuple[Any, Any]:
     """Per-token log pi(action | prompt) of each (prompt, action) pair: (logprobs [N, T], mask [N, T]).
 
     detach_prefix=False: `grpo.groups_logprobs` (exact gradients). True: the prompts without
     their last token run without gradient and fill a key/value cache; each prompt's last token
     and its action then run with gradient on top, so every action token, the first included, is
-    predicted by a position that is back-propagated.
+    predicted by a position that is back-propagated. With `share_head`, the head the prompts have
+    in common (the system prompt's start, for the prompts of one domain) runs once for the batch;
+    the values are the same either way.
     """
     import torch
     from pivot_envs.adapters.grpo import _pad, groups_logprobs, token_logprobs
@@ -75,12 +78,21 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
         logprobs, mask, _ = groups_logprobs(model, [(prompt, [action]) for prompt, action in batch])
         return logprobs, mask
     device = next(model.parameters()).device
-    heads, head_mask = _pad([prompt[:-1] for prompt, _ in batch], device)
+    heads = [prompt[:-1] for prompt, _ in batch]
+    shared = common_prefix_length(heads) if share_head else 0
+    tails, tail_mask = _pad([head[shared:] for head in heads], device)
+    head_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.bool, device=device), tail_mask], dim=1)
     lengths = head_mask.sum(1)
+    cache = None
     with torch.no_grad():
-        positions = torch.arange(heads.shape[1], device=device).expand_as(heads)
-        cache = model(input_ids=heads, attention_mask=head_mask.long(), position_ids=positions, use_cache=True,
-                      logits_to_keep=1).past_key_values
+        if shared:
+            head = torch.tensor([list(heads[0][:shared])], dtype=torch.long, device=device)
+            cache = model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+        if tails.shape[1]:
+            positions = shared + torch.arange(tails.shape[1], device=device).expand_as(tails)
+            cache = model(input_ids=tails, attention_mask=head_mask.long(), position_ids=positions, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).past_key_values
     ids, mask = _pad([action for _, action in batch], device)
     inputs, _ = _pad([[prompt[-1], *action[:-1]] for prompt, action in batch], device)
     width = ids.shape[1]
@@ -88,6 +100,15 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
     positions = lengths[:, None] + torch.arange(width, device=device)
     logits = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache).logits
     return token_logprobs(logits, ids), mask
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading ids every row has in common."""
+    first = rows[0]
+    length = min(len(row) for row in rows)
+    for row in rows[1:]:
+        length = next((i for i, (a, b) in enumerate(zip(first[:length], row[:length])) if a != b), length)
+    return length
 
 
 def warm_up(policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = None, model: Any = None) -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
-"""SFT warm-up step time: the prompt without gradient (`detach_prefix=True`, the default) against
-full back-propagation (`detach_prefix=False`, `grpo.groups_logprobs`), in the same run.
+"""SFT warm-up step time, three ways in the same run: full back-propagation (`detach_prefix=False`,
+`grpo.groups_logprobs`, the baseline), the prompt without gradient (`detach_prefix=True`) with
+every prompt run whole (`share_head=False`), and the default: the prompt without gradient with the
+head the batch's prompts have in common run once (`share_head=True`).
 
 Both run one optimizer step (loss, backward, AdamW) of `pivot_envs.adapters.sft` on the same
 batches of real expert turns: bundled tool-use pivots encoded by the embedded SmolLM2 policy with
@@ -32,7 +34,7 @@ def main() -> None:
 
     import gymnasium as gym
     import torch
-    from pivot_envs.adapters.sft import expert_examples, turn_logprobs
+    from pivot_envs.adapters.sft import common_prefix_length, expert_examples, turn_logprobs
 
     from pivot_envs.policy import load_policy
 
@@ -49,12 +51,14 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay, every step costs the same
     model.train()
     rows = {}
-    for name, detach in (("full back-propagation", False), ("prompt without gradient", True)):
+    modes = (("full back-propagation", False, False), ("prompt without gradient", True, False),
+             ("+ shared head (default)", True, True))
+    for name, detach, share in modes:
         seconds = 0.0
         for batch in batches:
 
-            def step(batch=batch, detach=detach) -> None:
-                logprobs, mask = turn_logprobs(model, batch, detach_prefix=detach)
+            def step(batch=batch, detach=detach, share=share) -> None:
+                logprobs, mask = turn_logprobs(model, batch, detach_prefix=detach, share_head=share)
                 loss = -(logprobs * mask).sum() / mask.sum()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -63,17 +67,21 @@ def main() -> None:
             seconds += min(timed(step, args.device) for _ in range(args.repeats))
         rows[name] = {"seconds_per_step": seconds / len(batches)}
 
-    full, detached = rows["full back-propagation"], rows["prompt without gradient"]
-    ratio = full["seconds_per_step"] / detached["seconds_per_step"]
+    shared = sum(common_prefix_length([p[:-1] for p, _ in batch]) for batch in batches) / len(batches)
+    baseline = rows["full back-propagation"]["seconds_per_step"]
+    for row in rows.values():
+        row["speedup"] = baseline / row["seconds_per_step"]
+    ratio = rows["+ shared head (default)"]["speedup"]
     print(f"SmolLM2-135M on {args.device}, batch {args.batch_size}, {len(batches)} batches of bundled tool-use "
-          f"expert turns: prompt {prompt:.0f} tokens, action {action:.0f} tokens (means)")
-    print(f"{'mode':<26} {'s/step':>8}")
+          f"expert turns: prompt {prompt:.0f} tokens, action {action:.0f} tokens, common head {shared:.0f} tokens (means)")
+    print(f"{'mode':<26} {'s/step':>8} {'vs full':>8}")
     for name, row in rows.items():
-        print(f"{name:<26} {row['seconds_per_step']:>8.2f}")
-    print(f"prompt without gradient is {ratio:.2f}x faster per step than full back-propagation")
+        print(f"{name:<26} {row['seconds_per_step']:>8.2f} {row['speedup']:>7.2f}x")
+    print(f"the default is {ratio:.2f}x faster per step than full back-propagation")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "prompt_tokens": prompt, "action_tokens": action, "rows": rows,
+    out.write_text(json.dumps({"args": vars(args), "prompt_tokens": prompt, "action_tokens": action,
+                               "common_head_tokens": shared, "rows": rows,
                                "speedup": ratio}, indent=2))
 
 

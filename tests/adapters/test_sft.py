@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pivot_envs.adapters.grpo import sequence_logprobs  # noqa: E402
-from pivot_envs.adapters.sft import SFTConfig, expert_examples, turn_logprobs, warm_up  # noqa: E402
+from pivot_envs.adapters.sft import SFTConfig, common_prefix_length, expert_examples, turn_logprobs, warm_up  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,25 @@ def test_turn_logprobs_equal_the_full_sequences_with_or_without_the_prompts_grad
             reference, _ = sequence_logprobs(policy.model, prompt, [action])
             assert row_mask.sum() == len(action)
             torch.testing.assert_close(row[row_mask], reference[0, : len(action)], atol=1e-4, rtol=0)
+
+
+def test_the_prompts_common_head_runs_once_and_changes_no_value(policy, pivots):
+    examples = expert_examples(policy, pivots)
+    assert common_prefix_length([prompt for prompt, _ in examples]) > 50  # the system prompt's start is shared
+    one = examples[0]
+    # a batch of one (all of the prompt is the head) and a batch of one prompt twice (no tails)
+    for batch in ([one], [one, (one[0], one[1][:3])]):
+        logprobs, mask = turn_logprobs(policy.model, batch, detach_prefix=True)
+        reference, _ = sequence_logprobs(policy.model, one[0], [one[1]])
+        for row, row_mask in zip(logprobs, mask):
+            torch.testing.assert_close(row[row_mask], reference[0, : int(row_mask.sum())], atol=1e-4, rtol=0)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2]]) == 2
+    assert common_prefix_length([[5], [1, 2]]) == 0
+    assert common_prefix_length([[], [1]]) == 0
 
 
 def test_the_detached_prompt_keeps_most_of_the_gradient(policy, pivots):
