@@ -52,13 +52,13 @@ class GRPOConfig:
     std_epsilon: float = option(1e-4, "epsilon_std added to the group's reward std (Eq. 1)")
     scale_by_std: bool = option(True, "divide by the group's reward std (Eq. 1); off gives Dr. GRPO's unscaled advantage")
     max_grad_norm: float = option(1.0, "clip the gradient's global norm to this (0 disables)")
-    tokens_per_pass: int = option(
-        8192,
+    tokens_per_pass: int | None = option(
+        None,
         "padded tokens per forward/backward of the update: groups are packed into one pass (their prefixes in one "
         "forward, all their actions in a second) while groups x longest prefix + actions x longest action stays "
-        "within it; a larger group runs alone. More per pass: fewer, larger passes, faster on a GPU (small passes "
-        "are launch-bound) and somewhat on a CPU; peak activation memory grows in proportion. 0: one group per pass "
-        "(least memory)",
+        "within it; a larger group runs alone. More per pass: fewer, larger passes, for a GPU (small passes are "
+        "launch-bound); peak activation memory grows in proportion. 0: one group per pass (least memory; the "
+        "faster choice on a CPU, where packing two groups was 1.7x slower). Default: 8192 on a GPU, 0 on a CPU",
     )
     seed: int = option(0, "seed of pivot sampling, action sampling and torch")
     lora: bool = option(False, "train LoRA adapters (peft) instead of all weights; the reference is the base model")
@@ -454,11 +454,20 @@ def pack_groups(groups: Sequence[Group], tokens_per_pass: int) -> list[list[Grou
     return passes
 
 
+def pass_budget(config: GRPOConfig, model: Any) -> int:
+    """`config.tokens_per_pass`, or its default for the model's device: 8192 on a GPU, where small passes are
+    launch-bound, and 0 (one group per pass) on a CPU, where the update is compute-bound and a packed pass's
+    activations (gigabytes at 1k-token prefixes) made it slower (benchmarks/RESULTS.md)."""
+    if config.tokens_per_pass is not None:
+        return config.tokens_per_pass
+    return 8192 if next(model.parameters()).device.type == "cuda" else 0
+
+
 def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
     """`config.iterations` AdamW steps on the batch's groups; returns the loss and its statistics.
 
     The loss is summed over every action token of the batch and divided by their number (token-level
-    aggregation). The groups are packed into passes of at most `config.tokens_per_pass` padded tokens
+    aggregation). The groups are packed into passes of at most `pass_budget` padded tokens
     (`pack_groups`): per pass, one forward over the prefixes, one over the actions, one backward, so
     only one pass's activations are alive at a time.
     """
@@ -466,7 +475,7 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
 
     params = [p for p in model.parameters() if p.requires_grad]
     tokens = sum(len(a) for g in groups for a in g.actions)
-    passes = pack_groups(groups, config.tokens_per_pass)
+    passes = pack_groups(groups, pass_budget(config, model))
     old_logprobs, ref_logprobs = [], []  # per pass, fixed by the first iteration
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     for iteration in range(config.iterations):

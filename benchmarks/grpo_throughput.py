@@ -2,10 +2,11 @@
 
 All three update the same model on the same pivot-shaped batches (B pivots, G actions each, a long
 prefix of 3P/4..P tokens and short actions of A/2..A tokens), token-level loss, AdamW step:
-- packed: `pivot_envs.adapters.grpo.update` with its default `tokens_per_pass` (several groups per
-  pass: their prefixes in one forward, all their actions in a second, one backward);
-- per-group: the same update with `tokens_per_pass=0` (one group per pass: the prefix once, its KV
-  cache shared with gradients by the G actions);
+- packed: `pivot_envs.adapters.grpo.update` with `tokens_per_pass` 8192 (`--tokens-per-pass`; its
+  default on a GPU): several groups per pass, their prefixes in one forward, all their actions in a
+  second, one backward;
+- per-group: the same update with `tokens_per_pass=0` (its default on a CPU; one group per pass: the
+  prefix once, its KV cache shared with gradients by the G actions);
 - TRL: `GRPOTrainer.compute_loss` over full prompt + completion sequences, `--trl-groups-per-pass`
   groups (G sequences each) per forward/backward.
 Prints a table, writes benchmarks/out/grpo_throughput.json, reports the time ratios between them.
@@ -181,7 +182,7 @@ def main() -> None:
     parser.add_argument("--action", type=int, nargs="+", default=[64], help="longest action (tokens); actions are action/2..action")
     parser.add_argument("--group-size", type=int, default=8, help="G")
     parser.add_argument("--batch-pivots", type=int, default=4, help="B")
-    parser.add_argument("--tokens-per-pass", type=int, default=None, help="packed: GRPOConfig.tokens_per_pass (default: its default)")
+    parser.add_argument("--tokens-per-pass", type=int, default=8192, help="packed: GRPOConfig.tokens_per_pass (its GPU default)")
     parser.add_argument("--trl-groups-per-pass", type=int, default=1, help="groups (G sequences each) per TRL forward/backward")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="which updates to time")
     parser.add_argument("--repeats", type=int, default=2, help="timed updates per method (best kept), after one warm-up")
@@ -190,12 +191,12 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from pivot_envs.adapters.grpo import Group, GRPOConfig, pack_groups
+    from pivot_envs.adapters.grpo import Group, pack_groups
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokens_per_pass = GRPOConfig.tokens_per_pass if args.tokens_per_pass is None else args.tokens_per_pass
+    tokens_per_pass = args.tokens_per_pass
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
     model = load_model(args.random_init, args.shape, device, dtype, args.layers)
     layers = model.config.num_hidden_layers

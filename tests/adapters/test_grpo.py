@@ -23,6 +23,7 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     latest_checkpoint,
     pack_groups,
     padded_tokens,
+    pass_budget,
     plot_metrics,
     train,
     update,
@@ -180,6 +181,13 @@ def test_groups_are_packed_into_passes_within_the_token_budget():
     assert [[len(g.prefix) for g in chunk] for chunk in pack_groups(groups, 100)] == [[100], [80], [30, 20]]  # over: alone
     assert pack_groups(groups, 0) == [[g] for g in sorted(groups, key=lambda g: -len(g.prefix))]
     assert pack_groups(groups, 10**6) == [sorted(groups, key=lambda g: -len(g.prefix))]
+
+
+def test_the_pass_budget_defaults_to_one_group_per_pass_on_a_cpu(tokenizer):
+    model = tiny_policy(tokenizer).model
+    assert pass_budget(GRPOConfig(), model) == 0  # compute-bound there: packing only costs memory
+    assert pass_budget(GRPOConfig(tokens_per_pass=4096), model) == 4096
+    assert pass_budget(GRPOConfig(tokens_per_pass=0), model) == 0
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])
