@@ -111,6 +111,19 @@ def bwrap_available() -> bool:
     return result.returncode == 0
 
 
+@functools.lru_cache(maxsize=1)
+def _default_signals() -> tuple[str, ...]:
+    """`env --default-signal` (coreutils 8.31+) where the host has it, to start a sandbox's server
+    with every signal at its default action: signals the host process ignores (some library in
+    it may) would otherwise stay ignored in every command of the sandbox. (subprocess already
+    clears the blocked mask.)"""
+    try:
+        works = subprocess.run(["env", "--default-signal", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        works = False
+    return ("env", "--default-signal") if works else ()
+
+
 def _drop_privileges() -> list[str]:
     # Root is exempt from RLIMIT_NPROC; running the sandbox as `nobody` makes the limit real.
     if os.geteuid() == 0 and shutil.which("setpriv"):
@@ -390,7 +403,8 @@ class BwrapBackend:
         # As root, setpriv drops to nobody: dropping in Popen's child (user=...) would make Python
         # fork instead of vfork, holding the GIL for the copy of the whole process.
         with open(channel / "stderr", "wb") as stderr:
-            process = subprocess.Popen([*self._drop, *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel)],
+            process = subprocess.Popen([*self._drop, *_default_signals(),
+                                        *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel)],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         server = _Server(process, channel)
         with self._lock:

@@ -18,6 +18,22 @@ KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\
         "Right": "\x1b[C", "Left": "\x1b[D"}
 
 
+def default_signals() -> None:
+    """Run in the child between fork and exec: every signal back to its default action and none
+    blocked. Ignored and blocked signals survive exec, so without this a host process that ignores
+    or blocks SIGINT (some library in it did, in the test suite) gives the sandbox a shell whose
+    programs C-c cannot interrupt."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for number in signal.valid_signals():
+        if number not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):  # numbers the C library reserves for itself
+                pass
+
+
 class InteractiveShell:
     """bash -i in a sandbox (argv from `sandbox.interactive_argv()`); `close()` ends it."""
 
@@ -28,7 +44,7 @@ class InteractiveShell:
         head, tail = self.marker[:9], self.marker[9:]
         self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
         self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
-                                   timeout=timeout, echo=False, dimensions=(50, 200))
+                                   timeout=timeout, echo=False, dimensions=(50, 200), preexec_fn=default_signals)
         self.child.sendline(
             f"stty -echo; __a={head}; __b={tail}; PS2=''; PROMPT_COMMAND=''; "
             "PS1='${__a}${__b} $?$ '; [ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1; true"

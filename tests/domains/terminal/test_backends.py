@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 
+from pivot_envs.domains.terminal import image
 from pivot_envs.domains.terminal.backends import LABEL, OWNER_LABEL
 
 from pivot_envs.sandbox import Sandbox
@@ -72,6 +74,18 @@ def test_stdin_is_closed_and_pagers_and_colours_are_off(sandbox):
 def test_commands_see_a_closed_pipe_as_a_normal_shell_does(sandbox):
     # SIGPIPE has its default action: `yes` dies quietly (141) when `head` stops reading.
     assert sandbox.run("yes | head -1; echo ${PIPESTATUS[@]}").output == "y\n141 0\n"
+
+
+def test_commands_do_not_inherit_signals_the_host_process_ignores(backend):
+    # ignored signals survive exec; a library in the host process may ignore SIGINT or SIGTERM
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sandbox = backend.create(image.image_tag(), "/app") if backend.name == "docker" else backend.create("/app")
+        ignored = sandbox.run("grep SigIgn /proc/self/status").output.split()[1]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    assert int(ignored, 16) & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)) == 0, ignored
 
 
 def test_long_output_keeps_head_and_tail_with_a_marker(sandbox):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 from pivot_envs.domains.terminal.shell import InteractiveShell
@@ -25,6 +26,23 @@ def test_control_c_interrupts_a_running_program(sandbox):
         start = time.monotonic()
         result = shell.send_keys("C-c", wait=5)
         assert result.exit_code == 130 and time.monotonic() - start < 5
+    finally:
+        shell.close()
+
+
+def test_control_c_works_when_the_host_process_ignores_or_blocks_it(sandbox):
+    # ignored and blocked signals survive exec: the shell must not inherit the host's
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        shell = InteractiveShell(sandbox.interactive_argv())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+    try:
+        shell.send_keys("sleep 100\n", wait=0.5)
+        assert shell.send_keys("C-c", wait=5).exit_code == 130
+        assert shell.run("echo alive", timeout=10).output.strip() == "alive"
     finally:
         shell.close()
 
