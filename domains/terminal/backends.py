@@ -114,9 +114,9 @@ def bwrap_available() -> bool:
 @functools.lru_cache(maxsize=1)
 def _default_signals() -> tuple[str, ...]:
     """`env --default-signal` (coreutils 8.31+) where the host has it, to start a sandbox's server
-    with every signal at its default action: signals the host process ignores (some library in
-    it may) would otherwise stay ignored in every command of the sandbox. (subprocess already
-    clears the blocked mask.)"""
+    with every signal at its default action: signals the host process ignores (SIGINT and SIGQUIT
+    in any job a script starts in the background) would otherwise stay ignored in every command
+    of the sandbox. (subprocess already clears the blocked mask.)"""
     try:
         works = subprocess.run(["env", "--default-signal", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):

@@ -21,8 +21,9 @@ KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\
 def default_signals() -> None:
     """Run in the child between fork and exec: every signal back to its default action and none
     blocked. Ignored and blocked signals survive exec, so without this a host process that ignores
-    or blocks SIGINT (some library in it did, in the test suite) gives the sandbox a shell whose
-    programs C-c cannot interrupt."""
+    SIGINT gives the sandbox a shell whose programs C-c cannot interrupt: any job started in the
+    background by a script (`nohup python train.py &`, a CI step's `pytest &`) ignores SIGINT and
+    SIGQUIT."""
     import signal
 
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
