@@ -85,7 +85,8 @@ def test_commands_do_not_inherit_signals_the_host_process_ignores(backend):
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    assert int(ignored, 16) == 0, ignored
+    # the standard signals 1-31; 32 and 33 belong to the C library's threads and cannot be reset
+    assert int(ignored, 16) & ((1 << 31) - 1) == 0, ignored
 
 
 def test_long_output_keeps_head_and_tail_with_a_marker(sandbox):
