@@ -460,7 +460,7 @@ def pass_budget(config: GRPOConfig, model: Any) -> int:
     activations (gigabytes at 1k-token prefixes) made it slower (benchmarks/RESULTS.md)."""
     if config.tokens_per_pass is not None:
         return config.tokens_per_pass
-    return 8192 if next(model.parameters()).device.type == "cuda" else 0
+    return 0 if next(model.parameters()).device.type == "cpu" else 8192
 
 
 def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
