@@ -57,7 +57,18 @@ def test_turn_logprobs_equal_the_full_sequences_with_or_without_the_prompts_grad
 
 def test_the_prompts_common_head_runs_once_and_changes_no_value(policy, pivots):
     examples = expert_examples(policy, pivots)
-    assert common_prefix_length([prompt for prompt, _ in examples]) > 50  # the system prompt's start is shared
+    shared = common_prefix_length([prompt[:-1] for prompt, _ in examples])
+    assert shared > 50  # the system prompt's start is shared
+    seen = []  # the prompt tokens each forward pass without gradient gets
+    hook = policy.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()) if not torch.is_grad_enabled() else None,
+        with_kwargs=True)
+    try:
+        turn_logprobs(policy.model, examples, detach_prefix=True)
+    finally:
+        hook.remove()
+    longest_tail = max(len(prompt) - 1 - shared for prompt, _ in examples)
+    assert seen == [shared, len(examples) * longest_tail]  # the head once, then the right-padded tails
     one = examples[0]
     # a batch of one (all of the prompt is the head) and a batch of one prompt twice (no tails)
     for batch in ([one], [one, (one[0], one[1][:3])]):
