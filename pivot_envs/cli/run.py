@@ -204,6 +204,7 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
         print(f"      reused the warmed-up weights in {saved.parent}")
         return WarmUp(len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True)
     torch.manual_seed(config.seed)
+    (out / "sft" / "metrics.jsonl").unlink(missing_ok=True)  # an earlier warm-up's steps, with other settings
     records = warm_up(policy, examples, SFTConfig(epochs=epochs, learning_rate=config.sft_learning_rate, seed=config.seed,
                                                   metrics=str(out / "sft" / "metrics.jsonl")))
     losses = [[r["loss"] for r in records if r["epoch"] == e] for e in range(epochs)]
