@@ -26,7 +26,8 @@ class Profile:
 
     `rewards` are functional rewards, `strict_rewards` the exact-match ones, one per sample;
     `valid[i]` is False where the infrastructure (not the action) failed. `mean` and `var`
-    are over the valid samples only (population variance, as in Eq. 3).
+    are over the valid samples only (population variance, as in Eq. 3). `settings` are what the
+    profile was sampled under (reference policy, K, temperature, ...; see `profile.ProfileConfig`).
     """
 
     k: int
@@ -38,6 +39,7 @@ class Profile:
     categories: list[str] = field(default_factory=list)
     valid: list[bool] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_samples(
@@ -49,6 +51,7 @@ class Profile:
         categories: list[str] | None = None,
         valid: list[bool] | None = None,
         actions: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> Profile:
         """Build a profile, computing mean and variance over the valid samples."""
         valid = list(valid) if valid is not None else [True] * len(rewards)
@@ -65,6 +68,7 @@ class Profile:
             categories=list(categories or []),
             valid=valid,
             actions=list(actions or []),
+            settings=dict(settings or {}),
         )
 
     @property

@@ -9,11 +9,15 @@ Generation is batched across candidates (`batch_pivots` per generate call) and o
 env steps of the previous batch, which run on a thread pool of env instances (`env_workers`).
 Each finished candidate is appended to the output at once (flushed and fsynced); a rerun with the
 same output skips the ids already there, so a killed run resumes with nothing lost and nothing
-profiled twice.
+profiled twice. Every profile records the settings it was sampled under (the reference policy,
+its weights when they are a local directory, K, temperature, top-p, token budget, seed, env): a
+rerun with other settings stops with an error naming the differences (or, with `restart`, moves
+the earlier output aside and starts over) instead of mixing two reference policies in one file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -44,6 +48,10 @@ class ProfileConfig:
     env: str | None = option(None, "gymnasium env id for every candidate (default: pivot/<domain>-v0 of each)")
     env_kwargs: dict[str, Any] | str = option(factory=dict, help="keyword arguments of gym.make, as a JSON object")
     keep_actions: bool = option(True, "store the sampled actions in the profile (for the miss-rate analysis)")
+    restart: bool = option(
+        False, "when the output holds profiles made with other settings, move it aside to OUT.stale and "
+        "start over (default: stop with an error naming the differences)"
+    )
     progress: bool = option(True, "show a progress bar on stderr")
 
     def __post_init__(self) -> None:
@@ -62,6 +70,49 @@ class ProfileConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, self.seed)
 
+    def settings(self, reference: dict[str, str]) -> dict[str, Any]:
+        """What a profile depends on, recorded in each one: resuming needs the same."""
+        return {
+            **reference,
+            "k": self.k,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+            "env": self.env,
+            "env_kwargs": json.loads(json.dumps(self.env_kwargs, sort_keys=True, default=str)),
+        }
+
+
+class ProfileMismatchError(ValueError):
+    """The output holds profiles made with other settings than this run's."""
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf", "config.json")
+
+
+def reference_of(policy: Policy | str) -> dict[str, str]:
+    """The reference policy's identity as profiles record it, known without loading the policy.
+
+    A spec gives its name (`hf:PATH`; `openai:MODEL`, since the endpoints may change and the
+    model may not) and, when it names a local checkpoint directory, `weights`: a fingerprint of
+    its weight files (names, sizes, modification times), so a checkpoint retrained in place is
+    another reference. A Policy object gives its `name`. Any other string is taken as the name.
+    """
+    if not isinstance(policy, str):
+        return {"reference": policy.name}
+    scheme, _, rest = policy.partition(":")
+    identity = {"reference": f"openai:{rest.rpartition('#')[2]}" if scheme == "openai" else policy}
+    directory = Path(rest)
+    if scheme != "openai" and rest and directory.is_dir():
+        digest = hashlib.sha256()
+        for pattern in WEIGHT_FILES:
+            for file in sorted(directory.glob(pattern)):
+                stat = file.stat()
+                digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        identity["weights"] = digest.hexdigest()[:16]
+    return identity
+
 
 @dataclass
 class ProfileRun:
@@ -74,6 +125,7 @@ class ProfileRun:
     env_errors: int = 0
     seconds: float = 0.0
     generated_tokens: int = 0
+    moved_aside: str | None = None  # where an output made with other settings went (restart)
 
     @property
     def samples_per_s(self) -> float:
@@ -86,9 +138,15 @@ def completed_ids(path: str | os.PathLike[str]) -> set[str]:
     A run killed while writing leaves a last line without its newline; it is truncated away (its
     candidate is profiled again). Any other unreadable line is an error naming file and line.
     """
+    return set(completed(path))
+
+
+def completed(path: str | os.PathLike[str]) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Each profiled id in an output file with its line number and recorded settings (see
+    `completed_ids`; settings are {} in files written before they were recorded)."""
     path = Path(path)
     if not path.exists():
-        return set()
+        return {}
     with path.open("rb+") as handle:
         data = handle.read()
         end = data.rfind(b"\n") + 1
@@ -96,15 +154,38 @@ def completed_ids(path: str | os.PathLike[str]) -> set[str]:
             handle.truncate(end)
             handle.flush()
             os.fsync(handle.fileno())
-    ids: set[str] = set()
+    done: dict[str, tuple[int, dict[str, Any]]] = {}
     for number, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            ids.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            record = json.loads(line)
+            settings = (record.get("profile") or {}).get("settings") or {}
+            done[str(record["id"])] = (number, settings)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
             raise PivotFormatError(f"{path}:{number}: cannot resume from this output: {error!r}") from None
-    return ids
+    return done
+
+
+def check_settings(path: str | os.PathLike[str], done: dict[str, tuple[int, dict[str, Any]]],
+                   settings: dict[str, Any]) -> None:
+    """Raise ProfileMismatchError when a profile in `path` was made with other settings."""
+    for number, recorded in sorted(done.values(), key=lambda entry: entry[0]):
+        if recorded == settings:
+            continue
+        if not recorded:
+            differences = "it records no settings (written by an earlier version)"
+        else:
+            keys = [*settings, *(key for key in recorded if key not in settings)]
+            differences = "; ".join(
+                f"{key}: {recorded.get(key)!r} there, {settings.get(key)!r} now"
+                for key in keys if recorded.get(key) != settings.get(key)
+            )
+        raise ProfileMismatchError(
+            f"{path}:{number}: profiled with other settings than this run's ({differences}); mixing them "
+            f"would profile candidates under two reference policies. Write to a new output, or restart "
+            f"(--restart moves this file aside to {Path(path).name}.stale)"
+        )
 
 
 def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
@@ -147,6 +228,7 @@ def profile(
     out: str | os.PathLike[str],
     config: ProfileConfig | None = None,
     policy_options: dict[str, Any] | None = None,
+    reference: str | None = None,
 ) -> ProfileRun:
     """Profile candidates with a reference policy, appending each finished one to `out`.
 
@@ -155,15 +237,28 @@ def profile(
     out:     the profiled JSONL; ids already in it are skipped (resume).
     policy_options: options of the backend when `policy` is a spec (device, batch_size, ...);
              the policy is only built when some candidate is left to profile.
+    reference: the reference policy's spec or name as recorded (default: `policy`'s; see
+             `reference_of`); needed when the policy object was changed in memory (a warm-up)
+             or its name does not say which weights it holds, so a resume can tell it apart.
     Returns a ProfileRun with counts and timing. A policy failure (unreachable endpoint) raises
-    after the candidates finished so far were written.
+    after the candidates finished so far were written. Profiles already in `out` that were made
+    with other settings raise ProfileMismatchError, or with `config.restart` are moved aside.
     """
     config = config or ProfileConfig()
     if isinstance(pivots, (str, os.PathLike)):
         pivots = iter_pivots(pivots)
-    done = completed_ids(out)
-    todo: list[Pivot] = []
+    settings = config.settings(reference_of(reference or policy))
+    done = completed(out)
     run = ProfileRun()
+    try:
+        check_settings(out, done, settings)
+    except ProfileMismatchError:
+        if not config.restart:
+            raise
+        run.moved_aside = f"{out}.stale"
+        Path(out).replace(run.moved_aside)
+        done = {}
+    todo: list[Pivot] = []
     seen: set[str] = set()
     for pivot in pivots:
         if pivot.id in seen:
@@ -196,7 +291,7 @@ def profile(
                 try:
                     groups = policy.generate([p.observation for p in batch], config.k, sampling)
                 except Exception:
-                    _finish(pending, writer, run, policy, config, bar, started)  # keep what was sampled
+                    _finish(pending, writer, run, policy, settings, config, bar, started)  # keep what was sampled
                     raise
                 if len(groups) != len(batch) or any(len(g) != config.k for g in groups):
                     raise RuntimeError(
@@ -204,12 +299,12 @@ def profile(
                         f"{len(batch)} chats x {config.k}"
                     )
                 # Finish the previous batch while this one's env steps are queued behind it.
-                _finish(pending, writer, run, policy, config, bar, started)
+                _finish(pending, writer, run, policy, settings, config, bar, started)
                 for pivot, group in zip(batch, groups):
                     env_id = env_id_for(pivot, config)
                     futures = [pools[env_id].submit(pivot.id, c.action) for c in group]
                     pending.append((pivot, group, futures))
-            _finish(pending, writer, run, policy, config, bar, started)
+            _finish(pending, writer, run, policy, settings, config, bar, started)
     finally:
         if bar is not None:
             bar.close()
@@ -219,7 +314,8 @@ def profile(
     return run
 
 
-def _finish(pending, writer, run: ProfileRun, policy: Policy, config: ProfileConfig, bar, started: float) -> None:
+def _finish(pending, writer, run: ProfileRun, policy: Policy, settings: dict[str, Any], config: ProfileConfig, bar,
+            started: float) -> None:
     """Wait for the queued candidates' env steps and write each finished candidate."""
     for pivot, group, futures in pending:
         results = [_sample_result(future) for future in futures]
@@ -230,6 +326,7 @@ def _finish(pending, writer, run: ProfileRun, policy: Policy, config: ProfileCon
             categories=[r["category"] for r in results],
             valid=[r["valid"] for r in results],
             actions=[_action_text(c) for c in group] if config.keep_actions else None,
+            settings=settings,
         )
         writer.write(replace(pivot, profile=record))
         run.profiled += 1

@@ -29,6 +29,8 @@ def main(args: argparse.Namespace) -> int:
     config = from_args(ProfileConfig, args)
     options = {"device": args.device} if args.device else {}
     run = profile(args.pivots, args.policy, args.out, config, policy_options=options)
+    if run.moved_aside:
+        print(f"{args.out} held profiles made with other settings: moved to {run.moved_aside}", file=sys.stderr)
     print(
         f"profiled {run.profiled} candidates ({run.skipped} already done) in {run.seconds:.1f}s: "
         f"{run.samples} samples ({run.samples_per_s:.2f}/s), {run.invalid} invalid, {run.env_errors} env errors",

@@ -10,6 +10,7 @@ expert turns (adapters.sft) without which that model never succeeds; options sca
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import time
@@ -167,6 +168,7 @@ class WarmUp:
     first_loss: float | None = None
     last_loss: float | None = None
     reused: bool = False
+    digest: str = ""  # of the settings that made the weights: the reference policy's identity in profiles
 
     def summary(self) -> str:
         if not self.epochs:
@@ -183,6 +185,7 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
     import torch
 
     from pivot_envs.adapters.sft import SFTConfig, warm_up
+    from pivot_envs.profile import reference_of
 
     if not epochs:
         return WarmUp()
@@ -193,16 +196,17 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
     wanted = len(train_side) if config.sft_examples <= 0 else config.sft_examples
     examples = list(profiled)[:wanted]
     examples += random.Random(f"{config.seed}/sft").sample(others, min(max(wanted - len(examples), 0), len(others)))
-    settings = {"policy": config.policy, "epochs": epochs, "examples": sorted(p.id for p in examples),
+    settings = {"policy": reference_of(config.policy), "epochs": epochs, "examples": sorted(p.id for p in examples),
                 "learning_rate": config.sft_learning_rate, "seed": config.seed,
                 "max_prompt_tokens": config.max_prompt_tokens}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     saved, record = out / "sft" / "weights.pt", out / "sft" / "warm_up.json"
     saved.parent.mkdir(parents=True, exist_ok=True)
     figures = json.loads(record.read_text()) if saved.exists() and record.exists() else {}
     if figures.get("settings") == settings:
         policy.model.load_state_dict(torch.load(saved, map_location=policy.device))
         print(f"      reused the warmed-up weights in {saved.parent}")
-        return WarmUp(len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True)
+        return WarmUp(len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True, digest=digest)
     torch.manual_seed(config.seed)
     (out / "sft" / "metrics.jsonl").unlink(missing_ok=True)  # an earlier warm-up's steps, with other settings
     records = warm_up(policy, examples, SFTConfig(epochs=epochs, learning_rate=config.sft_learning_rate, seed=config.seed,
@@ -212,7 +216,7 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
     torch.save(policy.model.state_dict(), saved)
     record.write_text(json.dumps({"settings": settings, "first_loss": first, "last_loss": last}, indent=2))
     print(f"      {len(examples)} expert turns, mean loss {first:.3f} (epoch 1) -> {last:.3f} (epoch {epochs})")
-    return WarmUp(len(examples), epochs, first, last)
+    return WarmUp(len(examples), epochs, first, last, digest=digest)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -267,7 +271,7 @@ def run(config: RunConfig) -> Path:
     reference = f"{config.policy} after the warm-up" if epochs else config.policy
     with Stage(4, f"profile with the frozen reference policy ({reference}, K={config.k})") as stage:
         profiled_path = out / "profiled.jsonl"
-        profile(
+        done = profile(
             sample,
             policy,
             profiled_path,
@@ -278,8 +282,16 @@ def run(config: RunConfig) -> Path:
                 seed=config.seed,
                 batch_pivots=4,
                 env_workers=2,
+                restart=True,  # the run owns its output: profiles of another reference are set aside
             ),
+            # The warmed-up weights are the reference: an earlier run's profiles are reused only
+            # when they come from the same policy and warm-up settings.
+            reference=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
         )
+        if done.moved_aside:
+            print(f"      profiles of an earlier run with other settings moved to {done.moved_aside}")
+        if done.skipped:
+            print(f"      {done.skipped} candidates reused from an earlier run with the same settings")
         wanted = {pivot.id for pivot in sample}
         profiled = [pivot for pivot in read_pivots(profiled_path) if pivot.id in wanted]
         diagnostics = diagnose(profiled, lambda_diff=config.lambda_diff)

@@ -15,9 +15,9 @@ import gymnasium as gym
 import pytest
 
 from pivot_envs.env import InfrastructureError, Outcome, PivotEnv
-from pivot_envs.pivot import Pivot, read_pivots, write_pivots
+from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 from pivot_envs.policy import Completion, SamplingParams
-from pivot_envs.profile import ProfileConfig, completed_ids, profile
+from pivot_envs.profile import ProfileConfig, ProfileMismatchError, completed_ids, profile, reference_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,6 +154,9 @@ class FlakyBackendEnv(PivotEnv):
         return Outcome()
 
 
+gym.register("test/flaky-v0", entry_point=FlakyBackendEnv, disable_env_checker=True)
+
+
 class ScriptedPolicy:
     """Answers each chat with fixed actions: the expert's, a wrong one, one hitting the outage."""
 
@@ -171,7 +174,6 @@ class ScriptedPolicy:
 
 
 def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_variance(tmp_path: Path):
-    gym.register("test/flaky-v0", entry_point=FlakyBackendEnv, disable_env_checker=True)
     pivots = airline_pivots(3)
     out = tmp_path / "profiled.jsonl"
     run = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=4, env="test/flaky-v0", progress=False))
@@ -181,9 +183,79 @@ def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_varian
         assert record.profile.rewards == [1.0, 0.0, 0.0, 1.0]
         assert record.profile.categories[2] == "infrastructure_error"
         assert record.profile.mean == pytest.approx(2 / 3) and record.profile.var == pytest.approx(2 / 9)
-    # A rerun finds everything done and loads nothing.
-    again = profile(pivots, "hf:does-not-exist", out, ProfileConfig(k=4, env="test/flaky-v0", progress=False))
+    # A rerun finds everything done and loads nothing (the spec is never loaded: its reference
+    # name is given, as a caller does for a policy whose spec does not say what it holds).
+    again = profile(pivots, "hf:does-not-exist", out, ProfileConfig(k=4, env="test/flaky-v0", progress=False),
+                    reference="scripted")
     assert (again.profiled, again.skipped) == (0, 3)
+
+
+def test_each_profile_records_the_settings_it_was_sampled_under(tmp_path: Path):
+    pivots = airline_pivots(2)
+    out = tmp_path / "profiled.jsonl"
+    config = ProfileConfig(k=2, temperature=0.7, max_new_tokens=12, seed=3, env="test/flaky-v0", progress=False)
+    profile(pivots, ScriptedPolicy(pivots), out, config)
+    expected = {"reference": "scripted", "k": 2, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 12,
+                "seed": 3, "env": "test/flaky-v0", "env_kwargs": {}}
+    assert [p.profile.settings for p in read_pivots(out)] == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    ("change", "difference"),
+    [
+        ({"k": 3}, "k: 2 there, 3 now"),
+        ({"temperature": 0.5}, "temperature: 1.0 there, 0.5 now"),
+        ({"reference": "another policy"}, "reference: 'scripted' there, 'another policy' now"),
+    ],
+)
+def test_resuming_with_other_settings_is_an_error_naming_them_and_the_output_is_untouched(tmp_path, change, difference):
+    pivots = airline_pivots(3)
+    out = tmp_path / "profiled.jsonl"
+    first = ProfileConfig(k=2, env="test/flaky-v0", progress=False)
+    profile(pivots[:2], ScriptedPolicy(pivots), out, first)
+    before = out.read_bytes()
+    reference = change.pop("reference", None)
+    with pytest.raises(ProfileMismatchError, match=rf"profiled\.jsonl:1: profiled with other settings.*{difference}"):
+        profile(pivots, ScriptedPolicy(pivots), out, replace(first, **change), reference=reference)
+    assert out.read_bytes() == before
+
+
+def test_restart_moves_an_output_of_other_settings_aside_and_profiles_everything_again(tmp_path: Path):
+    pivots = airline_pivots(3)
+    out = tmp_path / "profiled.jsonl"
+    profile(pivots[:2], ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+    earlier = out.read_bytes()
+    run = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True))
+    assert (run.profiled, run.skipped, run.moved_aside) == (3, 0, f"{out}.stale")
+    assert Path(run.moved_aside).read_bytes() == earlier
+    assert [p.profile.k for p in read_pivots(out)] == [3, 3, 3]
+    # With the same settings, restart changes nothing: the rerun resumes.
+    again = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True))
+    assert (again.profiled, again.skipped, again.moved_aside) == (0, 3, None)
+
+
+def test_an_output_written_before_settings_were_recorded_is_not_resumed_silently(tmp_path: Path):
+    pivots = airline_pivots(2)
+    out = tmp_path / "profiled.jsonl"
+    old = replace(pivots[0], profile=Profile.from_samples([1.0, 0.0], policy="scripted"))
+    write_pivots([old], out)
+    with pytest.raises(ProfileMismatchError, match="records no settings"):
+        profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+
+
+def test_the_reference_of_a_spec_is_known_without_loading_it_and_fingerprints_local_weights(tmp_path: Path):
+    assert reference_of("openai:http://a:8000/v1,http://b:8000/v1#qwen") == {"reference": "openai:qwen"}
+    assert reference_of("hf:smollm2") == {"reference": "hf:smollm2"}
+    assert reference_of(ScriptedPolicy([])) == {"reference": "scripted"}
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    first = reference_of(f"hf:{checkpoint}")
+    assert first["reference"] == f"hf:{checkpoint}" and len(first["weights"]) == 16
+    assert reference_of(f"hf:{checkpoint}") == first
+    (checkpoint / "model.safetensors").write_bytes(b"retrained in place")
+    assert reference_of(f"hf:{checkpoint}")["weights"] != first["weights"]
 
 
 def test_duplicate_candidate_ids_are_refused(tmp_path: Path):

@@ -78,6 +78,19 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     # Rerun into the same directory: the warm-up's weights are reused and the profile resumes
     # (nothing profiled twice).
     assert main(argv) == 0
-    assert "reused the warmed-up weights" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "reused the warmed-up weights" in printed and "2 candidates reused from an earlier run" in printed
     assert json.loads((out / "report.json").read_text())["sft"]["reused"] is True
-    assert len(read_pivots(out / "profiled.jsonl")) == 2
+    warmed = read_pivots(out / "profiled.jsonl")
+    assert warmed == profiled and len({p.profile.settings["reference"] for p in warmed}) == 1
+    assert warmed[0].profile.settings["reference"].startswith("hf:smollm2 after SFT warm-up ")
+
+    # Without the warm-up the reference policy is another one: its profiles are not mixed with the
+    # warmed-up policy's; those are moved aside and the candidates profiled again.
+    assert main([*argv[:-1], "0"]) == 0
+    printed = capsys.readouterr().out
+    assert f"moved to {out / 'profiled.jsonl.stale'}" in printed
+    assert read_pivots(out / "profiled.jsonl.stale") == warmed
+    plain = read_pivots(out / "profiled.jsonl")
+    assert [p.id for p in plain] == [p.id for p in warmed]
+    assert {p.profile.settings["reference"] for p in plain} == {"hf:smollm2"}
