@@ -6,13 +6,16 @@ the baseline is `model.generate(num_return_sequences=K)` over the same rendered 
 the same way, generating only (no env, no output). A second reference is the hf backend's own
 generation alone (`HFPolicy.generate_ids` over the same prompts and batches): the profiler's
 pipeline overhead (env steps, bookkeeping, fsynced output) is its time over that one's, minus
-one (target: <= 10%). All three generate exactly `--max-new-tokens` tokens per sample (no early
-stop), so the wall times compare like for like.
+one (target: <= 10%). The same generation with each batch's common prompt head prefilled per
+prompt (`share_head=False`) gives the head sharing's gain. All generate exactly
+`--max-new-tokens` tokens per sample (no early stop), so the wall times compare like for like.
 
     python benchmarks/profile_throughput.py --pivots 8 --k 8 --max-new-tokens 32
 
-By default the candidates' long policy prompt is cut and only the expert's tools are kept
-(`--full-prompts` keeps them whole: ~4k-token prompts, for a GPU).
+By default the candidates' long policy prompt is cut and only the expert's tools are kept, so the
+prompts share little (`--full-prompts` keeps them whole: ~4k-token prompts, for a GPU; with
+`--max-prompt-tokens 1024` they are fitted to 1024 tokens as `pivotrl run` does, the airline
+system prompt's start then being a head of ~300 tokens common to every prompt).
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--full-prompts", action="store_true")
+    parser.add_argument("--max-prompt-tokens", type=int, default=0, help="fit prompts to this many tokens (0: whole)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
 
@@ -101,13 +105,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model, tokenizer = smollm2.load(device=args.device)
     pivots = candidates(args.pivots, args.full_prompts)
-    policy = HFPolicy(model, tokenizer, device=args.device, batch_size=args.batch_pivots, name="hf:smollm2",
-                      stop_token_ids=[])  # fixed-length samples, like the baseline's min_new_tokens
+    options = {"device": args.device, "batch_size": args.batch_pivots, "name": "hf:smollm2",
+               "stop_token_ids": [],  # fixed-length samples, like the baseline's min_new_tokens
+               "max_prompt_tokens": args.max_prompt_tokens or None}
+    policy = HFPolicy(model, tokenizer, **options)
+    whole = HFPolicy(model, tokenizer, share_head=False, **options)
     prompts = [policy.encode(p.observation) for p in pivots]
+    heads = [[(head, len(rows)) for head, rows in policy._head_groups(prompts[start : start + args.batch_pivots])]
+             for start in range(0, len(prompts), args.batch_pivots)]  # (head tokens, prompts sharing it) per batch
     policy.generate_ids(prompts[:1], 2, _sampling(2))  # warm-up
     baseline(model, tokenizer, prompts[:1], 2, 2, 1)
 
     base_s = baseline(model, tokenizer, prompts, args.k, args.max_new_tokens, args.batch_pivots)
+    started = time.perf_counter()
+    whole.generate_ids(prompts, args.k, _sampling(args.max_new_tokens))
+    whole_s = time.perf_counter() - started
     started = time.perf_counter()
     policy.generate_ids(prompts, args.k, _sampling(args.max_new_tokens))
     policy_s = time.perf_counter() - started
@@ -133,6 +145,9 @@ def main() -> None:
         "profile_tokens_per_s": tokens / run.seconds,
         "policy_generate_s": policy_s,
         "policy_samples_per_s": samples / policy_s,
+        "whole_prompts_generate_s": whole_s,
+        "shared_heads_tokens": heads,
+        "head_speedup": whole_s / policy_s,
         "speedup_vs_generate": base_s / run.seconds,
         "overhead": run.seconds / policy_s - 1,
         "invalid_samples": run.invalid,
@@ -141,10 +156,13 @@ def main() -> None:
           f"mean prompt {result['mean_prompt_tokens']:.0f} tokens, device {args.device}")
     print(f"{'':25} {'seconds':>8} {'samples/s':>10} {'tokens/s':>9}")
     print(f"{'model.generate (gen only)':25} {base_s:>8.2f} {samples / base_s:>10.2f} {tokens / base_s:>9.1f}")
+    print(f"{'HFPolicy, heads per prompt':25} {whole_s:>8.2f} {samples / whole_s:>10.2f} {tokens / whole_s:>9.1f}")
     print(f"{'HFPolicy (gen only)':25} {policy_s:>8.2f} {samples / policy_s:>10.2f} {tokens / policy_s:>9.1f}")
     print(f"{'pivotrl profile (all)':25} {run.seconds:>8.2f} {samples / run.seconds:>10.2f} {tokens / run.seconds:>9.1f}")
     print(f"profile vs model.generate: {result['speedup_vs_generate']:.2f}x faster")
     print(f"profile overhead over its own generation: {result['overhead']:+.1%} (target <= +10%)")
+    print(f"batch's common head prefilled once vs per prompt: {result['head_speedup']:.2f}x "
+          f"((head tokens, prompts) per batch: {heads})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

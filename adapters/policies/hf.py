@@ -18,6 +18,7 @@ from pivot_envs.adapters.chat_template import encode_prompt
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
 EMBEDDED = "smollm2"
+MIN_SHARED_HEAD = 16  # a shorter common head is not worth a forward pass of its own
 
 
 class HFPolicy:
@@ -31,6 +32,10 @@ class HFPolicy:
     name:        recorded in profiles as the reference policy's name.
     share_prefix: prefill each prompt once for its n samples (False: once per sample, the
                  naive way, kept for comparison).
+    share_head:  prefill the head a batch's prompts have in common (the system prompt's start,
+                 for the pivots of one domain) once for the batch, when it is at least
+                 `MIN_SHARED_HEAD` tokens; the samples are those of prefilling each prompt whole,
+                 up to float rounding (only with share_prefix).
     stop_token_ids: the ids that end a completion (default: the tokenizer's and the model's
                  end-of-sequence ids and `<|im_end|>`; an empty list never stops early).
     max_prompt_tokens: fit longer prompts to this many tokens (`chat_template.fit_prompt`:
@@ -51,6 +56,7 @@ class HFPolicy:
         batch_size: int = 8,
         name: str | None = None,
         share_prefix: bool = True,
+        share_head: bool = True,
         stop_token_ids: Sequence[int] | None = None,
         max_prompt_tokens: int | None = None,
     ) -> None:
@@ -63,6 +69,7 @@ class HFPolicy:
             self.model.to(device)
         self.batch_size = batch_size
         self.share_prefix = share_prefix
+        self.share_head = share_head
         self.max_prompt_tokens = max_prompt_tokens or None
         self.name = name or f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
         self.stop_ids = set(stop_token_ids) if stop_token_ids is not None else self._stop_ids()
@@ -142,32 +149,23 @@ class HFPolicy:
         import torch
 
         device = torch.device(self.device)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        if not self.share_prefix:  # the naive way, kept for comparison: prefill every sample's copy
-            ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Shared: each prompt prefilled once, its cache repeated n times. Naive: n copies prefilled.
+        repeats, copies = (n, 1) if self.share_prefix else (1, n)
         rows, steps = len(prompts) * n, max(sampling.max_new_tokens, 0)
+        with torch.inference_mode():
+            layers, mask, logits, positions = self._prefill(prompts, copies, device)
+        width = mask.shape[1]
         sampled = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(sampled.shape, dtype=torch.float32, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
         with torch.inference_mode():
-            result = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-            )
-            repeats = n if self.share_prefix else 1
-            cache = self._preallocated(result.past_key_values, repeats, width + steps)
-            logits = result.logits[:, -1, :].repeat_interleave(repeats, dim=0)
+            cache = self._preallocated(layers, repeats, width + steps)
+            logits = logits.repeat_interleave(repeats, dim=0)
             attention = torch.zeros((rows, width + steps), dtype=mask.dtype, device=device)
             attention[:, :width] = mask.repeat_interleave(repeats, dim=0)
-            position = positions[:, -1:].repeat_interleave(repeats, dim=0)
+            position = positions.repeat_interleave(repeats, dim=0)
             for step in range(steps):
                 log_probs = torch.log_softmax(logits.float(), dim=-1)
                 token = self._sample(logits.float(), sampling, generator)
@@ -190,15 +188,99 @@ class HFPolicy:
                 logits = result.logits[:, -1, :]
         return self._completions(prompts, n, sampled.cpu(), logprobs.cpu(), lengths.cpu())
 
-    def _preallocated(self, prefill: Any, repeats: int, length: int) -> Any:
+    def _prefill(self, prompts: list[list[int]], copies: int, device: Any) -> tuple[list, Any, Any, Any]:
+        """The prompts' key/value cache, left-padded so every prompt ends at the same column:
+        (per-layer (keys, values), attention mask, last logits, last positions), `copies` rows per
+        prompt (the naive way prefills each sample's copy).
+
+        Prompts that share a head of at least MIN_SHARED_HEAD tokens are prefilled together, the
+        head once and each tail on top of its cache; the others together, whole. The parts' caches
+        are then left-padded (masked) to one width and put back in the prompts' order.
+        """
+        import torch
+
+        parts = []
+        for head, rows in self._head_groups(prompts):
+            part = self._prefill_part([prompts[row] for row in rows], head, copies, device)
+            parts.append((rows, *part))
+        if len(parts) == 1:
+            return parts[0][1:]
+        width = max(mask.shape[1] for _, _, mask, _, _ in parts)
+
+        def left_pad(tensor: Any, dim: int) -> Any:
+            missing = width - tensor.shape[dim]
+            if not missing:
+                return tensor
+            shape = list(tensor.shape)
+            shape[dim] = missing
+            return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=dim)
+
+        order = torch.tensor([row for rows, *_ in parts for row in rows], device=device).argsort()
+        layers = [
+            tuple(torch.cat([left_pad(part[1][index][kv], 2) for part in parts])[order] for kv in (0, 1))
+            for index in range(len(parts[0][1]))
+        ]
+        mask = torch.cat([left_pad(part[2], 1) for part in parts])[order]
+        logits = torch.cat([part[3] for part in parts])[order]
+        positions = torch.cat([part[4] for part in parts])[order]
+        return layers, mask, logits, positions
+
+    def _prefill_part(self, prompts: list[list[int]], head: int, copies: int, device: Any) -> tuple[list, Any, Any, Any]:
+        """`_prefill` of prompts sharing their first `head` tokens (0: none), `copies` rows each."""
+        import torch
+
+        tails = [prompt[head:] for prompt in prompts]
+        width = head + max(len(tail) for tail in tails)
+        ids = torch.full((len(prompts), width - head), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask[:, :head] = 1
+        for row, tail in enumerate(tails):  # left-padded tails: every prompt ends at the same column
+            ids[row, ids.shape[1] - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            mask[row, width - len(tail) :] = 1
+        ids, mask = ids.to(device).repeat_interleave(copies, dim=0), mask.to(device).repeat_interleave(copies, dim=0)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, head:]  # a tail goes on right after the head
+        cache = None
+        if head:  # once for the part, its cache then repeated for each prompt's tail
+            head_ids = torch.tensor([prompts[0][:head]], dtype=torch.long, device=device)
+            cache = self.model(input_ids=head_ids, use_cache=True, logits_to_keep=1).past_key_values
+            cache.batch_repeat_interleave(len(prompts))
+        result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1)
+        layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+        return layers, mask, result.logits[:, -1, :], positions[:, -1:]
+
+    def _head_groups(self, prompts: list[list[int]]) -> list[tuple[int, list[int]]]:
+        """(shared head length, row indices) of the parts `_prefill` prefills: prompts whose first
+        MIN_SHARED_HEAD tokens agree go together with their common head (each keeps a tail token);
+        the rest together with none. Everything in one part without head sharing."""
+        if not (self.share_head and self.share_prefix) or len(prompts) < 2:
+            return [(0, list(range(len(prompts))))]
+        from pivot_envs.adapters.sft import common_prefix_length
+
+        clusters: dict[tuple[int, ...], list[int]] = {}
+        for row, prompt in enumerate(prompts):
+            key = tuple(prompt[:MIN_SHARED_HEAD]) if len(prompt) > MIN_SHARED_HEAD else (row, -1)
+            clusters.setdefault(key, []).append(row)
+        groups, alone = [], []
+        for rows in clusters.values():
+            if len(rows) < 2:
+                alone += rows
+                continue
+            members = [prompts[row] for row in rows]
+            groups.append((min(common_prefix_length(members), min(len(p) for p in members) - 1), rows))
+        if alone:
+            groups.append((0, sorted(alone)))
+        return groups
+
+    def _preallocated(self, layers: list, repeats: int, length: int) -> Any:
         """The prompts' key/value cache copied into a `StaticCache` of `length` positions, each row repeated
         `repeats` times: the decode steps then write in place instead of growing every layer's cache by
         concatenation at every token (which copies the whole cache each step)."""
         from transformers import StaticCache
 
         cache = StaticCache(config=self.model.config, max_cache_len=length)
-        for index, layer in enumerate(prefill.layers):
-            cache.update(layer.keys.repeat_interleave(repeats, dim=0), layer.values.repeat_interleave(repeats, dim=0), index)
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys.repeat_interleave(repeats, dim=0), values.repeat_interleave(repeats, dim=0), index)
         return cache
 
     @staticmethod

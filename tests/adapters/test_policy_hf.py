@@ -159,3 +159,44 @@ def test_token_id_prompts_generate_without_a_tokenizer_and_an_empty_stop_list_ne
         assert completion.token_ids[: stop + 1] == reference[0].token_ids
     with pytest.raises(ValueError, match="no tokenizer"):
         bare.generate(CHATS, 1, SamplingParams())
+
+
+def test_a_batch_shares_its_prompts_common_head_and_samples_what_whole_prompts_do(model_and_tokenizer):
+    from pivot_envs.adapters.policies.hf import MIN_SHARED_HEAD
+    from pivot_envs.domains.tool_use.env import bundled_pivots
+
+    model, tokenizer = model_and_tokenizer
+    airline = [pivot.observation for pivot in bundled_pivots()[:3]]  # the airline system prompt starts each
+    chats = [airline[0], CHATS[0], airline[1], airline[2]]  # ... and one chat that shares nothing with them
+    shared = HFPolicy(model, tokenizer, max_prompt_tokens=384)
+    whole = HFPolicy(model, tokenizer, max_prompt_tokens=384, share_head=False)
+    prompts = [shared.encode(chat) for chat in chats]
+    assert whole._head_groups(prompts) == [(0, [0, 1, 2, 3])]
+    (head, together), alone = shared._head_groups(prompts)
+    assert together == [0, 2, 3] and alone == (0, [1]) and head >= MIN_SHARED_HEAD
+    assert all(prompts[row][:head] == prompts[0][:head] for row in together)
+
+    fed: list[int] = []  # tokens of every forward pass
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: fed.append(kwargs["input_ids"].numel()),
+                                           with_kwargs=True)
+    try:
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=4)
+        with_head = shared.generate(chats, n=3, sampling=sampling)
+        head_passes = list(fed)
+        fed.clear()
+        without = whole.generate(chats, n=3, sampling=sampling)
+    finally:
+        hook.remove()
+    assert fed[0] == 4 * max(len(p) for p in prompts)  # whole prompts, left-padded to the longest
+    tail = max(len(prompts[row]) for row in together) - head
+    assert head_passes[:3] == [head, 3 * tail, len(prompts[1])]  # the head once, the tails, the other prompt
+    for a_group, b_group in zip(with_head, without):
+        assert [c.token_ids for c in a_group] == [c.token_ids for c in b_group]
+        for a, b in zip(a_group, b_group):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=2e-4)
+            assert a.prompt_token_ids == b.prompt_token_ids
+    # ... and both are the model's own log-probabilities of a fresh unpadded pass, in the chats' order.
+    for row in (1, 2):
+        first = with_head[row][0]
+        assert first.prompt_token_ids == prompts[row]
+        assert first.logprobs == pytest.approx(fresh_logprobs(model, prompts[row], first.token_ids), abs=2e-4)
