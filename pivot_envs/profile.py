@@ -80,8 +80,14 @@ class ProfileConfig:
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
             "env": self.env,
-            "env_kwargs": json.loads(json.dumps(self.env_kwargs, sort_keys=True, default=str)),
+            "env_kwargs": json.loads(json.dumps(self.env_kwargs, sort_keys=True, default=_type_name)),
         }
+
+
+def _type_name(value: Any) -> str:
+    """How a value JSON cannot hold is recorded: its type (its repr may hold a memory address,
+    which would differ in every run and make a resume impossible)."""
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 class ProfileMismatchError(ValueError):

@@ -198,6 +198,9 @@ def test_each_profile_records_the_settings_it_was_sampled_under(tmp_path: Path):
     expected = {"reference": "scripted", "k": 2, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 12,
                 "seed": 3, "env": "test/flaky-v0", "env_kwargs": {}}
     assert [p.profile.settings for p in read_pivots(out)] == [expected, expected]
+    # A keyword argument JSON cannot hold (a judge object, say) is recorded by its type, the same in every run.
+    judged = ProfileConfig(env_kwargs={"judge": ScriptedPolicy([]), "threshold": 0.5}).settings({})
+    assert judged["env_kwargs"] == {"judge": f"<{__name__}.ScriptedPolicy>", "threshold": 0.5}
 
 
 @pytest.mark.parametrize(
