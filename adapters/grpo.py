@@ -370,6 +370,50 @@ def save_checkpoint(path: Path, model: Any, tokenizer: Any, optimizer: Any, samp
     return path
 
 
+def refuse_earlier_run(out: Path, resuming: bool = False) -> None:
+    """A fresh run must not start in an output holding another run's checkpoints or metrics: its
+    checkpoints would sit beside the new ones (a later resume could pick the old run's latest)
+    and its metrics would be overwritten. Raise naming what is there (`resuming`: a resume found
+    no checkpoint to continue from)."""
+    found = []
+    if (checkpoint := latest_checkpoint(out)) is not None:
+        found.append(f"checkpoint {checkpoint.name}")
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file() and (steps := sum(1 for line in metrics.read_text().splitlines() if line.strip())):
+        found.append(f"{steps} step{'s' * (steps != 1)} in metrics.jsonl")
+    if found and resuming:
+        raise ValueError(f"{out} holds an earlier run ({', '.join(found)}) but no checkpoint to resume from: "
+                         "train into another --out; nothing there was changed")
+    if found:
+        raise ValueError(
+            f"{out} holds an earlier run ({', '.join(found)}): continue it with --resume (resume=True) or "
+            "train into another --out; nothing there was changed"
+        )
+
+
+# What a resumed run may change: its length, bookkeeping and how the work is laid out, not the method.
+RESUME_MAY_CHANGE = frozenset({"policy", "steps", "checkpoint_every", "eval_every", "eval_pivots", "num_envs",
+                               "tokens_per_pass", "out", "resume"})
+
+
+def check_resumable(checkpoint: Path, config: GRPOConfig) -> None:
+    """Raise naming the differences when `config` changes what the checkpoint's run trained with
+    (a resume continues a run as if it had not stopped; other hyperparameters make another run)."""
+    import torch
+
+    saved = torch.load(checkpoint / "trainer_state.pt", weights_only=False).get("config") or {}
+    differences = [
+        f"{name}: {saved[name]!r} there, {value!r} now"
+        for name, value in asdict(config).items()
+        if name not in RESUME_MAY_CHANGE and name in saved and saved[name] != value
+    ]
+    if differences:
+        raise ValueError(
+            f"cannot resume {checkpoint} with other settings ({'; '.join(differences)}): resume with the run's "
+            f"own, or start another run from its weights (--policy hf:{checkpoint} --out NEW)"
+        )
+
+
 def latest_checkpoint(out: Path) -> Path | None:
     """The checkpoint of the highest step under `out/checkpoints`, or None."""
     found = [p for p in (out / "checkpoints").glob("step-*") if (p / "trainer_state.pt").is_file()]
@@ -535,6 +579,8 @@ def train(
     if config.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
     out = Path(config.out)
+    if not config.resume or latest_checkpoint(out) is None:  # a resume with no checkpoint starts afresh
+        refuse_earlier_run(out, resuming=config.resume)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(config.seed)
     np.random.seed(config.seed)
@@ -558,6 +604,7 @@ def train(
     sampler = np.random.default_rng(config.seed)
     start = 0
     if config.resume and (checkpoint := latest_checkpoint(out)) is not None:
+        check_resumable(checkpoint, config)
         start = load_checkpoint(checkpoint, model, optimizer, sampler)
         sync_weights(policy, model)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))

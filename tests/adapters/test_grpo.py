@@ -246,6 +246,28 @@ def test_resuming_from_a_checkpoint_continues_the_run_as_if_it_had_not_stopped(t
     assert [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
+def test_a_fresh_run_into_an_output_holding_an_earlier_run_is_refused_and_changes_nothing(tokenizer, tmp_path):
+    train(tiny_config(tmp_path, steps=2), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    before = {path: path.stat().st_mtime_ns for path in tmp_path.rglob("*")}
+    with pytest.raises(ValueError, match=r"holds an earlier run \(checkpoint step-2, 2 steps in metrics.jsonl\).*--resume"):
+        train(tiny_config(tmp_path, steps=4), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    assert {path: path.stat().st_mtime_ns for path in tmp_path.rglob("*")} == before
+    # A resume continues the run: its method's settings cannot change, its length and layout can.
+    with pytest.raises(ValueError, match=r"step-2 with other settings \(group_size: 4 there, 2 now; "
+                                         r"learning_rate: 0.001 there, 0.01 now\)"):
+        train(tiny_config(tmp_path, steps=3, resume=True, learning_rate=1e-2, group_size=2), real_pivots(),
+              policy=tiny_policy(tokenizer), env_id=make_env)
+    resumed = train(tiny_config(tmp_path, steps=3, resume=True, checkpoint_every=1, tokens_per_pass=0), real_pivots(),
+                    policy=tiny_policy(tokenizer), env_id=make_env)
+    assert [r["step"] for r in resumed.history] == [3]
+    # A run that saved no checkpoint cannot be resumed, and its metrics are not overwritten either.
+    unsaved = tmp_path / "unsaved"
+    train(tiny_config(unsaved, steps=1, checkpoint_every=0), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    with pytest.raises(ValueError, match=r"\(1 step in metrics.jsonl\) but no checkpoint to resume from"):
+        train(tiny_config(unsaved, steps=2, checkpoint_every=0, resume=True), real_pivots(), policy=tiny_policy(tokenizer),
+              env_id=make_env)
+
+
 def test_beta_above_zero_measures_the_kl_to_the_frozen_reference(tokenizer, tmp_path):
     config = tiny_config(tmp_path, steps=3, beta=0.1, iterations=2, learning_rate=2e-3, checkpoint_every=0)
     result = train(config, real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)

@@ -324,3 +324,20 @@ def test_smollm2_profiles_real_airline_candidates_into_well_formed_records(tmp_p
 def test_profile_sampling_params_come_from_the_config():
     config = ProfileConfig(temperature=0.5, top_p=0.9, max_new_tokens=7, seed=3)
     assert config.sampling == SamplingParams(0.5, 0.9, 7, 3)
+
+
+def test_pivotrl_profile_names_the_mismatch_before_loading_the_policy(tmp_path: Path, capsys):
+    from pivot_envs.cli import main
+
+    pivots = airline_pivots(2)
+    candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
+    write_pivots(pivots, candidates)
+    profile(pivots[:1], ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+    before = out.read_bytes()
+    argv = ["profile", str(candidates), "--policy", "hf:/no/such/checkpoint", "--out", str(out), "--k", "2",
+            "--env", "test/flaky-v0"]
+    assert main(argv) == 1
+    error = capsys.readouterr().err
+    assert "pivotrl profile: error:" in error and "profiled.jsonl:1: profiled with other settings" in error
+    assert "reference: 'scripted' there, 'hf:/no/such/checkpoint' now" in error and "--restart" in error
+    assert out.read_bytes() == before  # nothing was loaded, nothing written

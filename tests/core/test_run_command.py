@@ -81,6 +81,9 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     printed = capsys.readouterr().out
     assert "reused the warmed-up weights" in printed and "2 candidates reused from an earlier run" in printed
     assert json.loads((out / "report.json").read_text())["sft"]["reused"] is True
+    # The first run's training is kept beside this one's, not mixed with it.
+    assert len((out / "train.previous" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert len((out / "train" / "metrics.jsonl").read_text().splitlines()) == 1
     warmed = read_pivots(out / "profiled.jsonl")
     assert warmed == profiled and len({p.profile.settings["reference"] for p in warmed}) == 1
     assert warmed[0].profile.settings["reference"].startswith("hf:smollm2 after SFT warm-up ")
