@@ -381,14 +381,11 @@ def refuse_earlier_run(out: Path, resuming: bool = False) -> None:
     metrics = out / "metrics.jsonl"
     if metrics.is_file() and (steps := sum(1 for line in metrics.read_text().splitlines() if line.strip())):
         found.append(f"{steps} step{'s' * (steps != 1)} in metrics.jsonl")
-    if found and resuming:
-        raise ValueError(f"{out} holds an earlier run ({', '.join(found)}) but no checkpoint to resume from: "
-                         "train into another --out; nothing there was changed")
     if found:
-        raise ValueError(
-            f"{out} holds an earlier run ({', '.join(found)}): continue it with --resume (resume=True) or "
-            "train into another --out; nothing there was changed"
-        )
+        advice = (" but no checkpoint to resume from: train" if resuming
+                  else ": continue it with --resume (resume=True) or train")
+        raise ValueError(f"{out} holds an earlier run ({', '.join(found)}){advice} into another --out; "
+                         "nothing there was changed")
 
 
 # What a resumed run may change: its length, bookkeeping and how the work is laid out, not the method.
@@ -396,12 +393,10 @@ RESUME_MAY_CHANGE = frozenset({"policy", "steps", "checkpoint_every", "eval_ever
                                "tokens_per_pass", "out", "resume"})
 
 
-def check_resumable(checkpoint: Path, config: GRPOConfig) -> None:
+def check_resumable(checkpoint: Path, saved: dict[str, Any], config: GRPOConfig) -> None:
     """Raise naming the differences when `config` changes what the checkpoint's run trained with
-    (a resume continues a run as if it had not stopped; other hyperparameters make another run)."""
-    import torch
-
-    saved = torch.load(checkpoint / "trainer_state.pt", weights_only=False).get("config") or {}
+    (`saved`: its config; a resume continues a run as if it had not stopped, other hyperparameters
+    make another run)."""
     differences = [
         f"{name}: {saved[name]!r} there, {value!r} now"
         for name, value in asdict(config).items()
@@ -420,11 +415,15 @@ def latest_checkpoint(out: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any) -> int:
-    """Restore weights, optimizer and RNG states saved by `save_checkpoint`; returns its step."""
+def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any, config: GRPOConfig | None = None) -> int:
+    """Restore weights, optimizer and RNG states saved by `save_checkpoint`; returns its step.
+    With `config`, first check that it may resume the checkpoint's run (`check_resumable`)."""
     import numpy as np
     import torch
 
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    if config is not None:
+        check_resumable(path, state.get("config") or {}, config)
     if hasattr(model, "disable_adapter"):  # LoRA: the checkpoint holds the adapters only
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -435,7 +434,6 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any) -> int
 
         dtype = next(model.parameters()).dtype
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict())
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     random.setstate(state["python_rng"])
     np.random.set_state(state["numpy_rng"])
@@ -579,7 +577,8 @@ def train(
     if config.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
     out = Path(config.out)
-    if not config.resume or latest_checkpoint(out) is None:  # a resume with no checkpoint starts afresh
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is None:  # a fresh run (a resume with no checkpoint starts afresh)
         refuse_earlier_run(out, resuming=config.resume)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(config.seed)
@@ -603,9 +602,8 @@ def train(
     )
     sampler = np.random.default_rng(config.seed)
     start = 0
-    if config.resume and (checkpoint := latest_checkpoint(out)) is not None:
-        check_resumable(checkpoint, config)
-        start = load_checkpoint(checkpoint, model, optimizer, sampler)
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, sampler, config)
         sync_weights(policy, model)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     log = MetricsLog(out, start)

@@ -152,15 +152,14 @@ class HFPolicy:
         # Shared: each prompt prefilled once, its cache repeated n times. Naive: n copies prefilled.
         repeats, copies = (n, 1) if self.share_prefix else (1, n)
         rows, steps = len(prompts) * n, max(sampling.max_new_tokens, 0)
-        with torch.inference_mode():
-            layers, mask, logits, positions = self._prefill(prompts, copies, device)
-        width = mask.shape[1]
         sampled = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(sampled.shape, dtype=torch.float32, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         stop = torch.tensor(sorted(self.stop_ids), device=device)
         with torch.inference_mode():
+            layers, mask, logits, positions = self._prefill(prompts, copies, device)
+            width = mask.shape[1]
             cache = self._preallocated(layers, repeats, width + steps)
             logits = logits.repeat_interleave(repeats, dim=0)
             attention = torch.zeros((rows, width + steps), dtype=mask.dtype, device=device)
@@ -258,10 +257,12 @@ class HFPolicy:
         from pivot_envs.adapters.sft import common_prefix_length
 
         clusters: dict[tuple[int, ...], list[int]] = {}
-        for row, prompt in enumerate(prompts):
-            key = tuple(prompt[:MIN_SHARED_HEAD]) if len(prompt) > MIN_SHARED_HEAD else (row, -1)
-            clusters.setdefault(key, []).append(row)
         groups, alone = [], []
+        for row, prompt in enumerate(prompts):
+            if len(prompt) > MIN_SHARED_HEAD:
+                clusters.setdefault(tuple(prompt[:MIN_SHARED_HEAD]), []).append(row)
+            else:
+                alone.append(row)
         for rows in clusters.values():
             if len(rows) < 2:
                 alone += rows

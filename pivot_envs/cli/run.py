@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -330,12 +331,9 @@ def run(config: RunConfig) -> Path:
         num_envs=2,
         out=str(out / "train"),
     )
-    previous = out / "train.previous"
     if (out / "train").exists():  # an earlier run's training: kept beside, never mixed with this one's
-        import shutil
-
-        shutil.rmtree(previous, ignore_errors=True)
-        (out / "train").replace(previous)
+        shutil.rmtree(out / "train.previous", ignore_errors=True)
+        (out / "train").replace(out / "train.previous")
     with Stage(7, f"train with GRPO at the pivots ({config.steps} steps, B={config.batch_pivots}, G={config.group_size})") as stage:
         result = train(grpo, pivots, policy=policy, env_id=env_id(config.domain))
         for record in result.history:
