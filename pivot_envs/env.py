@@ -10,12 +10,13 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot
 from pivot_envs.spaces import Chat, Completion
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
 
 
-class InfrastructureError(RuntimeError):
+class InfrastructureError(PivotEnvsError, RuntimeError):
     """The environment (sandbox, tool backend), not the action, failed; the sample is invalid."""
 
 

@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
 
-class PivotFormatError(ValueError):
+
+class PivotFormatError(PivotEnvsError, ValueError):
     """A pivot record that cannot be read; the message names the file, line and reason."""
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pivot_envs.errors import PivotEnvsError
+
 
 @dataclass
 class SamplingParams:
@@ -60,7 +62,7 @@ POLICY_GROUP = "pivot_envs.policies"
 SPEC_FORMS = "hf:PATH_OR_NAME, hf:smollm2, openai:BASE_URL[,BASE_URL...]#MODEL, vllm:PATH"
 
 
-class PolicySpecError(ValueError):
+class PolicySpecError(PivotEnvsError, ValueError):
     """A policy spec that names no installed backend or is malformed; the message lists the accepted forms."""
 
 

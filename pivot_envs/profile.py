@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.config import option
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
 from pivot_envs.scoring import EnvPool, resolve_env
@@ -90,7 +91,7 @@ def _type_name(value: Any) -> str:
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
-class ProfileMismatchError(ValueError):
+class ProfileMismatchError(PivotEnvsError, ValueError):
     """The output holds profiles made with other settings than this run's."""
 
 

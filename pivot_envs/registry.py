@@ -18,6 +18,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from pivot_envs.errors import PivotEnvsError
+
 GROUP = "pivot_envs.domains"
 NAMESPACE = "pivot"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -41,7 +43,7 @@ class DomainSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class PluginError(RuntimeError):
+class PluginError(PivotEnvsError, RuntimeError):
     """A domain plugin could not be loaded; the message names the plugin and the cause."""
 
 

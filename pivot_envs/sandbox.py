@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pivot_envs.config import option
+from pivot_envs.errors import PivotEnvsError
 
 # Where the runner keeps the shell state and the last output, inside every sandbox; outside the
 # workspace, so it never shows up as a changed file.
@@ -127,7 +128,7 @@ class Snapshot:
     files: dict[str, str] = field(default_factory=dict)
 
 
-class SandboxError(RuntimeError):
+class SandboxError(PivotEnvsError, RuntimeError):
     """The sandbox itself failed (daemon gone, backend missing), not the command run in it."""
 
 

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pivot_envs.chat import tool_to_chat
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
 RETRIED_STATUS = {429, 500, 502, 503, 504}
 
 
-class EndpointError(RuntimeError):
+class EndpointError(PivotEnvsError, RuntimeError):
     """An OpenAI-compatible endpoint failed (after retries); the message names it and the status."""
 
     def __init__(self, message: str, url: str = "", status: int | None = None) -> None:
