@@ -132,6 +132,26 @@ class SandboxError(PivotEnvsError, RuntimeError):
     """The sandbox itself failed (daemon gone, backend missing), not the command run in it."""
 
 
+class CommandRejected(PivotEnvsError, ValueError):
+    """A command that cannot cross into a sandbox intact (a NUL byte, text that is not Unicode)."""
+
+
+def command_problem(command: str) -> str:
+    """Why `command` cannot be run as it is ("" when it can).
+
+    A NUL byte cannot be part of a bash command (bash's strings end at it) and would split the
+    request the command server reads; a lone surrogate is not text and has no UTF-8 form.
+    """
+    at = command.find("\0")
+    if at >= 0:
+        return f"the command contains a NUL byte (at character {at})"
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"the command is not valid Unicode text (a lone surrogate at character {error.start})"
+    return ""
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """An isolated filesystem plus shell state that runs commands (see the module docstring)."""
@@ -258,7 +278,13 @@ def runner_argv(command: str, timeout: float | None, limits: SandboxLimits, mark
     readable container filesystem).
     report=False: it leaves the output in /.pivot/out and exits with the command's status, for
     backends that read the sandbox's files from the host (bubblewrap, local Docker).
+
+    Raises CommandRejected for a command that cannot cross into the sandbox intact (see
+    `command_problem`): the arguments travel NUL-separated, so none may contain a NUL.
     """
+    problem = command_problem(command)
+    if problem:
+        raise CommandRejected(problem)
     return [
         "bash", "-c", RUNNER, "pivot-runner", command, "host" if timeout is None else f"{max(timeout, 0.1):.3f}",
         str(limits.output_bytes if report else 0),

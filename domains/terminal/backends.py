@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import queue
 import select
@@ -46,6 +47,7 @@ from pivot_envs.sandbox import (
     CHANNEL_DIR,
     SERVER,
     STATE_DIR,
+    CommandRejected,
     CommandResult,
     SandboxError,
     SandboxLimits,
@@ -57,6 +59,11 @@ from pivot_envs.sandbox import (
     runner_argv,
     runner_env,
 )
+
+from . import cgroups
+from .cgroups import SandboxCgroup
+
+logger = logging.getLogger(__name__)
 
 LABEL = "pivot-envs"
 OWNER_LABEL = "pivot-envs.owner"
@@ -160,6 +167,10 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
     a non-empty answer (a limit the command broke) raises `LimitExceeded` with it. At `kill_at`,
     `kill()` is called once (it ends the command: the time limit) and the reply is still awaited.
     """
+    # The request is NUL-separated: an argument holding a NUL would shift the ones after it (the
+    # limits among them), so none may cross (commands are checked when parsed and in runner_argv).
+    if any("\0" in arg for arg in args):
+        raise CommandRejected(f"a request to the command server of {name} holds a NUL byte")
     trailer = b"\n%s exit " % args[7].encode()
     # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
     reply = os.open(channel / "out", os.O_RDONLY | os.O_NONBLOCK)
@@ -252,12 +263,42 @@ def _disk_check(root: Path, limits: SandboxLimits) -> Callable[[], str]:
 # bubblewrap
 
 
+def hard_limits(limits: SandboxLimits) -> list[str]:
+    """A `prlimit` argv prefix that sets the file-size and address-space limits, soft and hard, on
+    the sandbox's first process: set by the host before the sandbox exists, so nothing a command
+    sends can raise them (the runner's per-command ulimits can only lower them further)."""
+    if not shutil.which("prlimit"):
+        return []
+    file_bytes, memory_bytes = limits.file_mb << 20, limits.memory_mb << 20
+    return ["prlimit", f"--fsize={file_bytes}:{file_bytes}", f"--as={memory_bytes}:{memory_bytes}", "--"]
+
+
+_CGROUP_WARNED: list[str] = []
+
+
+def _sandbox_cgroup(limits: SandboxLimits) -> SandboxCgroup | None:
+    """A cgroup bounding the whole sandbox's memory and processes, or None where none can be made
+    (not root, no writable hierarchy: the rlimits stay the limits; said once per process)."""
+    reason = cgroups.hierarchy()
+    if isinstance(reason, str):
+        if not _CGROUP_WARNED:
+            _CGROUP_WARNED.append(reason)
+            logger.info("bubblewrap sandboxes without a cgroup: %s", reason)
+        return None
+    try:
+        return SandboxCgroup(limits.memory_mb << 20, limits.processes + cgroups.INFRASTRUCTURE_PROCESSES)
+    except OSError as error:
+        logger.warning("bubblewrap sandbox without a cgroup: %s", error)
+        return None
+
+
 class _Server:
     """A sandbox's bwrap process running the command server, and its channel directory."""
 
-    def __init__(self, process: subprocess.Popen, channel: Path) -> None:
+    def __init__(self, process: subprocess.Popen, channel: Path, cgroup: SandboxCgroup | None = None) -> None:
         self.process = process
         self.channel = channel
+        self.cgroup = cgroup
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -295,6 +336,8 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.cgroup is not None:
+            self.cgroup.remove()
         shutil.rmtree(self.channel, ignore_errors=True)
 
 
@@ -400,13 +443,16 @@ class BwrapBackend:
     def start_server(self, directory: Path, workdir: str) -> _Server:
         """Start the sandbox's bwrap with the command server inside; it takes requests once it reads its FIFO."""
         channel = _fifo_channel(self.root, NOBODY if self._drop else None)
+        cgroup = _sandbox_cgroup(self.limits)
         # As root, setpriv drops to nobody: dropping in Popen's child (user=...) would make Python
-        # fork instead of vfork, holding the GIL for the copy of the whole process.
+        # fork instead of vfork, holding the GIL for the copy of the whole process. The cgroup is
+        # joined before that (only root may), the hard rlimits set after it, all before bwrap.
         with open(channel / "stderr", "wb") as stderr:
-            process = subprocess.Popen([*self._drop, *_default_signals(),
+            process = subprocess.Popen([*(cgroup.launch_prefix() if cgroup else []), *self._drop, *_default_signals(),
+                                        *hard_limits(self.limits),
                                         *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel)],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-        server = _Server(process, channel)
+        server = _Server(process, channel, cgroup)
         with self._lock:
             self._servers.add(server)
         return server
@@ -586,8 +632,8 @@ class BwrapSandbox:
         """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
         # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
         # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
-        return [*self.owner._drop, *self.owner.argv(self.directory, self.workdir,
-                                                   ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
+        return [*self.owner._drop, *hard_limits(self.owner.limits),
+                *self.owner.argv(self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
 
     def close(self) -> None:
         """Kill the sandbox's processes and delete its directory tree."""

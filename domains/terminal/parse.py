@@ -15,7 +15,9 @@ Accepted inputs:
   (complete lines, joined into one script);
 - exactly one fenced ```bash (or sh, shell, console, or unlabelled) code block.
 Anything else parses to no command, with a category: "no_command", "multiple_commands",
-"unsupported_tool", "empty_command", "malformed_command" (bash -n rejects it).
+"unsupported_tool", "empty_command", "malformed_command" (bash -n rejects it), "invalid_command"
+(a NUL byte or a lone surrogate: it cannot cross into the sandbox intact, see
+`pivot_envs.sandbox.command_problem`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from pivot_envs.chat import assistant_message, parse_arguments, tool_call
 from pivot_envs.env import ParsedAction
+from pivot_envs.sandbox import command_problem
 
 COMMAND_TOOLS = ("bash", "execute_bash", "terminal", "shell", "run_command", "run_shell_command")
 BASH_TOOL = {
@@ -98,6 +101,12 @@ def syntax_error(command: str) -> str:
 
 def parse_command(action: Any) -> Command:
     """Find the one command in an action (see the module docstring for the accepted forms)."""
+    found = _find_command(action)
+    problem = command_problem(found.command) if found.command is not None else ""
+    return Command(None, "invalid_command", problem) if problem else found
+
+
+def _find_command(action: Any) -> Command:
     if isinstance(action, dict):
         if action.get("type") == "function_call":
             return _from_call(str(action.get("name", "")), action.get("arguments"))

@@ -48,7 +48,8 @@ def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
         found = parse_command(message)
         if found.command is not None and not found.keys:
             commands.append(found.command)
-        elif found.category in ("unsupported_tool", "multiple_commands", "malformed_arguments", "incomplete_command"):
+        elif found.category in ("unsupported_tool", "multiple_commands", "malformed_arguments", "incomplete_command",
+                                "invalid_command"):
             return commands, f"prefix message {turn} cannot be replayed: {found.detail}"
     return commands, ""
 

@@ -3,16 +3,26 @@ serving episodes, the host file stays unread and untouched, and nothing is left 
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
-from pivot_envs.domains.terminal.backends import BWRAP_PREFIX, DOCKER_PREFIX, LABEL, NOBODY
+from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, cgroups
+from pivot_envs.domains.terminal.backends import (
+    BWRAP_PREFIX,
+    DOCKER_PREFIX,
+    LABEL,
+    NOBODY,
+    BwrapBackend,
+    call_server,
+)
 
-from pivot_envs.sandbox import SandboxLimits
+from pivot_envs.sandbox import CommandRejected, SandboxLimits, runner_argv
 
 PIVOT = "terminal/count-error-lines/t1"
 LIMITS = SandboxLimits(timeout=2.0, processes=64, file_mb=16, memory_mb=512, disk_mb=100)
@@ -39,6 +49,9 @@ def leftovers() -> dict[str, int]:
         # only where the host's PID 1 reaps (not in every container a CI job runs in).
         if uid == NOBODY or argv[:2] in ([b"sleep", b"1000"], [b"sleep", b"100000"]):
             counts["zombies" if zombie else "sandbox_processes"] += 1
+    found = cgroups.hierarchy()
+    if not isinstance(found, str):  # bubblewrap sandboxes' cgroups
+        counts["cgroups"] = sum(1 for parent in found.parents for entry in parent.iterdir() if entry.is_dir())
     try:
         import docker
 
@@ -171,6 +184,93 @@ def test_killing_every_process_in_the_sandbox_is_the_commands_failure_not_the_en
     serves_next_episode(suite)
 
 
+def step_action(suite, action) -> tuple[float, dict]:
+    env = suite["env"]
+    env.reset(options={"pivot": PIVOT})
+    _, reward, _, _, info = env.step(action)
+    return reward, info
+
+
+def limits_hold(suite) -> None:
+    """The limits are in force in the next command: what `ulimit` shows, and a 2 GiB allocation fails."""
+    info = attack(suite, "ulimit -f; ulimit -v; python3 -c 'b = bytearray(2 << 30); print(\"ALLOCATED\")'")
+    lines = info["output"]["output"].split("\n")
+    assert lines[0] == str(LIMITS.file_mb * 1024)  # ulimit -f counts 1024-byte blocks in bash
+    if suite["kind"] == "bwrap":
+        assert lines[1] == str(LIMITS.memory_mb * 1024)
+    assert "ALLOCATED" not in lines, info["output"]["output"]
+
+
+@pytest.mark.parametrize("where", ["tool_call", "bash_block", "hermes"])
+def test_a_nul_byte_in_a_command_is_rejected_and_cannot_shift_the_limits(suite, where):
+    # The server's request is NUL-separated: a NUL inside the command once shifted the arguments
+    # after it, so the command chose its own process, memory and file limits.
+    command = "python3 -c 'b = bytearray(2 << 30); print(1)'\x001000000\x00\x00unlimited\x00unlimited\x00999"
+    action = {
+        "tool_call": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]},
+        "bash_block": f"```bash\n{command}\n```",
+        "hermes": "<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "</tool_call>",
+    }[where]
+    reward, info = step_action(suite, action)
+    assert (reward, info["category"], info["valid"]) == (0.0, "invalid_command", True), info
+    assert "NUL byte" in info["detail"]
+    limits_hold(suite)
+    serves_next_episode(suite)
+
+
+def test_a_lone_surrogate_in_a_command_is_rejected_with_a_category(suite):
+    reward, info = step_action(suite, "```bash\necho \ud800 > /app/x\n```")
+    assert (reward, info["category"], info["valid"]) == (0.0, "invalid_command", True), info
+    json.dumps(info)  # the info stays encodable
+    serves_next_episode(suite)
+
+
+def test_control_characters_run_as_bash_sees_them_and_the_limits_still_hold(suite):
+    controls = "".join(chr(code) for code in range(1, 32) if chr(code) not in "\n") + "\x7f"
+    info = attack(suite, f"printf '%s' {shlex.quote(controls)} | od -An -tx1 | tr -d ' \\n'; echo")
+    assert info["output"]["output"].strip() == controls.encode().hex()
+    limits_hold(suite)
+    serves_next_episode(suite)
+
+
+def test_a_command_cannot_raise_its_limits(suite):
+    info = attack(suite, "ulimit -f unlimited; echo \"f $?\"; ulimit -v unlimited; echo \"v $?\"; ulimit -f")
+    output = info["output"]["output"]
+    assert "f 1" in output and str(LIMITS.file_mb * 1024) in output.split("\n")[-2], output
+    if suite["kind"] == "bwrap":
+        assert "v 1" in output, output
+    serves_next_episode(suite)
+
+
+def test_a_memory_bomb_spread_over_many_processes_is_bounded_for_the_whole_sandbox(suite):
+    # Each process stays under the per-process address-space limit (512 MB); together they ask for
+    # 1.6 GB. Only a limit on the whole sandbox (Docker's, or the bubblewrap sandbox's cgroup) holds.
+    if suite["kind"] == "bwrap" and not cgroups.available():
+        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+    held = ("import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
+            "print('held', flush=True); time.sleep(5)")
+    info = attack(suite, f"for i in 1 2 3 4 5 6 7 8; do python3 -c {shlex.quote(held)} & done; sleep 1.6; "
+                         "echo RUNNING $(jobs -rp | wc -l)")
+    running = [line for line in info["output"]["output"].split("\n") if line.startswith("RUNNING ")]
+    assert running and 1 <= int(running[0].split()[1]) <= 2, info["output"]["output"]
+    serves_next_episode(suite)
+
+
+def test_a_fork_bomb_stops_at_the_sandboxs_process_limit(suite):
+    if suite["kind"] == "bwrap" and not cgroups.available():
+        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+    # Children that sleep, forked until fork fails: how many started is bounded by the sandbox's limit.
+    forker = ("import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+              "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+              "print('STARTED', n, flush=True)\n")
+    info = attack(suite, f"python3 -c {shlex.quote(forker)}")
+    started = [line for line in info["output"]["output"].split("\n") if line.startswith("STARTED ")]
+    bound = LIMITS.processes + (cgroups.INFRASTRUCTURE_PROCESSES if suite["kind"] == "bwrap" else 0)
+    assert started and 10 < int(started[0].split()[1]) <= bound, info["output"]["output"]
+    serves_next_episode(suite)
+
+
 def test_nothing_is_left_behind_after_the_suite(suite):
     suite["env"].close()
     deadline = time.monotonic() + 10  # killed processes are reaped asynchronously
@@ -183,3 +283,50 @@ def test_nothing_is_left_behind_after_the_suite(suite):
     # other way a sandbox ends is reaped by this process (close, time limits, forks, the warm pool).
     assert after["zombies"] - before["zombies"] <= (1 if suite["kind"] == "bwrap" else 0)
     assert {**after, "zombies": 0} == {**before, "zombies": 0}
+
+
+def test_the_runner_refuses_a_command_that_would_not_cross_intact():
+    with pytest.raises(CommandRejected, match="NUL byte"):
+        runner_argv("echo a\x00b", 1.0, LIMITS, "M")
+    with pytest.raises(CommandRejected, match="surrogate"):
+        runner_argv("echo \udc80", 1.0, LIMITS, "M")
+
+
+def test_the_command_channel_refuses_a_request_holding_a_nul(tmp_path):
+    # Checked before the channel is opened: nothing is written to the server.
+    with pytest.raises(CommandRejected, match="NUL"):
+        call_server(tmp_path, ["x\x00y", *["0"] * 9], time.monotonic() + 1, "a test sandbox")
+
+
+def test_a_bubblewrap_sandbox_cgroup_is_gone_once_the_sandbox_is(has_bwrap):
+    if not cgroups.available():
+        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+    backend = BwrapBackend(has_bwrap, LIMITS, warm_pool=0)
+    try:
+        sandbox = backend.create("/app")
+        sandbox.run("true")
+        paths = sandbox.server.cgroup.paths
+        assert all(path.is_dir() for path in paths)
+        assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
+        memory = next((path for path in paths if (path / "memory.limit_in_bytes").exists()
+                       or (path / "memory.max").exists()), None)
+        limit_file = "memory.limit_in_bytes" if (memory / "memory.limit_in_bytes").exists() else "memory.max"
+        assert int((memory / limit_file).read_text()) == LIMITS.memory_mb << 20
+        sandbox.close()
+        backend.close()
+        assert not any(path.exists() for path in paths)
+    finally:
+        backend.close()
+
+
+def test_stale_cgroups_of_a_dead_process_are_removed():
+    if not cgroups.available():
+        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+    found = cgroups.hierarchy()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    made = [parent.parent / f"{cgroups.PREFIX}{dead.pid}" / "leftover" for parent in found.parents]
+    for path in made:
+        path.mkdir(parents=True)
+    assert cgroups.remove_stale() >= len(made)
+    assert not any(path.parent.exists() for path in made)
