@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from pathlib import Path
 
+from pivot_envs.errors import MissingExtraError
 from pivot_envs.sandbox import (
     CHANNEL_DIR,
     SERVER,
@@ -83,8 +84,21 @@ INSTALL_HELP = (
 
 
 def owner_id() -> str:
-    """The label value that marks what this process made (gc removes only dead owners' things)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
+    """A new owner: "host:pid:instance", the label value that marks what one backend (one env) made.
+
+    Closing a backend removes only its own owner's things, so envs in one process never touch
+    each other's; the host and pid let `pivotrl sandbox gc` tell the leftovers of dead processes.
+    """
+    return f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _docker_sdk(what: str):
+    """The `docker` module; MissingExtraError naming the extra when the SDK is not installed."""
+    try:
+        import docker
+    except ImportError as error:
+        raise MissingExtraError(what, "docker", "docker") from error
+    return docker
 
 
 def docker_available(timeout: float = 3.0) -> bool:
@@ -632,7 +646,11 @@ class BwrapSandbox:
         """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
         # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
         # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
-        return [*self.owner._drop, *hard_limits(self.owner.limits),
+        # The shell joins the sandbox's cgroup: its commands share the sandbox's memory and process limits.
+        if self.server is None:
+            self.server = self.owner.start_server(self.directory, self.workdir)
+        cgroup = self.server.cgroup.launch_prefix() if self.server.cgroup is not None else []
+        return [*cgroup, *self.owner._drop, *hard_limits(self.owner.limits),
                 *self.owner.argv(self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
 
     def close(self) -> None:
@@ -675,8 +693,7 @@ class DockerBackend:
 
     def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0,
                  channel: bool = True) -> None:
-        import docker
-
+        docker = _docker_sdk("the Docker sandbox")
         self.limits = limits or SandboxLimits()
         try:
             self.client = docker.from_env(timeout=int(max(client_timeout, self.limits.timeout + 30)))
@@ -705,15 +722,25 @@ class DockerBackend:
             channel = _fifo_channel(self.root)
             volumes = {str(channel): {"bind": CHANNEL_DIR, "mode": "ro"}}
             command = ["bash", "-c", SERVER]
-        container = self.client.containers.run(
-            image, command, detach=True, init=True, labels=self.labels("container"),
-            network_disabled=True, network_mode="none", working_dir=workdir, volumes=volumes,
-            environment={**runner_env(), "PIVOT_WORKDIR": workdir},
-            mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
-            nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
-            cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
-            security_opt=["no-new-privileges"],
-        )
+        # create, not run: run pulls an image it does not find (a released snapshot is not in any registry).
+        container = None
+        try:
+            container = self.client.containers.create(
+                image, command, init=True, labels=self.labels("container"),
+                network_disabled=True, network_mode="none", working_dir=workdir, volumes=volumes,
+                environment={**runner_env(), "PIVOT_WORKDIR": workdir},
+                mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
+                cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
+                security_opt=["no-new-privileges"],
+            )
+            container.start()
+        except Exception as error:
+            if container is not None:
+                self.remove_container(container, channel, wait=True)
+            elif channel is not None:
+                shutil.rmtree(channel, ignore_errors=True)
+            raise SandboxError(f"starting a container from image {image!r} failed: {error}") from error
         return container, channel
 
     def create(self, image: str, workdir: str = "/app") -> DockerSandbox:
@@ -912,23 +939,26 @@ def _remove_owned(owner: str, root: Path | None) -> None:
 
 def remove_labelled(client, owner: str | None = None, include_base: bool = False) -> tuple[int, int]:
     """Remove containers and images labelled `pivot-envs` (only `owner`'s when given); returns the counts."""
-    filters = [LABEL] if owner is None else [f"{OWNER_LABEL}={owner}"]
-    containers = client.containers.list(all=True, filters={"label": filters})
-    for container in containers:
+    filters = {"label": [LABEL] if owner is None else [f"{OWNER_LABEL}={owner}"]}
+    # The raw lists, not the models': those inspect each item, and one that another backend removes
+    # meanwhile makes the inspection raise NotFound.
+    removed_containers = 0
+    for container in client.api.containers(all=True, filters=filters):
         try:
-            container.remove(force=True)
+            client.api.remove_container(container["Id"], force=True)
+            removed_containers += 1
         except Exception:  # removed concurrently
             continue
     removed_images = 0
-    for image in client.images.list(filters={"label": filters}):
-        if image.labels.get(LABEL) == "base" and not include_base:
+    for image in client.api.images(filters=filters):
+        if (image.get("Labels") or {}).get(LABEL) == "base" and not include_base:
             continue
         try:
-            client.images.remove(image.id, force=True)
+            client.images.remove(image["Id"], force=True)
             removed_images += 1
-        except Exception:  # a parent of another labelled image: removed with it
+        except Exception:  # a parent of another labelled image (removed with it), or removed concurrently
             continue
-    return len(containers), removed_images
+    return removed_containers, removed_images
 
 
 def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
@@ -943,8 +973,9 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
         import docker
 
         client = docker.from_env()
-        owners = {c.labels.get(OWNER_LABEL) for c in client.containers.list(all=True, filters={"label": [LABEL]})}
-        owners |= {i.labels.get(OWNER_LABEL) for i in client.images.list(filters={"label": [LABEL]})}
+        labelled = {"label": [LABEL]}
+        found = [*client.api.containers(all=True, filters=labelled), *client.api.images(filters=labelled)]
+        owners = {(item.get("Labels") or {}).get(OWNER_LABEL) for item in found}
         for owner in owners:
             if owner is None:
                 continue
@@ -991,7 +1022,9 @@ def _kill_orphaned_bwrap(all_owners: bool = False) -> int:
 
 
 def _owner_alive(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
+    """Whether the process named by an owner label ("host:pid:instance", or an older "host:pid") runs."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
     if host != os.uname().nodename:
         return True  # another machine's sandboxes on a shared daemon: not ours to judge
     return pid.isdigit() and Path(f"/proc/{pid}").exists()

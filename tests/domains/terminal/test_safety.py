@@ -354,3 +354,25 @@ def test_stale_cgroups_of_a_dead_process_are_removed():
         path.mkdir(parents=True)
     assert cgroups.remove_stale() >= len(made)
     assert not any(path.parent.exists() for path in made)
+
+
+def test_the_interactive_shell_shares_the_bubblewrap_sandboxs_cgroup(has_bwrap):
+    if not cgroups.available():
+        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+    backend = BwrapBackend(has_bwrap, LIMITS, warm_pool=0)
+    try:
+        sandbox = backend.create("/app")
+        shell = subprocess.Popen(sandbox.interactive_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        try:
+            shell.stdin.write("ulimit -v; sleep 30\n")
+            shell.stdin.flush()
+            assert shell.stdout.readline().strip() == str(LIMITS.memory_mb * 1024)
+            # Seen from the host (inside, the cgroup namespace shows "/"): the shell's bwrap is in it.
+            assert shell.pid in sandbox.server.cgroup.pids()
+            assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
+        finally:
+            shell.kill()
+            shell.wait()
+    finally:
+        backend.close()
