@@ -15,12 +15,27 @@ from pivot_envs.errors import PivotEnvsError
 
 @dataclass
 class SamplingParams:
-    """How to sample: temperature 0 means greedy."""
+    """How to sample: temperature 0 means greedy.
+
+    `seed` seeds a whole generate call. `seeds`, when given, holds one seed per chat: chat i's n
+    samples are drawn from `seeds[i]` alone, so they are the same whatever other chats share the
+    call (the profiler seeds each pivot this way, and a resumed run samples what an uninterrupted
+    one did). A backend that cannot seed per chat uses `seed`.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    seeds: list[int] | None = None
+
+    def chat_seeds(self, chats: int) -> list[int | None]:
+        """The seed of each of `chats` chats: `seeds` (checked to hold one per chat), else `seed` for all."""
+        if self.seeds is None:
+            return [self.seed] * chats
+        if len(self.seeds) != chats:
+            raise ValueError(f"sampling.seeds holds {len(self.seeds)} seeds for {chats} chats: it needs one per chat")
+        return list(self.seeds)
 
 
 @dataclass

@@ -6,6 +6,11 @@ cache's rows repeated n times into a preallocated `StaticCache` that the decode 
 place), instead of recomputing the prefix n times as `model.generate(num_return_sequences=n)`
 does. The sampling loop is written out here so every completion carries the exact
 log-probability of each sampled token under the model.
+
+Each sampled token is where a uniform draw falls in the token distribution's cumulative mass, the
+draws made on the CPU before decoding. With one seed per chat (`SamplingParams.seeds`) a chat's
+draws come from its own generator, so its samples are the same whatever batch it is in (up to the
+float rounding of batched forward passes), at the speed of batched decoding.
 """
 
 from __future__ import annotations
@@ -119,7 +124,8 @@ class HFPolicy:
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
     ) -> list[list[Completion]]:
-        """n completions for each chat, in order; seeded by `sampling.seed` when given."""
+        """n completions for each chat, in order; seeded by `sampling.seeds` (one per chat) or
+        `sampling.seed` when given."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         return self.generate_ids([self.encode(chat) for chat in chats], n, sampling)
@@ -130,21 +136,31 @@ class HFPolicy:
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        generator = torch.Generator(device=self.device)
-        if sampling.seed is not None:
-            generator.manual_seed(int(sampling.seed))
-        else:
-            generator.seed()
         prompts = [list(p) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        # The uniform draw behind each sampled token, made on the CPU (the same for every device):
+        # n rows per prompt from the prompt's own seed when seeds are given (its samples then do
+        # not depend on the batch it is in), else from one generator for the whole call.
+        steps = max(sampling.max_new_tokens, 0)
+        if sampling.seeds is not None:
+            generators = [torch.Generator().manual_seed(int(seed)) for seed in sampling.chat_seeds(len(prompts))]
+            draws = torch.cat([torch.rand((n, steps), generator=g) for g in generators] or [torch.zeros((0, steps))])
+        else:
+            generator = torch.Generator()
+            if sampling.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(sampling.seed))
+            draws = torch.rand((len(prompts) * n, steps), generator=generator)
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), self.batch_size):
-            out.extend(self._generate_batch(prompts[start : start + self.batch_size], n, sampling, generator))
+            batch = prompts[start : start + self.batch_size]
+            out.extend(self._generate_batch(batch, n, sampling, draws[start * n : (start + len(batch)) * n]))
         return out
 
     def _generate_batch(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, generator: Any
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, draws: Any
     ) -> list[list[Completion]]:
         import torch
 
@@ -152,6 +168,7 @@ class HFPolicy:
         # Shared: each prompt prefilled once, its cache repeated n times. Naive: n copies prefilled.
         repeats, copies = (n, 1) if self.share_prefix else (1, n)
         rows, steps = len(prompts) * n, max(sampling.max_new_tokens, 0)
+        draws = draws.to(device)
         sampled = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(sampled.shape, dtype=torch.float32, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
@@ -167,7 +184,7 @@ class HFPolicy:
             position = positions.repeat_interleave(repeats, dim=0)
             for step in range(steps):
                 log_probs = torch.log_softmax(logits.float(), dim=-1)
-                token = self._sample(logits.float(), sampling, generator)
+                token = self._sample(logits.float(), sampling, draws[:, step])
                 token = torch.where(finished, torch.full_like(token, self.pad_id), token)
                 sampled[:, step] = token
                 logprobs[:, step] = log_probs.gather(-1, token[:, None])[:, 0]
@@ -285,7 +302,10 @@ class HFPolicy:
         return cache
 
     @staticmethod
-    def _sample(logits: Any, sampling: SamplingParams, generator: Any) -> Any:
+    def _sample(logits: Any, sampling: SamplingParams, draws: Any) -> Any:
+        """One token per row: greedy at temperature 0, else the token where each row's uniform
+        draw falls in the (top-p) distribution's cumulative mass (inverse-CDF sampling, so a row's
+        token depends on its own draw and logits only)."""
         import torch
 
         if sampling.temperature <= 0:
@@ -295,10 +315,9 @@ class HFPolicy:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
             drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            choice = torch.multinomial(sorted_probs, 1, generator=generator)
-            return order.gather(-1, choice)[:, 0]
-        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+            choice = _inverse_cdf(sorted_probs.masked_fill(drop, 0.0), draws)
+            return order.gather(-1, choice[:, None])[:, 0]
+        return _inverse_cdf(probs, draws)
 
     def _completions(
         self, prompts: list[list[int]], n: int, sampled: Any, logprobs: Any, lengths: Any
@@ -322,6 +341,18 @@ class HFPolicy:
                 )
             out.append(group)
         return out
+
+
+def _inverse_cdf(weights: Any, draws: Any) -> Any:
+    """Per row, the first index whose cumulative weight exceeds the row's draw (in [0, 1)) times
+    the row's total: index i with probability weights[i] / total; a zero weight is never picked."""
+    import torch
+
+    cdf = weights.cumsum(-1)
+    total = cdf[:, -1:]
+    # Just below the total, so a product rounded up cannot land past the last token of positive weight.
+    target = torch.minimum(draws[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
 
 
 def from_spec(rest: str, **options: Any) -> HFPolicy:

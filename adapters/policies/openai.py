@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP backend: `OpenAIPolicy` (vLLM `serve`, SGLang, TGI, OpenAI, ...).
 
 One `POST /v1/chat/completions` per chat, asking for all n samples at once (`n`), with the
-pivot's tools, sampling options and `logprobs`. Several base URLs are used round-robin, which is
+pivot's tools, sampling options, the chat's seed and `logprobs`. Several base URLs are used round-robin, which is
 how profiling scales past one machine (a fleet of `vllm serve` replicas). Timeouts, retries and
 their backoff are explicit; connection errors, timeouts, 5xx and 429 answers are retried on the
 next base URL, and the final error names the endpoint and the HTTP status.
@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from pivot_envs.chat import tool_to_chat
@@ -156,13 +157,16 @@ class OpenAIPolicy:
         return [_completion(choice) for choice in choices]
 
     def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        """n completions per chat, requested concurrently (one request per chat)."""
+        """n completions per chat, requested concurrently (one request per chat, carrying the
+        chat's seed from `sampling.seeds`, else `sampling.seed`)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if len(chats) <= 1 or self.concurrency == 1:
-            return [self._generate_one(chat, n, sampling) for chat in chats]
-        with ThreadPoolExecutor(min(self.concurrency, len(chats))) as pool:
-            return list(pool.map(lambda chat: self._generate_one(chat, n, sampling), chats))
+        jobs = [(chat, replace(sampling, seed=seed, seeds=None))
+                for chat, seed in zip(chats, sampling.chat_seeds(len(chats)))]
+        if len(jobs) <= 1 or self.concurrency == 1:
+            return [self._generate_one(chat, n, chat_sampling) for chat, chat_sampling in jobs]
+        with ThreadPoolExecutor(min(self.concurrency, len(jobs))) as pool:
+            return list(pool.map(lambda job: self._generate_one(job[0], n, job[1]), jobs))
 
 
 def _reason(error: Exception) -> str:

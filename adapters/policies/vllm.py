@@ -76,20 +76,18 @@ class VLLMPolicy:
         return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
 
     def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        """n completions per chat, all chats in one engine call."""
+        """n completions per chat, all chats in one engine call, each seeded by its own seed."""
         from vllm import SamplingParams as VLLMSampling
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         prompts = [self.encode(chat) for chat in chats]
-        params = VLLMSampling(
-            n=n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            seed=sampling.seed,
-            logprobs=0,
-        )
+        # One request per chat with the chat's own seed (`sampling.seeds`, else `sampling.seed`).
+        params = [
+            VLLMSampling(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                         max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0)
+            for seed in sampling.chat_seeds(len(chats))
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
         groups = []
         for prompt, output in zip(prompts, outputs):

@@ -165,6 +165,19 @@ def test_a_plain_answer_is_stepped_as_text(server):
     assert group[0].message is None and group[0].action == "Name a color."
 
 
+def test_each_chat_is_requested_with_its_own_seed(server):
+    policy = OpenAIPolicy(server.url, "echo", concurrency=2)
+    chats = [{**CHAT, "messages": [{"role": "user", "content": f"chat {i}"}]} for i in range(3)]
+    groups = policy.generate(chats, n=2, sampling=SamplingParams(seed=1, seeds=[21, 22, 23]))
+    assert [group[0].text for group in groups] == ["chat 0", "chat 1", "chat 2"]
+    sent = {body["messages"][-1]["content"]: body["seed"] for body in server.bodies[-3:]}
+    assert sent == {"chat 0": 21, "chat 1": 22, "chat 2": 23}
+    policy.generate(chats[:2], n=1, sampling=SamplingParams(seed=4))  # without per-chat seeds, the call's seed
+    assert [body["seed"] for body in server.bodies[-2:]] == [4, 4]
+    with pytest.raises(ValueError, match="holds 2 seeds for 3 chats"):
+        policy.generate(chats, n=1, sampling=SamplingParams(seeds=[1, 2]))
+
+
 def test_several_base_urls_are_used_round_robin(server):
     server.requests.clear()
     second = Server(server.policy)
