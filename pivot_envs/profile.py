@@ -7,12 +7,22 @@ variance over the valid samples (Eq. 3) are what `filter` uses to keep D_adv (Eq
 
 Generation is batched across candidates (`batch_pivots` per generate call) and overlaps with the
 env steps of the previous batch, which run on a thread pool of env instances (`env_workers`).
-Each finished candidate is appended to the output at once (flushed and fsynced); a rerun with the
-same output skips the ids already there, so a killed run resumes with nothing lost and nothing
-profiled twice. Every profile records the settings it was sampled under (the reference policy,
-its weights when they are a local directory, K, temperature, top-p, token budget, seed, env): a
-rerun with other settings stops with an error naming the differences (or, with `restart`, moves
-the earlier output aside and starts over) instead of mixing two reference policies in one file.
+Each finished candidate is appended to the output at once (flushed and fsynced), in input order;
+a rerun with the same output skips the ids already there, so a killed run resumes with nothing
+lost and nothing profiled twice. A seeded run samples each candidate's K actions from a seed of
+its own (`pivot_seed`: the run's seed and the candidate's id), whatever batch it lands in, so a
+run killed and resumed writes what an uninterrupted one writes.
+
+Every profile records the settings it was sampled under (the reference policy, its weights when
+they are a local directory, K, temperature, top-p, token budget, seed, env): a rerun with other
+settings stops with an error naming the differences (or, with `restart`, moves the earlier output
+aside and starts over) instead of mixing two reference policies in one file.
+
+A sample is invalid when the env, not the action, failed (an env that raised, or a verdict with
+`valid=False`); its cause is recorded in the profile's `errors`. A candidate none of whose samples
+is valid is not done: a rerun drops its row and profiles it again. When `STOP_AFTER_INVALID`
+samples in a row are invalid (or every sample of a shorter run is), the env is broken, not the
+actions: profiling stops with an EnvFailureError naming the first causes.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,10 @@ class ProfileConfig:
     temperature: float = option(1.0, "sampling temperature of the reference policy (0 = greedy)")
     top_p: float = option(1.0, "nucleus sampling mass")
     max_new_tokens: int = option(256, "token budget of one sampled action")
-    seed: int | None = option(None, "seed of the sampler (batch i uses seed + i); None: unseeded")
+    seed: int | None = option(
+        None, "seed of the sampler: each candidate's K samples are drawn from a seed of its own, made from this "
+        "and its id, so a resumed run samples what an uninterrupted one does; None: unseeded"
+    )
     batch_pivots: int = option(8, "candidates per generate call (their K samples are generated together)")
     env_workers: int = option(4, "env instances stepping samples concurrently (a thread pool)")
     env: str | None = option(None, "gymnasium env id for every candidate (default: pivot/<domain>-v0 of each)")
@@ -95,6 +108,21 @@ class ProfileMismatchError(PivotEnvsError, ValueError):
     """The output holds profiles made with other settings than this run's."""
 
 
+class EnvFailureError(PivotEnvsError, RuntimeError):
+    """Profiling stopped because the env failed on every recent sample; the message names the first causes."""
+
+
+STOP_AFTER_INVALID = 32  # invalid samples in a row that stop a run: the env is broken, not the actions
+
+
+def pivot_seed(seed: int, pivot_id: str) -> int:
+    """The seed a candidate's K samples are drawn from: a stable hash (SHA-256, the same in every
+    process, unlike `hash()`) of the run's seed and the candidate's id, in [0, 2**31) so every
+    backend and server accepts it."""
+    digest = hashlib.sha256(f"{seed}/{pivot_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 2**31
+
+
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf", "config.json")
 
 
@@ -133,6 +161,7 @@ class ProfileRun:
     seconds: float = 0.0
     generated_tokens: int = 0
     moved_aside: str | None = None  # where an output made with other settings went (restart)
+    redone: int = 0  # candidates whose earlier row held no valid sample, dropped and profiled again
 
     @property
     def samples_per_s(self) -> float:
@@ -144,6 +173,7 @@ def completed_ids(path: str | os.PathLike[str]) -> set[str]:
 
     A run killed while writing leaves a last line without its newline; it is truncated away (its
     candidate is profiled again). Any other unreadable line is an error naming file and line.
+    A candidate none of whose samples was valid (the env failed on each) is not done.
     """
     return set(completed(path))
 
@@ -151,9 +181,15 @@ def completed_ids(path: str | os.PathLike[str]) -> set[str]:
 def completed(path: str | os.PathLike[str]) -> dict[str, tuple[int, dict[str, Any]]]:
     """Each profiled id in an output file with its line number and recorded settings (see
     `completed_ids`; settings are {} in files written before they were recorded)."""
+    return _read_output(path)[0]
+
+
+def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dict[str, Any]]], list[int]]:
+    """(done, failed) of an output file: `completed`'s ids, and the line numbers of the rows none
+    of whose samples was valid (to profile again)."""
     path = Path(path)
     if not path.exists():
-        return {}
+        return {}, []
     with path.open("rb+") as handle:
         data = handle.read()
         end = data.rfind(b"\n") + 1
@@ -162,16 +198,36 @@ def completed(path: str | os.PathLike[str]) -> dict[str, tuple[int, dict[str, An
             handle.flush()
             os.fsync(handle.fileno())
     done: dict[str, tuple[int, dict[str, Any]]] = {}
-    for number, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
+    failed: list[int] = []
+    # Split at b"\n" only: str.splitlines would also split inside a sampled action holding U+2028 or U+0085.
+    for number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            settings = (record.get("profile") or {}).get("settings") or {}
-            done[str(record["id"])] = (number, settings)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+            profiled = record.get("profile") or {}
+            valid = profiled.get("valid") or []
+            if valid and not any(valid):
+                failed.append(number)
+                continue
+            done[str(record["id"])] = (number, profiled.get("settings") or {})
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
             raise PivotFormatError(f"{path}:{number}: cannot resume from this output: {error!r}") from None
-    return done
+    return done, failed
+
+
+def _drop_lines(path: str | os.PathLike[str], numbers: list[int]) -> None:
+    """Rewrite `path` without the given (1-based) lines, atomically (a kill leaves the old file or the new)."""
+    path = Path(path)
+    dropped = set(numbers)
+    lines = path.read_bytes().split(b"\n")[:-1]
+    kept = [line + b"\n" for number, line in enumerate(lines, start=1) if number not in dropped]
+    staging = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with staging.open("wb") as handle:
+        handle.writelines(kept)
+        handle.flush()
+        os.fsync(handle.fileno())
+    staging.replace(path)
 
 
 def check_settings(path: str | os.PathLike[str], done: dict[str, tuple[int, dict[str, Any]]],
@@ -205,11 +261,16 @@ def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
 
 
 def _sample_result(future: Future) -> dict[str, Any]:
+    """A sample's reward, strict reward, category, validity and, when invalid, the cause."""
     try:
         score = future.result()
     except Exception as error:  # an env bug is not the action's fault: mask the sample, count it
-        return {"reward": 0.0, "strict": 0.0, "category": "env_error", "valid": False, "detail": repr(error)}
-    return {"reward": score.reward, "strict": score.strict_reward, "category": score.category, "valid": score.valid}
+        root = error.__cause__ or error  # the env's own error, not the pool's wrapper
+        return {"reward": 0.0, "strict": 0.0, "category": "env_error", "valid": False,
+                "error": f"{type(root).__name__}: {root}"}
+    error = "" if score.valid else f"{score.category}: {score.detail}" if score.detail else score.category
+    return {"reward": score.reward, "strict": score.strict_reward, "category": score.category, "valid": score.valid,
+            "error": error}
 
 
 def _action_text(completion: Completion) -> str:
@@ -241,7 +302,8 @@ def profile(
 
     pivots:  candidates (Pivot objects or a pivot JSONL path).
     policy:  a Policy or a policy spec (`hf:smollm2`, `openai:URL#MODEL`, ...).
-    out:     the profiled JSONL; ids already in it are skipped (resume).
+    out:     the profiled JSONL; ids already in it are skipped (resume), except those none of
+             whose samples was valid: their rows are dropped and they are profiled again.
     policy_options: options of the backend when `policy` is a spec (device, batch_size, ...);
              the policy is only built when some candidate is left to profile.
     reference: the reference policy's spec or name as recorded (default: `policy`'s; see
@@ -250,12 +312,14 @@ def profile(
     Returns a ProfileRun with counts and timing. A policy failure (unreachable endpoint) raises
     after the candidates finished so far were written. Profiles already in `out` that were made
     with other settings raise ProfileMismatchError, or with `config.restart` are moved aside.
+    `STOP_AFTER_INVALID` invalid samples in a row, or a run whose every sample is invalid, raise
+    EnvFailureError naming the env's first errors (the rows written so far stay in `out`).
     """
     config = config or ProfileConfig()
     if isinstance(pivots, (str, os.PathLike)):
         pivots = iter_pivots(pivots)
     settings = config.settings(reference_of(reference or policy))
-    done = completed(out)
+    done, failed = _read_output(out)
     run = ProfileRun()
     try:
         check_settings(out, done, settings)
@@ -264,7 +328,10 @@ def profile(
             raise
         run.moved_aside = f"{out}.stale"
         Path(out).replace(run.moved_aside)
-        done = {}
+        done, failed = {}, []
+    if failed:  # their candidates are profiled again below, each written once
+        _drop_lines(out, failed)
+        run.redone = len(failed)
     todo: list[Pivot] = []
     seen: set[str] = set()
     for pivot in pivots:
@@ -288,17 +355,24 @@ def profile(
     }
     started = time.perf_counter()
     bar = _progress(config, len(todo), run.skipped)
+    pending: list[tuple[Pivot, list[Completion], list[Future]]] = []
     try:
         with PivotWriter(out, append=True) as writer:
-            pending: list[tuple[Pivot, list[Completion], list[Future]]] = []
-            for index, batch in enumerate(_batches(todo, config.batch_pivots)):
+            recorder = _Recorder(writer, run, policy.name, settings, config, bar, started)
+            for batch in _batches(todo, config.batch_pivots):
+                if run.invalid == run.samples:
+                    # Nothing valid yet: score the queued batch before generating the next one, so
+                    # an env that fails on everything stops the run after one batch's generation.
+                    recorder.finish(pending)
                 sampling = config.sampling
                 if sampling.seed is not None:
-                    sampling = replace(sampling, seed=sampling.seed + index)
+                    # Each candidate's own seed (`seed` for backends that seed a whole call only).
+                    seeds = [pivot_seed(sampling.seed, pivot.id) for pivot in batch]
+                    sampling = replace(sampling, seed=seeds[0], seeds=seeds)
                 try:
                     groups = policy.generate([p.observation for p in batch], config.k, sampling)
                 except Exception:
-                    _finish(pending, writer, run, policy, settings, config, bar, started)  # keep what was sampled
+                    recorder.finish(pending)  # keep what was sampled
                     raise
                 if len(groups) != len(batch) or any(len(g) != config.k for g in groups):
                     raise RuntimeError(
@@ -306,13 +380,18 @@ def profile(
                         f"{len(batch)} chats x {config.k}"
                     )
                 # Finish the previous batch while this one's env steps are queued behind it.
-                _finish(pending, writer, run, policy, settings, config, bar, started)
+                recorder.finish(pending)
                 for pivot, group in zip(batch, groups):
                     env_id = env_id_for(pivot, config)
                     futures = [pools[env_id].submit(pivot.id, c.action) for c in group]
                     pending.append((pivot, group, futures))
-            _finish(pending, writer, run, policy, settings, config, bar, started)
+            recorder.finish(pending)
+            if run.invalid == run.samples:
+                raise recorder.failure(whole_run=True)
     finally:
+        for _, _, futures in pending:  # a stopped run leaves queued env steps: drop them
+            for future in futures:
+                future.cancel()
         if bar is not None:
             bar.close()
         for pool in pools.values():
@@ -321,31 +400,72 @@ def profile(
     return run
 
 
-def _finish(pending, writer, run: ProfileRun, policy: Policy, settings: dict[str, Any], config: ProfileConfig, bar,
-            started: float) -> None:
-    """Wait for the queued candidates' env steps and write each finished candidate."""
-    for pivot, group, futures in pending:
-        results = [_sample_result(future) for future in futures]
-        record = Profile.from_samples(
+@dataclass
+class _Recorder:
+    """Writes finished candidates to the output, keeps the run's counts, and watches for a broken env."""
+
+    writer: PivotWriter
+    run: ProfileRun
+    policy: str
+    settings: dict[str, Any]
+    config: ProfileConfig
+    bar: Any
+    started: float
+    streak: list[tuple[str, int, str]] = field(default_factory=list)  # (pivot id, sample, cause) of the invalid run
+
+    def finish(self, pending: list[tuple[Pivot, list[Completion], list[Future]]]) -> None:
+        """Wait for the queued candidates' env steps and write each finished candidate, in order;
+        raise EnvFailureError once STOP_AFTER_INVALID samples in a row were invalid."""
+        for pivot, group, futures in pending:
+            results = [_sample_result(future) for future in futures]
+            self.write(pivot, group, results)
+            for index, result in enumerate(results):
+                if result["valid"]:
+                    self.streak.clear()
+                else:
+                    self.streak.append((pivot.id, index, result["error"]))
+            if len(self.streak) >= STOP_AFTER_INVALID:
+                raise self.failure(whole_run=self.run.invalid == self.run.samples)
+        pending.clear()
+
+    def write(self, pivot: Pivot, group: list[Completion], results: list[dict[str, Any]]) -> None:
+        profiled = Profile.from_samples(
             [r["reward"] for r in results],
-            policy=policy.name,
+            policy=self.policy,
             strict_rewards=[r["strict"] for r in results],
             categories=[r["category"] for r in results],
             valid=[r["valid"] for r in results],
-            actions=[_action_text(c) for c in group] if config.keep_actions else None,
-            settings=settings,
+            actions=[_action_text(c) for c in group] if self.config.keep_actions else None,
+            settings=self.settings,
         )
-        writer.write(replace(pivot, profile=record))
+        record = replace(pivot, profile=profiled).to_dict()
+        # Each invalid sample's cause ('' for a valid one; none when every sample is valid).
+        record["profile"]["errors"] = [r["error"] for r in results] if not all(profiled.valid) else []
+        self.writer.write(record)
+        run = self.run
         run.profiled += 1
         run.samples += len(results)
         run.invalid += sum(1 for r in results if not r["valid"])
         run.env_errors += sum(1 for r in results if r["category"] == "env_error")
         run.generated_tokens += sum(len(c.token_ids) for c in group)
-        if bar is not None:
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix(samples_s=f"{run.samples / elapsed:.1f}", refresh=False)
-            bar.update(1)
-    pending.clear()
+        if self.bar is not None:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            self.bar.set_postfix(samples_s=f"{run.samples / elapsed:.1f}", refresh=False)
+            self.bar.update(1)
+
+    def failure(self, whole_run: bool) -> EnvFailureError:
+        """The error that stops a run whose recent samples were all invalid, naming the first causes."""
+        first: dict[str, tuple[str, int]] = {}
+        for pivot_id, index, cause in self.streak:
+            first.setdefault(cause, (pivot_id, index))
+        causes = "; ".join(f"pivot {pivot_id} sample {index}: {cause}" for cause, (pivot_id, index) in list(first.items())[:3])
+        if len(first) > 3:
+            causes += f"; and {len(first) - 3} other causes"
+        what = f"every one of the run's {len(self.streak)} samples" if whole_run else f"{len(self.streak)} samples in a row"
+        return EnvFailureError(
+            f"profiling stopped: {what} failed in the env, not in the policy's actions ({causes}); "
+            f"the candidates written without a valid sample are profiled again on a rerun"
+        )
 
 
 def _progress(config: ProfileConfig, total: int, skipped: int) -> Any:

@@ -15,9 +15,19 @@ import gymnasium as gym
 import pytest
 
 from pivot_envs.env import InfrastructureError, Outcome, PivotEnv
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 from pivot_envs.policy import Completion, SamplingParams
-from pivot_envs.profile import ProfileConfig, ProfileMismatchError, completed_ids, profile, reference_of
+from pivot_envs.profile import (
+    STOP_AFTER_INVALID,
+    EnvFailureError,
+    ProfileConfig,
+    ProfileMismatchError,
+    completed_ids,
+    pivot_seed,
+    profile,
+    reference_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,6 +146,21 @@ def test_a_partially_written_last_line_is_truncated_and_its_candidate_profiled_a
     assert out.read_text() == whole + "\n"
 
 
+def test_an_output_whose_actions_hold_unicode_line_separators_resumes(tmp_path: Path):
+    pivots = airline_pivots(2)
+
+    class Separators:
+        name = "separators"
+
+        def generate(self, chats, n, sampling):
+            return [[Completion("one\u2028two\u2029three\x85four")] * n for _ in chats]
+
+    out = tmp_path / "profiled.jsonl"
+    profile(pivots, Separators(), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+    assert completed_ids(out) == {p.id for p in pivots}
+    assert read_pivots(out)[1].profile.actions == ["one\u2028two\u2029three\x85four"] * 2
+
+
 def test_an_unreadable_line_in_the_middle_of_the_output_is_an_error_naming_its_line(tmp_path: Path):
     out = tmp_path / "profiled.jsonl"
     out.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
@@ -144,17 +169,26 @@ def test_an_unreadable_line_in_the_middle_of_the_output_is_an_error_naming_its_l
 
 
 class FlakyBackendEnv(PivotEnv):
-    """The strict verifier over real pivots, with a backend that fails on messages mentioning 'outage'."""
+    """The strict verifier over real pivots, with a backend that fails on messages mentioning 'outage',
+    and on every action while it is `down`."""
 
     domain = "flaky"
+    down = False
 
     def execute(self, pivot, action):
+        if self.down:
+            raise InfrastructureError("tool backend unreachable: connection refused")
         if "outage" in str(action.get("content")):
             raise InfrastructureError("tool backend unreachable")
         return Outcome()
 
 
 gym.register("test/flaky-v0", entry_point=FlakyBackendEnv, disable_env_checker=True)
+
+
+@pytest.fixture()
+def backend_down(monkeypatch):
+    monkeypatch.setattr(FlakyBackendEnv, "down", True)
 
 
 class ScriptedPolicy:
@@ -164,8 +198,10 @@ class ScriptedPolicy:
 
     def __init__(self, pivots: list[Pivot]) -> None:
         self.experts = {id(p.messages): p.expert for p in pivots}
+        self.calls = 0
 
     def generate(self, chats, n, sampling):
+        self.calls += 1
         texts = [None, "wrong answer", "backend outage here", None]
         return [
             [Completion("", message=dict(self.experts[id(c["messages"])])) if t is None else Completion(t) for t in texts[:n]]
@@ -183,11 +219,119 @@ def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_varian
         assert record.profile.rewards == [1.0, 0.0, 0.0, 1.0]
         assert record.profile.categories[2] == "infrastructure_error"
         assert record.profile.mean == pytest.approx(2 / 3) and record.profile.var == pytest.approx(2 / 9)
+    # Each invalid sample's cause is in the row, where a user reads it.
+    errors = [json.loads(line)["profile"]["errors"] for line in out.read_text().splitlines()]
+    assert errors == [["", "", "infrastructure_error: tool backend unreachable", ""]] * 3
     # A rerun finds everything done and loads nothing (the spec is never loaded: its reference
     # name is given, as a caller does for a policy whose spec does not say what it holds).
     again = profile(pivots, "hf:does-not-exist", out, ProfileConfig(k=4, env="test/flaky-v0", progress=False),
                     reference="scripted")
     assert (again.profiled, again.skipped) == (0, 3)
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_run_whose_every_sample_fails_in_the_env_stops_early_naming_the_cause(tmp_path: Path):
+    pivots = airline_pivots(40)
+    policy = ScriptedPolicy(pivots)
+    out = tmp_path / "profiled.jsonl"
+    config = ProfileConfig(k=4, batch_pivots=4, env="pivot/no-such-domain-v0", progress=False)
+    with pytest.raises(EnvFailureError) as stopped:
+        profile(pivots, policy, out, config)
+    message = str(stopped.value)
+    assert isinstance(stopped.value, PivotEnvsError)
+    assert f"every one of the run's {STOP_AFTER_INVALID} samples failed in the env" in message
+    assert f"pivot {pivots[0].id} sample 0: NameNotFound: Environment `no-such-domain` doesn't exist" in message
+    # 16 samples a batch: two batches generated, each scored before the next, of the 10 the input holds.
+    assert policy.calls == 2
+    rows = rows_of(out)
+    assert [row["id"] for row in rows] == [p.id for p in pivots[:8]]
+    assert all(row["profile"]["valid"] == [False] * 4 for row in rows)
+    assert all(error.startswith("NameNotFound: Environment `no-such-domain`") for row in rows for error in row["profile"]["errors"])
+
+
+def test_a_run_shorter_than_the_stop_whose_every_sample_fails_is_an_error_at_its_end(tmp_path: Path, backend_down):
+    pivots = airline_pivots(3)
+    out = tmp_path / "profiled.jsonl"
+    with pytest.raises(EnvFailureError, match=r"every one of the run's 6 samples failed in the env, not in the policy's "
+                       rf"actions \(pivot {pivots[0].id} sample 0: infrastructure_error: tool backend unreachable: "
+                       r"connection refused\)"):
+        profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+    assert len(rows_of(out)) == 3
+
+
+def test_an_env_that_breaks_mid_run_stops_it_after_a_streak_of_invalid_samples(tmp_path: Path):
+    pivots = airline_pivots(20)
+
+    class DyingBackend(ScriptedPolicy):
+        """The first two candidates' backend answers; from the third on every action hits the outage."""
+
+        def generate(self, chats, n, sampling):
+            healthy = super().generate(chats, n, sampling)
+            return [group if 2 * (self.calls - 1) + i < 2 else [Completion("backend outage here")] * n
+                    for i, group in enumerate(healthy)]
+
+    out = tmp_path / "profiled.jsonl"
+    with pytest.raises(EnvFailureError, match=rf"{STOP_AFTER_INVALID} samples in a row failed in the env, not in the "
+                       rf"policy's actions \(pivot {pivots[2].id} sample 0: infrastructure_error: tool backend unreachable\)"):
+        profile(pivots, DyingBackend(pivots), out, ProfileConfig(k=4, batch_pivots=2, env="test/flaky-v0", progress=False))
+    # The two healthy candidates, then the 8 whose 32 samples all failed; the other 10 were left.
+    assert [any(row["profile"]["valid"]) for row in rows_of(out)] == [True] * 2 + [False] * 8
+
+
+def test_candidates_without_a_valid_sample_are_profiled_again_on_a_rerun_and_written_once(tmp_path: Path, monkeypatch):
+    pivots = airline_pivots(4)
+    out = tmp_path / "profiled.jsonl"
+    config = ProfileConfig(k=4, env="test/flaky-v0", progress=False)
+    profile(pivots[:1], ScriptedPolicy(pivots), out, config)
+    monkeypatch.setattr(FlakyBackendEnv, "down", True)
+    with pytest.raises(EnvFailureError):  # the backend went down: the rows written now hold only errors
+        profile(pivots, ScriptedPolicy(pivots), out, config)
+    assert len(rows_of(out)) == 4 and completed_ids(out) == {pivots[0].id}
+    monkeypatch.setattr(FlakyBackendEnv, "down", False)  # back up: the failed rows are dropped and profiled again
+    run = profile(pivots, ScriptedPolicy(pivots), out, config)
+    assert (run.profiled, run.skipped, run.redone) == (3, 1, 3)
+    rows = rows_of(out)
+    assert [row["id"] for row in rows] == [p.id for p in pivots]
+    assert all(row["profile"]["valid"] == [True, True, False, True] for row in rows)
+
+
+def test_a_pivots_seed_is_a_stable_hash_of_the_run_seed_and_its_id():
+    # SHA-256, not hash(): the same in every process (PYTHONHASHSEED) and every Python version.
+    assert pivot_seed(0, "tau-airline/task6/trial0/t0") == 1503783224
+    assert pivot_seed(1, "tau-airline/task6/trial0/t0") == 1574638645
+    assert pivot_seed(0, "tau-airline/task6/trial0/t1") == 1917339679
+    seeds = [pivot_seed(7, f"trajectory-{i}/t0") for i in range(1000)]
+    assert all(0 <= seed < 2**31 for seed in seeds) and len(set(seeds)) == 1000
+
+
+class SeedRecorder(ScriptedPolicy):
+    """Records the seed each candidate's chat was sampled with."""
+
+    def __init__(self, pivots: list[Pivot]) -> None:
+        super().__init__(pivots)
+        self.ids = {id(p.messages): p.id for p in pivots}
+        self.seeds: dict[str, int | None] = {}
+
+    def generate(self, chats, n, sampling):
+        for chat, seed in zip(chats, sampling.chat_seeds(len(chats))):
+            self.seeds[self.ids[id(chat["messages"])]] = seed
+        return super().generate(chats, n, sampling)
+
+
+def test_each_candidate_is_sampled_from_its_own_seed_whatever_batch_it_lands_in(tmp_path: Path):
+    pivots = airline_pivots(5)
+    by_two, by_three = SeedRecorder(pivots), SeedRecorder(pivots)
+    profile(pivots, by_two, tmp_path / "a.jsonl", ProfileConfig(k=2, seed=5, batch_pivots=2, env="test/flaky-v0", progress=False))
+    profile(pivots[3:], by_three, tmp_path / "b.jsonl", ProfileConfig(k=2, seed=5, batch_pivots=3, env="test/flaky-v0",
+                                                                       progress=False))
+    assert by_two.seeds == {p.id: pivot_seed(5, p.id) for p in pivots}
+    assert by_three.seeds == {p.id: pivot_seed(5, p.id) for p in pivots[3:]}
+    unseeded = SeedRecorder(pivots)
+    profile(pivots, unseeded, tmp_path / "c.jsonl", ProfileConfig(k=2, env="test/flaky-v0", progress=False))
+    assert set(unseeded.seeds.values()) == {None}
 
 
 def test_each_profile_records_the_settings_it_was_sampled_under(tmp_path: Path):
