@@ -1,10 +1,14 @@
 """Fixtures for the terminal domain: real sandboxes (bubblewrap and Docker) on the bundled base image.
 
-A missing part is a skip with the reason (a failure under CI=true, see tests/conftest.py):
-build the image with `sudo pivotrl sandbox build-image`, start dockerd for the Docker tests.
+Every test that needs a sandbox asks for one of `rootfs`, `has_bwrap`, `has_docker`, `kind`,
+`backend` or `sandbox`: a missing part is then a skip with the reason (a failure under CI=true,
+see tests/conftest.py), never an error. Build the image with `sudo pivotrl sandbox build-image`,
+start dockerd for the Docker tests.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 from pivot_envs.domains.terminal import image
@@ -37,9 +41,18 @@ def has_bwrap(rootfs):
 
 @pytest.fixture(scope="session")
 def has_docker(rootfs):
+    if importlib.util.find_spec("docker") is None:
+        pytest.skip("the Docker SDK is not installed: pip install 'pivot-envs[docker]'")
     if not docker_available():
-        pytest.skip("no Docker daemon answers (start dockerd; see .ci/sandboxes.sh)")
+        pytest.skip("no Docker daemon answers (start dockerd: `make setup` does)")
     return image.import_image(rootfs, image.image_tag())
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+def kind(request):
+    """Each sandbox kind in turn ("bwrap", "docker"), skipped with the reason where it is missing."""
+    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
+    return request.param
 
 
 @pytest.fixture(params=["bwrap", "docker"])
@@ -60,3 +73,4 @@ def sandbox(backend):
     if backend.name == "docker":
         return backend.create(image.image_tag(), "/app")
     return backend.create("/app")
+
