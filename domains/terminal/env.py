@@ -4,11 +4,16 @@ reset() restores the pivot's prefix state (filesystem and shell state after the 
 commands): built once per pivot and snapshotted (PrefixCache), then forked for this sample.
 step() runs the sampled command in the fork, with the hard timeout and limits, and scores it with
 the functional verifier against the expert command's effect from the same state.
+
+Making the env is cheap: the sandbox backend is chosen, and the base image built when missing, on
+the first reset. Each env owns its sandboxes, snapshots and directories; closing it removes
+those and nothing of another env's, in this process or any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -16,6 +21,7 @@ from typing import Any
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.errors import MissingExtraError, UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.sandbox import CommandResult, SandboxError, SandboxLimits, file_changes
 from pivot_envs.verifiers import StrictVerifier, Verifier
@@ -37,11 +43,16 @@ class TerminalConfig:
 
 
 def resolve_sandbox(kind: str) -> str:
-    """'docker' or 'bwrap' for a requested kind; raises SandboxError saying how to install one."""
+    """'docker' or 'bwrap' for a requested kind ("auto": Docker when its SDK is installed and a
+    daemon answers, else bubblewrap); raises MissingExtraError without the Docker SDK for
+    kind='docker', SandboxError saying how to install a backend when none is usable."""
     from .backends import INSTALL_HELP, bwrap_available, docker_available
 
     if kind not in SANDBOXES:
-        raise ValueError(f"unknown sandbox {kind!r}; choose one of {SANDBOXES}")
+        raise UnknownNameError("sandbox", kind, SANDBOXES)
+    sdk = importlib.util.find_spec("docker") is not None
+    if kind == "docker" and not sdk:
+        raise MissingExtraError("sandbox='docker'", "docker", "docker")
     if kind in ("auto", "docker") and docker_available():
         return "docker"
     if kind == "docker":
@@ -50,7 +61,18 @@ def resolve_sandbox(kind: str) -> str:
         return "bwrap"
     if kind == "bwrap":
         raise SandboxError("sandbox='bwrap': bubblewrap is missing or cannot create namespaces here\n" + INSTALL_HELP)
-    raise SandboxError(INSTALL_HELP)
+    no_sdk = "" if sdk else "\n(The Docker SDK is not installed either: pip install 'pivot-envs[docker]'.)"
+    raise SandboxError(INSTALL_HELP + no_sdk)
+
+
+def displayable(text: str) -> str:
+    """`text` with every lone surrogate (a file name's undecodable byte, kept by surrogateescape)
+    replaced by U+FFFD, so `info` and the observation can be JSON-encoded."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate surrogateescape did not make
+        raw = text.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
 
 
 def bundled_pivots() -> list[Pivot]:
@@ -61,7 +83,11 @@ def bundled_pivots() -> list[Pivot]:
 
 
 class TerminalEnv(PivotEnv):
-    """The terminal domain's env (see the module docstring); `sandbox="auto"|"docker"|"bwrap"`."""
+    """The terminal domain's env (see the module docstring); `sandbox="auto"|"docker"|"bwrap"`.
+
+    Keystrokes that end the interactive shell (`{"keystrokes": "C-d"}`) are the action's doing:
+    reward 0, valid, category "shell_exited".
+    """
 
     domain = "terminal"
     default_verifier = "functional"
@@ -79,16 +105,26 @@ class TerminalEnv(PivotEnv):
         warm_pool: int = 4,
         build_image: bool = True,
     ) -> None:
+        if sandbox not in SANDBOXES:
+            raise UnknownNameError("sandbox", sandbox, SANDBOXES)
         super().__init__(pivots, verifier, verifier_config, render_mode)
         # Expert and parsed actions share one canonical form, so the strict verifier compares like with like.
         self.pivots = [self._canonical_expert(pivot) for pivot in self.pivots]
         self.config = TerminalConfig(sandbox, prefix_cache, warm_pool, build_image)
         self.limits = SandboxLimits(**limits) if isinstance(limits, dict) else (limits or SandboxLimits())
-        self.sandbox_kind = resolve_sandbox(sandbox)
+        self._sandbox_kind: str | None = None
         self.backend: Any = None
         self.prefixes: Any = None
         self.sandbox: Any = None
         self._state: Any = None
+        self._shell_exited = False
+
+    @property
+    def sandbox_kind(self) -> str:
+        """'docker' or 'bwrap': chosen on first use (see `resolve_sandbox`), not when the env is made."""
+        if self._sandbox_kind is None:
+            self._sandbox_kind = resolve_sandbox(self.config.sandbox)
+        return self._sandbox_kind
 
     @staticmethod
     def _canonical_expert(pivot: Pivot) -> Pivot:
@@ -135,14 +171,25 @@ class TerminalEnv(PivotEnv):
             self.sandbox.close()
             self.sandbox = None
         changes = file_changes(state.before, result.files) if result.files is not None else []
+        result.output = displayable(result.output)
         reply = result.output + ("\n[timed out]" if result.timed_out else "") + f"\n[exit code {result.exit_code}]"
         call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
-        output = {**result.to_dict(), "files_changed": [dataclasses.asdict(change) for change in changes]}
+        output = {**result.to_dict(), "files_changed": [{"path": displayable(change.path), "kind": change.kind}
+                                                        for change in changes]}
         return Outcome(
             messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
             output=output,
             data={"result": result, "expert": state.expert, "before": state.before},
         )
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        self._shell_exited = False
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self._shell_exited and info["valid"] and reward == 0.0:
+            # The keys ended the shell (C-d): the action's doing, named as such, not an infrastructure failure.
+            info.update(category="shell_exited", detail="the keystrokes ended the interactive shell")
+            self._last["info"] = info
+        return observation, reward, terminated, truncated, info
 
     # -- sandbox management ------------------------------------------------------------------------
 
@@ -151,25 +198,24 @@ class TerminalEnv(PivotEnv):
 
         shell = InteractiveShell(self.sandbox.interactive_argv(), timeout=self.limits.timeout)
         try:
-            return shell.send_keys(keys)
+            result = shell.send_keys(keys)
+            self._shell_exited = shell.exited
+            return result
         finally:
             shell.close()
 
     def _ensure_backend(self) -> None:
+        """Choose the backend and make it, with the base image, on first use (the first reset)."""
         if self.backend is not None:
             return
         from . import image
         from .backends import BwrapBackend, DockerBackend
         from .prefix import PrefixCache
 
-        config = image.ImageConfig()
-        rootfs = image.rootfs_path(config)
-        if not image.rootfs_ready(rootfs):
-            if not self.config.build_image:
-                raise SandboxError(f"the base root filesystem {rootfs} is missing: run `pivotrl sandbox build-image`")
-            image.build_rootfs(config)
-        if self.sandbox_kind == "docker":
-            tag = image.import_image(rootfs, image.image_tag(config.suite))
+        kind = self.sandbox_kind
+        rootfs = image.base_rootfs(build=self.config.build_image)
+        if kind == "docker":
+            tag = image.import_image(rootfs, image.image_tag())
             self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
             self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, docker_base=tag)
         else:
@@ -177,7 +223,7 @@ class TerminalEnv(PivotEnv):
             self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs)
 
     def close(self) -> None:
-        """Remove every sandbox, snapshot, container and image this env made."""
+        """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None

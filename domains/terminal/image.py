@@ -9,15 +9,21 @@ renamed into place only when complete; the image is tagged with the same key.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pivot_envs.config import option
+from pivot_envs.sandbox import SandboxError
+
+logger = logging.getLogger(__name__)
 
 # What the bundled tasks use beyond the minbase essentials (coreutils, grep, sed, tar, gzip, findutils...).
 PACKAGES = (
@@ -25,6 +31,8 @@ PACKAGES = (
 )
 LABEL = "pivot-envs"
 DEFAULT_IMAGE = "pivot-envs/terminal-base"
+# Envs of one process (threads) that all find the base missing build or import it once.
+_BUILDING = threading.Lock()
 
 
 @dataclass
@@ -84,16 +92,56 @@ def apt_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+def build_command(config: ImageConfig | None = None) -> str:
+    """The command that builds the base image for this user: `pivotrl sandbox build-image`, with
+    sudo (and this user's cache, since root's default is another) when not root."""
+    if os.geteuid() == 0:
+        return "pivotrl sandbox build-image"
+    cache = rootfs_path(config).parent.parent
+    return f"sudo env PIVOT_ENVS_CACHE={cache} pivotrl sandbox build-image"
+
+
+def cannot_build() -> str:
+    """Why this process cannot build the root filesystem ("" when it can: root, with debootstrap)."""
+    if os.geteuid() != 0:
+        return "building it needs root (debootstrap)"
+    if shutil.which("debootstrap") is None:
+        return "debootstrap is not installed (apt-get install debootstrap)"
+    return ""
+
+
+def base_rootfs(build: bool = True, config: ImageConfig | None = None) -> Path:
+    """The complete base root filesystem, built now (logged: about 2 minutes, once) when it is
+    missing, `build` allows it and this process can; otherwise SandboxError naming the command."""
+    config = config or ImageConfig()
+    target = rootfs_path(config)
+    if rootfs_ready(target):
+        return target
+    reason = cannot_build() if build else "building it on first use is off (build_image=False)"
+    if reason:
+        raise SandboxError(f"the terminal sandbox's base root filesystem {target} is not built and {reason}: "
+                           f"run `{build_command(config)}` once")
+    logger.warning("building the terminal sandbox's base root filesystem %s with debootstrap "
+                   "(once; about 2 minutes, a download of about 100 MB)", target)
+    start = time.monotonic()
+    build_rootfs(config, log=logger.info)
+    logger.warning("built %s in %.0f s", target, time.monotonic() - start)
+    return target
+
+
 def build_rootfs(config: ImageConfig | None = None, log=print) -> Path:
     """Build the root filesystem with debootstrap unless a complete one exists; returns its path."""
-    config = config or ImageConfig()
+    with _BUILDING:
+        return _build_rootfs(config or ImageConfig(), log)
+
+
+def _build_rootfs(config: ImageConfig, log) -> Path:
     target = rootfs_path(config)
     if rootfs_ready(target) and not config.rebuild:
         return target
-    if shutil.which("debootstrap") is None:
-        raise RuntimeError("debootstrap is not installed: `apt-get install debootstrap` (Debian/Ubuntu)")
-    if os.geteuid() != 0:
-        raise RuntimeError("building the base root filesystem needs root (debootstrap); run it with sudo once")
+    reason = cannot_build()
+    if reason:
+        raise SandboxError(f"cannot build {target}: {reason}; run `{build_command(config)}`")
     mirror = config.mirror or apt_mirror()
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -105,7 +153,7 @@ def build_rootfs(config: ImageConfig | None = None, log=print) -> Path:
         log(f"building {target} with: {' '.join(command)}")
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({result.returncode}): {result.stderr[-2000:] or result.stdout[-2000:]}")
+            raise SandboxError(f"debootstrap failed ({result.returncode}): {result.stderr[-2000:] or result.stdout[-2000:]}")
         # Apt caches are not needed in a sandbox and double the image size.
         shutil.rmtree(work / "var" / "cache" / "apt" / "archives", ignore_errors=True)
         (work / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
@@ -123,17 +171,26 @@ def docker_image_exists(tag: str) -> bool:
     """Whether the Docker daemon has an image with this tag."""
     import docker
 
+    client = docker.from_env()
     try:
-        docker.from_env().images.get(tag)
+        client.images.get(tag)
         return True
     except docker.errors.ImageNotFound:
         return False
+    finally:
+        client.close()
 
 
 def import_image(rootfs: Path, tag: str) -> str:
     """`docker import` the root filesystem as `tag` (labelled, so `pivotrl sandbox gc --all` finds it)."""
-    if docker_image_exists(tag):
-        return tag
+    with _BUILDING:
+        if docker_image_exists(tag):
+            return tag
+        logger.warning("importing %s into Docker as %s (once; about 15 seconds)", rootfs, tag)
+        return _import(rootfs, tag)
+
+
+def _import(rootfs: Path, tag: str) -> str:
     # tar streams the tree straight into the daemon; --numeric-owner keeps root ownership exact.
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "-C", str(rootfs), "--exclude=./.pivot-envs-complete", "-c", "."],
@@ -146,7 +203,7 @@ def import_image(rootfs: Path, tag: str) -> str:
     tar.stdout.close()
     tar.wait()
     if result.returncode != 0 or tar.returncode != 0:
-        raise RuntimeError(f"docker import of {rootfs} failed: {result.stderr.strip()}")
+        raise SandboxError(f"docker import of {rootfs} failed: {result.stderr.strip()}")
     return tag
 
 

@@ -35,12 +35,20 @@ def default_signals() -> None:
                 pass
 
 
+class ShellExited(SandboxError):
+    """The interactive shell ended (keys such as C-d, or its process died) before showing a prompt."""
+
+
 class InteractiveShell:
-    """bash -i in a sandbox (argv from `sandbox.interactive_argv()`); `close()` ends it."""
+    """bash -i in a sandbox (argv from `sandbox.interactive_argv()`); `close()` ends it.
+
+    `exited` turns True once the shell has ended; `send_keys` reports that as its result.
+    """
 
     def __init__(self, argv: list[str], timeout: float = 10.0) -> None:
         import pexpect
 
+        self.exited = False
         self.marker = new_marker()
         head, tail = self.marker[:9], self.marker[9:]
         self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
@@ -60,7 +68,8 @@ class InteractiveShell:
         if index == 0:
             return text, int(self.child.match.group(1))
         if index == 2:
-            raise SandboxError(f"the interactive shell exited: {text[-300:]}")
+            self.exited = True
+            raise ShellExited(f"the interactive shell exited: {text[-300:]}")
         return text, None
 
     def run(self, command: str, timeout: float = 10.0) -> CommandResult:
@@ -83,8 +92,19 @@ class InteractiveShell:
             self.child.send(KEYS[keys])
         else:
             self.child.send(keys)
-        output, status = self._wait(wait)
+        try:
+            output, status = self._wait(wait)
+        except ShellExited:
+            # The keys ended the shell (C-d at an empty prompt, `exit` typed): their effect, reported as such.
+            output, status = strip_ansi(self.child.before or "") + "\n[the shell exited]\n", self._exit_status()
         return CommandResult(keys, status if status is not None else -1, output, False, 0, None, time.monotonic() - start)
+
+    def _exit_status(self, within: float = 2.0) -> int | None:
+        """The ended shell's exit status (None if its process has not ended within `within` seconds)."""
+        deadline = time.monotonic() + within
+        while self.child.isalive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.child.exitstatus
 
     def close(self) -> None:
         """End the shell and the process behind it."""

@@ -13,16 +13,12 @@ from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
 
 import pivot_envs
+from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
+from pivot_envs.sandbox import SandboxError
 
 gym.register_envs(pivot_envs)
 GIT_PIVOT = "terminal/git-init-commit/t4"  # prefix: cd site, git init, git add, git commit
-
-
-@pytest.fixture(params=["bwrap", "docker"])
-def kind(request):
-    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
-    return request.param
 
 
 def test_the_env_passes_gymnasiums_checker(kind):
@@ -52,8 +48,8 @@ def test_g_resets_at_one_pivot_cost_one_build_and_g_forks(kind):
     env.close()
 
 
-def test_each_sample_sees_the_prefix_state_not_the_previous_samples_changes():
-    env = TerminalEnv(sandbox="bwrap")
+def test_each_sample_sees_the_prefix_state_not_the_previous_samples_changes(kind):
+    env = TerminalEnv(sandbox=kind)
     env.reset(options={"pivot": "terminal/sed-config-port/t1"})
     env.step("```bash\nrm server.conf\n```")
     env.reset(options={"pivot": "terminal/sed-config-port/t1"})
@@ -124,14 +120,49 @@ def test_auto_uses_docker_when_a_daemon_answers(has_docker):
     assert TerminalEnv(sandbox="auto").sandbox_kind == "docker"
 
 
-def test_without_docker_or_bubblewrap_the_error_says_how_to_install_them(tmp_path):
-    # A real run with neither: no daemon at DOCKER_HOST and a PATH without bwrap.
-    code = ("from pivot_envs.domains.terminal import TerminalEnv\n"
-            "try:\n    TerminalEnv(sandbox='auto')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+def test_without_docker_or_bubblewrap_the_first_reset_says_how_to_install_them(tmp_path):
+    # A real run with neither: no daemon at DOCKER_HOST and a PATH without bwrap. Making the env
+    # works (and starts nothing); the first reset, where the sandbox is chosen, says what to install.
+    code = ("import sys, gymnasium as gym, pivot_envs\n"
+            "gym.register_envs(pivot_envs)\n"
+            "env = gym.make('pivot/terminal-v0')\n"
+            "print('made', env.unwrapped.backend, 'docker' in sys.modules)\n"
+            "try:\n    env.reset()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "PATH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
-    assert out.startswith("SandboxError")
-    assert "apt-get install docker.io" in out and "apt-get install bubblewrap" in out
+    made, error = out.split("\n", 1)
+    assert made == "made None False"
+    assert error.startswith("SandboxError")
+    assert "apt-get install docker.io" in error and "apt-get install bubblewrap" in error
+
+
+def test_sandbox_docker_without_the_docker_sdk_names_the_extra_to_install():
+    # The SDK hidden from this interpreter (a None in sys.modules makes `import docker` fail).
+    code = ("import sys; sys.modules['docker'] = None\n"
+            "from pivot_envs.domains.terminal import TerminalEnv\n"
+            "from pivot_envs.domains.terminal.backends import DockerBackend\n"
+            "env = TerminalEnv(sandbox='docker')\n"
+            "for make in (env.reset, DockerBackend):\n"
+            "    try:\n        make()\n    except Exception as e:\n        print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert len(out) == 2, out
+    for line in out:
+        assert line.startswith("MissingExtraError") and "pip install 'pivot-envs[docker]'" in line, line
+        assert "daemon" not in line
+
+
+def test_an_unknown_sandbox_kind_is_refused_when_the_env_is_made():
+    with pytest.raises(UnknownNameError, match="did you mean 'bwrap'"):
+        TerminalEnv(sandbox="bwarp")
+
+
+def test_a_missing_base_image_is_an_error_naming_the_command_that_builds_it(has_bwrap, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIVOT_ENVS_CACHE", str(tmp_path))  # an empty cache: no root filesystem there
+    env = TerminalEnv(sandbox="bwrap", build_image=False)
+    with pytest.raises(SandboxError, match=r"is not built .*run `(sudo env PIVOT_ENVS_CACHE=\S+ )?pivotrl sandbox build-image` once"):
+        env.reset()
+    env.close()
+    assert not (tmp_path / "terminal" / has_bwrap.name).exists()
 
 
 def test_a_malformed_command_scores_zero_as_malformed(has_bwrap):
@@ -148,4 +179,27 @@ def test_a_control_key_runs_in_the_interactive_shell(kind):
     _, reward, _, _, info = env.step('{"keystrokes": "C-c"}')
     assert info["valid"] and info["parsed"]["tool_calls"][0]["function"]["name"] == "bash"
     assert reward == 0.0 and info["category"] == "different_effect"
+    env.close()
+
+
+def test_control_d_ends_the_shell_and_scores_zero_as_the_actions_doing(kind):
+    env = TerminalEnv(sandbox=kind)
+    env.reset(options={"pivot": "terminal/awk-average/t1"})
+    observation, reward, _, _, info = env.step('{"keystrokes": "C-d"}')
+    assert (reward, info["valid"], info["category"]) == (0.0, True, "shell_exited")
+    assert "[the shell exited]" in observation["messages"][-1]["content"]
+    env.reset(options={"pivot": "terminal/awk-average/t1"})  # the next sample has a shell again
+    _, reward, _, _, info = env.step(env.pivot.expert)
+    assert (reward, info["valid"]) == (1.0, True)
+    env.close()
+
+
+def test_file_names_and_output_that_are_not_utf8_come_back_json_encodable(kind):
+    env = TerminalEnv(sandbox=kind)
+    env.reset(options={"pivot": "terminal/awk-average/t1"})
+    observation, _, _, _, info = env.step("```bash\ntouch $'caf\\xe9.txt'; printf 'x\\xffy\\n'\n```")
+    assert info["valid"]
+    assert info["output"]["files_changed"] == [{"path": "caf\ufffd.txt", "kind": "added"}]
+    assert info["output"]["output"] == "x\ufffdy\n"
+    json.dumps([info, observation], ensure_ascii=False).encode()  # a lone surrogate has no UTF-8 form
     env.close()
