@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import types
 import typing
 from typing import Any, TypeVar
@@ -56,7 +57,8 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type, exclude: tupl
         help_text = field.metadata.get("help", "")
         flag = "--" + field.name.replace("_", "-")
         common: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS}
-        shown = f"{help_text} (default: {default!r})"
+        # argparse %-formats help texts: a literal % in the text or the default must be doubled.
+        shown = f"{help_text} (default: {default!r})".replace("%", "%%")
         if kind is bool:
             group.add_argument(flag, type=_parse_bool, nargs="?", const=True, metavar="BOOL", help=shown, **common)
         elif typing.get_origin(kind) in (list, tuple):
@@ -75,3 +77,9 @@ def from_args(config_cls: type[T], args: argparse.Namespace, **overrides: Any) -
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_cls) if f.init and hasattr(args, f.name)}
     values.update(overrides)
     return config_cls(**values)
+
+
+def progress_disabled() -> bool | None:
+    """tqdm's `disable` for the library's progress bars: True when the `pivot_envs` logger is set
+    above INFO (`pivotrl -q`), else None (a bar shows when stderr is a terminal)."""
+    return True if logging.getLogger("pivot_envs").level > logging.INFO else None

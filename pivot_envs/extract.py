@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import option
+from pivot_envs.config import option, progress_disabled
 from pivot_envs.formats import ReadReport, Trajectory
 from pivot_envs.pivot import Pivot, PivotWriter
 
@@ -298,7 +298,7 @@ def write_pivot_file(pivots: Iterable[Pivot], path: str | os.PathLike[str], desc
 
     count = 0
     with PivotWriter(path, append=False, fsync=False) as writer:
-        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=None):
+        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=progress_disabled()):
             writer.write(pivot)
             count += 1
     with open(path, "rb") as handle:

@@ -802,11 +802,13 @@ def write_nemo_gym_rows(pivots: Iterable[Pivot], path: str | os.PathLike[str]) -
     """Write pivots as NeMo-Gym pivot rows (JSONL), with a progress bar on stderr; returns the count."""
     from tqdm import tqdm
 
+    from pivot_envs.config import progress_disabled
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with path.open("w", encoding="utf-8") as handle:
-        for pivot in tqdm(pivots, desc="writing NeMo-Gym rows", unit=" rows", file=sys.stderr, disable=None):
+        for pivot in tqdm(pivots, desc="writing NeMo-Gym rows", unit=" rows", file=sys.stderr, disable=progress_disabled()):
             handle.write(json.dumps(pivot_to_nemo_gym_row(pivot), ensure_ascii=False) + "\n")
             count += 1
     return count
