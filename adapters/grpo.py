@@ -16,20 +16,25 @@ The tokens trained on are the tokens sampled: `Completion.prompt_token_ids + tok
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import option, progress_disabled
+from pivot_envs.errors import MissingExtraError
 from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.pivot import Pivot
 from pivot_envs.policy import SamplingParams
 from pivot_envs.scoring import EnvPool, resolve_env
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -570,6 +575,7 @@ def train(
     """
     import numpy as np
     import torch
+    from tqdm import tqdm
 
     pivots, heldout = list(pivots), list(heldout or [])
     if not pivots:
@@ -611,6 +617,7 @@ def train(
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
+    bar = tqdm(total=config.steps, initial=start, unit="step", desc="GRPO", file=sys.stderr, disable=progress_disabled())
 
     try:
         for step in range(start + 1, config.steps + 1):
@@ -677,9 +684,18 @@ def train(
                 record["eval_strict_accuracy"] = greedy.strict.mean
             log.write(record)
             history.append(record)
+            bar.update()
+            logger.info(
+                "step %d/%d: reward mean %.3f std %.3f, zero-variance groups %.2f, invalid %.2f, loss %.4f, "
+                "KL %.4f, %.0f tokens/s%s", step, config.steps, record["reward_mean"], record["reward_std"],
+                record["frac_zero_variance"], record["frac_invalid"], record["loss"], record["kl"],
+                record["tokens_per_s"],
+                f", held-out turn accuracy {record['eval_turn_accuracy']:.3f}" if "eval_turn_accuracy" in record else "",
+            )
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 save_checkpoint(out / "checkpoints" / f"step-{step}", model, tokenizer, optimizer, sampler, step, config)
     finally:
+        bar.close()
         pool.close()
         log.close()
 
@@ -689,8 +705,14 @@ def train(
 
 
 def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Path:
-    """Plot reward mean +- std per step (and the held-out turn accuracy when logged) to a PNG."""
-    import matplotlib
+    """Plot reward mean +- std per step (and the held-out turn accuracy when logged) to a PNG.
+
+    Raises MissingExtraError (the `plot` extra) when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtraError("plotting the training rewards", "matplotlib", "plot") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,0 +1,54 @@
+"""`pivotrl train` reports its progress: a log line per step (and a bar on a terminal); -q silences both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pivot_envs.cli import main
+from pivot_envs.pivot import write_pivots
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer model of SmolLM2's architecture, with SmolLM2's tokenizer."""
+    pytest.importorskip("transformers")
+    import torch
+    from pivot_envs.adapters import smollm2
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny-model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _train(tiny_checkpoint: Path, tmp_path: Path, *flags: str) -> int:
+    from pivot_envs.domains.tool_use.env import bundled_pivots
+
+    write_pivots(bundled_pivots()[:2], tmp_path / "train.jsonl")
+    return main([*flags, "train", "--pivots", str(tmp_path / "train.jsonl"), "--policy", f"hf:{tiny_checkpoint}",
+                 "--steps", "2", "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "4",
+                 "--checkpoint-every", "0", "--num-envs", "1", "--out", str(tmp_path / "run")])
+
+
+def test_train_logs_a_line_per_step_with_its_reward_and_loss(tiny_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    assert _train(tiny_checkpoint, tmp_path) == 0
+    captured = capsys.readouterr()
+    steps = [line for line in captured.err.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
+    assert all("reward mean" in line and "loss" in line and "tokens/s" in line for line in steps)
+    assert "trained 2 steps" in captured.out  # the result stays on stdout
+
+
+def test_quiet_train_prints_no_step_lines(tiny_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    assert _train(tiny_checkpoint, tmp_path, "-q") == 0
+    captured = capsys.readouterr()
+    assert "step 1/2" not in captured.err and "GRPO" not in captured.err
+    assert "trained 2 steps" in captured.out
