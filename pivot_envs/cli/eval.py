@@ -24,17 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
-    from pivot_envs.env import load_pivot_file
+    from pivot_envs.cli._checks import check_output, check_scoring, read_input
     from pivot_envs.evaluate import EvalConfig, evaluate
     from pivot_envs.policy import load_policy
 
     config = from_args(EvalConfig, args)
-    pivots = load_pivot_file(args.pivots)
+    # Every input is checked before the policy loads.
+    pivots = read_input(args.pivots)
+    check_scoring(pivots, args.env, config.verifier)
+    json_out = check_output(args.json, "--json") if args.json else None
     policy = load_policy(args.policy, **({"device": args.device} if args.device else {}))
     report = evaluate(policy, pivots, config, env=args.env)
     print(report.format())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
+    if json_out:
+        json_out.write_text(json.dumps(report.to_dict(), indent=2))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 
 from pivot_envs.config import option
@@ -28,14 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, read_input
     from pivot_envs.config import from_args
-    from pivot_envs.formats import ReadReport, read_as_pivots, write_nemo_gym_rows
+    from pivot_envs.formats import ReadReport, write_nemo_gym_rows
 
     from_args(ExportConfig, args)  # validates the format (only nemo-gym today)
+    check_output(args.out)
     report = ReadReport()
-    pivots = read_as_pivots(args.pivots, report=report)
-    for problem in report.problems:
-        print(problem, file=sys.stderr)
+    pivots = read_input(args.pivots, report=report)
     written = write_nemo_gym_rows(pivots, args.out)
     print(f"read {report.records} records ({report.skipped_total} skipped); wrote {written} NeMo-Gym rows -> {args.out}")
-    return 1 if report.skipped_total and not written else 0
+    return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pivot_envs.formats import ReadReport
+log = logging.getLogger(__name__)
 
 NAME = "extract"
 HELP = "Extract pivot candidates (one per assistant turn) from trajectory files of any supported format."
@@ -26,28 +25,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pivot_envs.config import from_args
+    from pivot_envs.cli._checks import check_output, no_pivot_error
+    from pivot_envs.config import from_args, progress_disabled
     from pivot_envs.extract import ExtractConfig, write_pivot_file
     from pivot_envs.formats import ReadReport, read_as_pivots
 
     config = from_args(ExtractConfig, args)
+    check_output(args.out)
     report = ReadReport()
-    pivots, seen = [], set()
-    for path in tqdm(args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=None):
+    pivots, seen, empty = [], set(), []
+    for path in tqdm(args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=progress_disabled()):
+        records = report.records
         for pivot in read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix):
             if pivot.id in seen:  # two inputs yielding one id: keep the first, say so
                 report.skip(path, "duplicate pivot id", pivot.id)
                 continue
             seen.add(pivot.id)
             pivots.append(pivot)
-    written = write_pivot_file(pivots, args.out)
-    print_report(report, written, args.out)
-    return 1 if report.skipped_total and not written else 0
-
-
-def print_report(report: ReadReport, written: int, out: str) -> None:
-    """Problems (file:line: reason) on stderr, then the counts."""
+        if report.records == records:
+            empty.append(path)
     for problem in report.problems:
-        print(problem, file=sys.stderr)
+        log.warning("%s", problem)
+    if not pivots and (report.skipped_total or not report.records):  # nothing readable: no output to write
+        raise no_pivot_error(", ".join(args.inputs), report)
+    for path in empty:
+        log.warning("%s: the input is empty (no records)", path)
+    written = write_pivot_file(pivots, args.out)
     print(report.summary())
-    print(f"pivots written: {written} -> {out}")
+    print(f"pivots written: {written} -> {args.out}")
+    return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 NAME = "filter"
 HELP = "Keep the pivots: profiled candidates with reward variance > 0 and mean < lambda_diff (D_adv), or all (D_cand)."
@@ -19,15 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, read_input
     from pivot_envs.config import from_args
     from pivot_envs.extract import FilterConfig, dedup_pivots, filter_pivots, write_pivot_file
-    from pivot_envs.formats import ReadReport, read_as_pivots
+    from pivot_envs.formats import ReadReport
 
     config = from_args(FilterConfig, args)
+    check_output(args.out)
     report = ReadReport()
-    pivots = read_as_pivots(args.profiled, report=report)
-    for problem in report.problems:
-        print(problem, file=sys.stderr)
+    pivots = read_input(args.profiled, report=report)
     kept = filter_pivots(pivots, lambda_diff=config.lambda_diff, mode=config.mode)
     lines = [f"candidates: {len(pivots)} ({report.skipped_total} malformed records skipped)"]
     if config.mode == "adv":

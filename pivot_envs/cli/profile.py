@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from pivot_envs.config import add_options, from_args
+
+log = logging.getLogger(__name__)
 
 NAME = "profile"
 HELP = "Profile pivot candidates: K sampled actions each, functional and strict rewards, resumable output."
@@ -23,18 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, check_scoring, read_input
+    from pivot_envs.config import progress_disabled
     from pivot_envs.pivot import read_pivots
     from pivot_envs.profile import ProfileConfig, profile
 
     config = from_args(ProfileConfig, args)
+    if progress_disabled():  # -q
+        config.progress = False
+    # Every input is checked before the policy loads: a wrong name fails in a second, not after sampling.
+    candidates = read_input(args.pivots)
+    check_scoring(candidates, config.env, config.env_kwargs.get("verifier"))
+    check_output(args.out)
     options = {"device": args.device} if args.device else {}
-    run = profile(args.pivots, args.policy, args.out, config, policy_options=options)
+    run = profile(candidates, args.policy, args.out, config, policy_options=options)
     if run.moved_aside:
-        print(f"{args.out} held profiles made with other settings: moved to {run.moved_aside}", file=sys.stderr)
-    print(
-        f"profiled {run.profiled} candidates ({run.skipped} already done) in {run.seconds:.1f}s: "
-        f"{run.samples} samples ({run.samples_per_s:.2f}/s), {run.invalid} invalid, {run.env_errors} env errors",
-        file=sys.stderr,
+        log.warning("%s held profiles made with other settings: moved to %s", args.out, run.moved_aside)
+    log.info(
+        "profiled %d candidates (%d already done) in %.1fs: %d samples (%.2f/s), %d invalid, %d env errors",
+        run.profiled, run.skipped, run.seconds, run.samples, run.samples_per_s, run.invalid, run.env_errors,
     )
     print(_report(read_pivots(args.out)))
     return 0

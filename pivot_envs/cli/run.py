@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import random
 import shutil
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.config import add_options, from_args, option
+
+log = logging.getLogger(__name__)
 
 NAME = "run"
 HELP = "Run the whole method (extract, profile, filter, split, train, evaluate) and write a report."
@@ -148,11 +151,11 @@ def load_candidates(config: RunConfig) -> list[Any]:
     """D_cand: the input's pivots, or the domain's bundled ones."""
     import gymnasium as gym
 
-    from pivot_envs.env import load_pivot_file
+    from pivot_envs.cli._checks import read_input
     from pivot_envs.registry import env_id
 
     if config.input:
-        return load_pivot_file(config.input, domain=config.domain)
+        return read_input(config.input, domain=config.domain)
     env = gym.make(env_id(config.domain))
     try:
         return list(env.unwrapped.pivots)
@@ -229,7 +232,8 @@ def main(args: argparse.Namespace) -> int:
 
 def run(config: RunConfig) -> Path:
     """Run the method and return the path of the markdown report."""
-    from pivot_envs.adapters.grpo import GRPOConfig, plot_metrics, train
+    from pivot_envs.adapters.grpo import GRPOConfig, train
+    from pivot_envs.cli._checks import check_domain, check_env_id, check_output
     from pivot_envs.diagnostics import diagnose, format_report
     from pivot_envs.evaluate import EvalConfig, evaluate
     from pivot_envs.extract import filter_pivots, split_by_trajectory, write_pivot_file
@@ -238,7 +242,10 @@ def run(config: RunConfig) -> Path:
     from pivot_envs.profile import ProfileConfig, profile
     from pivot_envs.registry import env_id
 
-    out = Path(config.out)
+    # The domain, --out and --sft-epochs are checked before any work: a typo fails at once, not after the warm-up.
+    check_env_id(env_id(check_domain(config.domain)))
+    out = check_output(config.out, "--out", directory=True)
+    config.warm_up_epochs()
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
@@ -335,12 +342,8 @@ def run(config: RunConfig) -> Path:
         shutil.rmtree(out / "train.previous", ignore_errors=True)
         (out / "train").replace(out / "train.previous")
     with Stage(7, f"train with GRPO at the pivots ({config.steps} steps, B={config.batch_pivots}, G={config.group_size})") as stage:
+        # train logs a line per step as it goes
         result = train(grpo, pivots, policy=policy, env_id=env_id(config.domain))
-        for record in result.history:
-            print(
-                f"      step {record['step']}: reward mean {record['reward_mean']:.3f} "
-                f"std {record['reward_std']:.3f}, zero-variance groups {record['frac_zero_variance']:.2f}"
-            )
     timings["train"] = stage.seconds
 
     with Stage(8, "evaluate after training") as stage:
@@ -350,16 +353,30 @@ def run(config: RunConfig) -> Path:
 
     signal = Signal.of(profiled, result.history, config.batch_pivots)
     print(f"\n{signal.verdict()}")
-    png = plot_metrics(result.metrics_path, out / "rewards.png")
     return write_report(out, config, candidates, trajectories, train_side, heldout, profiled, pivots, note,
-                        format_report(diagnostics), before, after, result, png, timings, signal, warm)
+                        format_report(diagnostics), before, after, result, timings, signal, warm)
+
+
+def plot_rewards(metrics: Path, png: Path) -> str | None:
+    """Plot the training rewards to `png` and return its file name; or, when matplotlib is not
+    installed (an optional extra: the report holds every figure without it), log a warning and
+    return None."""
+    from pivot_envs.adapters.grpo import plot_metrics
+    from pivot_envs.errors import MissingExtraError
+
+    try:
+        return plot_metrics(metrics, png).name
+    except MissingExtraError as error:
+        log.warning("the report has no reward plot: %s", error)
+        return None
 
 
 def write_report(out: Path, config: RunConfig, candidates: list, trajectories: set, train_side: list,
                  heldout: list, profiled: list, pivots: list, note: str, diagnostics: str, before: Any,
-                 after: Any, result: Any, png: Path, timings: dict[str, float], signal: Signal,
-                 warm: WarmUp) -> Path:
-    """The markdown report of a run (and report.json with the same figures)."""
+                 after: Any, result: Any, timings: dict[str, float], signal: Signal, warm: WarmUp) -> Path:
+    """The markdown report of a run, with its reward plot when matplotlib is installed (and
+    report.json with the same figures)."""
+    png = plot_rewards(result.metrics_path, out / "rewards.png")
     lines = [
         "# PivotRL run",
         "",
@@ -389,7 +406,10 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
             f"| {record['step']} | {record['reward_mean']:.3f} | {record['reward_std']:.3f} "
             f"| {record['frac_zero_variance']:.2f} | {record.get('loss', float('nan')):.4f} |"
         )
-    lines += ["", f"![reward mean and std over steps]({png.name})", ""]
+    if png:
+        lines += ["", f"![reward mean and std over steps]({png})", ""]
+    else:
+        lines += ["", "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`).", ""]
     lines += [f"Outputs: `{out}` (candidates, heldout, profiled, pivots JSONL; train/ metrics and weights).", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 NAME = "split"
 HELP = "Split pivots into train and held-out sets by source trajectory (a seeded hash of the trajectory id)."
@@ -20,15 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, read_input
     from pivot_envs.config import from_args
     from pivot_envs.extract import SplitConfig, split_by_trajectory, write_pivot_file
-    from pivot_envs.formats import ReadReport, read_as_pivots
 
     config = from_args(SplitConfig, args)
-    report = ReadReport()
-    pivots = read_as_pivots(args.pivots, report=report)
-    for problem in report.problems:
-        print(problem, file=sys.stderr)
+    check_output(args.train_out, "--train-out")
+    check_output(args.heldout_out, "--heldout-out")
+    pivots = read_input(args.pivots)
     train, heldout = split_by_trajectory(pivots, config.heldout, config.seed)
     for name, part, out in (("train", train, args.train_out), ("heldout", heldout, args.heldout_out)):
         write_pivot_file(part, out, desc=f"writing {name}")

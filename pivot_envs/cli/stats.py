@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
+
+log = logging.getLogger(__name__)
 
 NAME = "stats"
 HELP = "Show counts per domain/action kind/tool, prefix and action lengths, and profile diagnostics (zero-variance fraction, reward means, miss rate)."
@@ -19,17 +21,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, check_plotting, read_input
     from pivot_envs.config import from_args
     from pivot_envs.diagnostics import DiagnosticsConfig, diagnose, format_report, plot
-    from pivot_envs.formats import ReadReport, read_as_pivots
+    from pivot_envs.formats import ReadReport
 
     config = from_args(DiagnosticsConfig, args)
+    if args.plot:
+        check_plotting("stats --plot")
+        check_output(args.plot, "--plot", directory=True)
     report = ReadReport()
-    pivots = read_as_pivots(args.file, report=report)
-    for problem in report.problems:
-        print(problem, file=sys.stderr)
+    pivots = read_input(args.file, report=report)
     if report.skipped_total:
-        print(f"skipped {report.skipped_total} malformed record(s)", file=sys.stderr)
+        log.warning("skipped %d malformed record(s)", report.skipped_total)
     diagnostics = diagnose(pivots, lambda_diff=config.lambda_diff, bins=config.bins)
     print(format_report(diagnostics))
     if args.plot:

@@ -24,12 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from pivot_envs.adapters.grpo import GRPOConfig, plot_metrics, train
-    from pivot_envs.env import load_pivot_file
+    from pivot_envs.cli._checks import check_output, check_plotting, check_scoring, read_input
     from pivot_envs.policy import load_policy
 
     config = from_args(GRPOConfig, args)
-    pivots = load_pivot_file(args.pivots)
-    heldout = load_pivot_file(args.heldout) if args.heldout else None
+    # Every input is checked before the policy loads: a wrong name fails in a second, not after loading a model.
+    pivots = read_input(args.pivots)
+    heldout = read_input(args.heldout) if args.heldout else None
+    check_scoring(pivots + (heldout or []), args.env, args.verifier)
+    check_output(config.out, "--out", directory=True)
+    if args.plot:
+        check_plotting("train --plot")
     policy = load_policy(config.policy, **({"device": args.device} if args.device else {}))
     env_kwargs = {"verifier": args.verifier} if args.verifier else {}
     result = train(config, pivots, policy=policy, env_id=args.env, heldout=heldout, **env_kwargs)
