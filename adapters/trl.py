@@ -16,8 +16,13 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot
 from pivot_envs.scoring import EnvPool, resolve_env
+
+
+class TRLInputError(PivotEnvsError, ValueError):
+    """What TRL handed the adapter (or the adapter was handed for TRL) is not what it can use."""
 
 
 def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:
@@ -33,7 +38,7 @@ def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:
     from pivot_envs.adapters.chat_template import prompt_messages, render_prompt
 
     if not pivots:
-        raise ValueError("to_dataset: no pivots")
+        raise TRLInputError("to_dataset: no pivots")
     rows = []
     for pivot in pivots:
         if tokenizer is not None:
@@ -44,20 +49,32 @@ def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:
     return Dataset.from_list(rows)
 
 
-def _completion_text(completion: Any) -> str:
-    """The text of a TRL completion: a string, or a conversational list of assistant messages."""
+def _completion_action(completion: Any) -> str | dict[str, Any]:
+    """The action a TRL completion holds: its text, or its assistant message when that carries tool calls.
+
+    Conversational completions are lists of messages. When the tokenizer parses responses (a
+    `response_template`, transformers >= 5), TRL moves a tool call out of the text into the
+    message's `tool_calls` and leaves the content empty: such a message is the action, as an
+    OpenAI-compatible server's would be. Only the first assistant message is the pivot's turn.
+    """
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list):
-        return "".join(str(message.get("content") or "") for message in completion if isinstance(message, dict))
-    raise TypeError(f"a completion must be text or a list of messages, got {type(completion).__name__}")
+        turns = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        if not turns:
+            return ""
+        if turns[0].get("tool_calls"):
+            return {**turns[0], "role": "assistant"}
+        return str(turns[0].get("content") or "")
+    raise TRLInputError(f"pivot reward: a completion must be text or a list of messages, got {type(completion).__name__}")
 
 
 def reward_function(env_id: str | Callable[[], Any], num_envs: int = 4, **env_kwargs: Any) -> Callable[..., list[float | None]]:
     """A TRL reward function that steps the env at each row's pivot with each completion.
 
     TRL calls it as `f(prompts=..., completions=..., completion_ids=..., pivot_id=[...], ...)`
-    (dataset columns arrive as keyword lists). It returns the env's reward (the functional
+    (dataset columns arrive as keyword lists). A completion is stepped as its text, or as its
+    assistant message when TRL parsed tool calls into it. It returns the env's reward (the functional
     verifier), or None for a sample whose infrastructure failed (`info["valid"] == False`): TRL
     leaves such samples out of the group's baseline instead of scoring them 0.
     `env_id` is an env id built with `env_kwargs` (which must hold the pivots unless the domain's
@@ -70,10 +87,10 @@ def reward_function(env_id: str | Callable[[], Any], num_envs: int = 4, **env_kw
     def pivot_reward(completions: Sequence[Any], pivot_id: Sequence[str], **_: Any) -> list[float | None]:
         nonlocal pool
         if len(completions) != len(pivot_id):
-            raise ValueError(f"pivot reward: {len(completions)} completions but {len(pivot_id)} pivot ids")
+            raise TRLInputError(f"pivot reward: {len(completions)} completions but {len(pivot_id)} pivot ids")
         if pool is None:
             pool = EnvPool(make_env, num_envs)
-        scores = pool.score([(pid, _completion_text(c)) for pid, c in zip(pivot_id, completions)])
+        scores = pool.score([(pid, _completion_action(c)) for pid, c in zip(pivot_id, completions)])
         return [score.reward if score.valid else None for score in scores]
 
     return pivot_reward

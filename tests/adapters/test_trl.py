@@ -73,6 +73,48 @@ def test_reward_function_scores_each_completion_at_its_rows_pivot():
     assert got == [1.0, 0.0, 0.0]
 
 
+def tool_parsing_tokenizer():
+    """SmolLM2's tokenizer with a chat template TRL parses tool calls out of (`add_response_schema`).
+
+    TRL parses responses only for the chat templates it knows. Qwen3's is ChatML with Hermes
+    `<tool_call>` blocks, the format SmolLM2 is prompted to write, so SmolLM2 gets Qwen3's template.
+    """
+    from pivot_envs.adapters import smollm2
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, qwen3_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
+    tokenizer.chat_template = qwen3_chat_template
+    return add_response_schema(tokenizer)
+
+
+def hermes_text(message):
+    """An assistant message as the model writes it: text with Hermes `<tool_call>` blocks."""
+    from pivot_envs.adapters.chat_template import prompt_messages
+
+    return prompt_messages([message], [])[0]["content"]
+
+
+def test_a_tool_call_trl_parsed_out_of_the_text_is_stepped_as_the_message():
+    pivots = real_pivots()
+    pivot = pivots[3]  # the expert calls get_weather(city="Paris")
+
+    def parsed(city):  # a completion as TRL's parse_response gives it: the call out of the text, arguments a dict
+        return [{"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]}]
+
+    reward = reward_function(lambda: EchoEnv(pivots))  # strict verifier: only the expert's call scores 1
+    assert reward(completions=[parsed("Paris"), parsed("Rome")], pivot_id=[pivot.id, pivot.id]) == [1.0, 0.0]
+
+
+def test_a_completion_that_is_neither_text_nor_messages_is_refused_naming_its_type():
+    from pivot_envs.adapters.trl import TRLInputError
+
+    reward = reward_function(lambda: EchoEnv(real_pivots()))
+    with pytest.raises(TRLInputError, match="a completion must be text or a list of messages, got int"):
+        reward(completions=[7], pivot_id=[real_pivots()[0].id])
+
+
 def test_infrastructure_failures_are_none_so_trl_masks_them():
     pivots = real_pivots()
     reward = reward_function(lambda: BrokenBackendEnv(pivots))
@@ -113,6 +155,41 @@ def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
             rescored.append(fresh.step(completion[0]["content"])[1])
         assert reward == pytest.approx(sum(rescored) / len(rescored))
         assert set(ids) <= {p.id for p in pivots}
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_hands_the_env_the_tool_calls_its_chat_template_parsed(tmp_path):
+    from pivot_envs.adapters import smollm2
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(2)
+    model, _ = smollm2.load()
+    tokenizer = tool_parsing_tokenizer()
+    pivot = real_pivots()[3]
+    call = tokenizer(hermes_text(pivot.expert) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    # The model is steered to write the expert's call: each token of it is biased given the ones before
+    # (the longest match wins), so the test knows the completion TRL generates and then parses.
+    steer = {tuple(call[:k]): 100.0 * k for k in range(1, len(call) + 1)}
+    env_reward = reward_function(lambda: EchoEnv([pivot]), num_envs=1)
+    seen: list = []
+
+    def pivot_reward(completions, pivot_id, **kwargs):
+        seen.extend(completions)
+        return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+        max_completion_length=len(call) + 4, learning_rate=1e-5, logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0, gradient_checkpointing=False, bf16=False,
+        generation_kwargs={"sequence_bias": steer},
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=pivot_reward, args=args, train_dataset=to_dataset([pivot]),
+                          processing_class=tokenizer)
+    trainer.train()
+
+    assert [c[0]["tool_calls"][0]["function"] for c in seen] == [{"name": "get_weather", "arguments": {"city": "Paris"}}] * 2
+    assert all(c[0]["content"] == "" for c in seen)  # the call is not in the text: stepping the text would score 0
+    assert [entry["reward"] for entry in trainer.state.log_history if "reward" in entry] == [1.0]
 
 
 def test_reward_function_by_env_id_scores_with_the_registered_tool_use_domain():
