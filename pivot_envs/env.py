@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
+import re
+import reprlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.error import ResetNeeded
+from gymnasium.vector import AutoresetMode
 
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot
 from pivot_envs.spaces import Chat, Completion
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
+
+logger = logging.getLogger(__name__)
 
 
 class InfrastructureError(PivotEnvsError, RuntimeError):
@@ -51,7 +59,7 @@ class PivotEnv(gym.Env):
     draw from `self.np_random` (so two envs reset with the same seed pick the same pivot); it
     restores the pivot's state (for sandboxed domains: the filesystem and shell after the
     expert's earlier commands) and returns the observation {"messages": s_t, "tools"} and
-    info {"pivot_id"}.
+    info {"pivot_id", "index"}.
 
     step(action) takes raw completion text or an assistant message dict, parses it with the
     domain's parser, executes it (tool backend, sandbox), verifies it, and returns
@@ -61,11 +69,19 @@ class PivotEnv(gym.Env):
     out, never count them as reward 0), info["strict_reward"] (Eq. 2), info["output"] and
     info["detail"].
 
+    step never raises on an action: a malformed one scores 0 with its category (valid); an
+    exception of the domain's own code is a bug of the env, reported as category "env_error"
+    (invalid, the exception named in info["detail"]). Observations and infos are fresh on every
+    call (editing them changes nothing the env keeps) and infos are plain JSON data
+    (`json.dumps(info)` works). Episodes are one step long, so vector envs should reset a
+    sub-env in the step that ends it: metadata["autoreset_mode"] says so, and the registered
+    envs make it gym.make_vec's default (see pivot_envs.registry).
+
     The current pivot is `self.pivot`; the whole set is `self.pivots`. Domains subclass this and
     override `default_pivots`, `parse`, `restore`, `execute` and the `verifiers` table.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "autoreset_mode": AutoresetMode.SAME_STEP}
     domain: str = "generic"
     default_verifier: str = "strict"
     verifiers: dict[str, Callable[..., Verifier]] = {"strict": StrictVerifier}
@@ -130,44 +146,65 @@ class PivotEnv(gym.Env):
         self._stepped = False
         self._last = None
         self.restore(self.pivot)
-        return self.pivot.observation, {"pivot_id": self.pivot.id, "index": index}
+        return fresh_copy(self.pivot.observation), json_safe({"pivot_id": self.pivot.id, "index": index})
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         if self.pivot is None or self._stepped:
             raise ResetNeeded("call reset() before step(): a pivot episode is one step long")
         pivot = self.pivot
         self._stepped = True
+        parsed, outcome, verdict, strict = self._judge(pivot, action)
+        if parsed.message is None:
+            shown = {"role": "assistant", "content": action if isinstance(action, str) else action_text(action)}
+        else:
+            shown = json_safe(parsed.message)
+        prefix = fresh_copy(pivot.observation)
+        observation = {"messages": [*prefix["messages"], shown, *json_safe(outcome.messages)], "tools": prefix["tools"]}
+        info = json_safe(
+            {
+                "pivot_id": pivot.id,
+                "category": verdict.category,
+                "detail": verdict.detail,
+                "parsed": parsed.message,
+                "valid": bool(verdict.valid and outcome.valid),
+                "strict_reward": strict,
+                "output": outcome.output,
+            }
+        )
+        self._last = {"action": shown, "reward": verdict.reward, "info": info}
+        return observation, float(verdict.reward), True, False, info
+
+    def _judge(self, pivot: Pivot, action: Any) -> tuple[ParsedAction, Outcome, Verdict, float]:
+        """Parse, execute and verify `action` at `pivot`: (parsed action, outcome, verdict, strict reward).
+
+        An exception of the domain's code is caught here: a bug of the env, not of the action, so
+        the sample is invalid (category "env_error") rather than a crash of the whole batch. A
+        RecursionError is the action's own nesting (thousands of levels): malformed, scored 0.
+        """
+        parsed, outcome, stage = ParsedAction(None, "env_error"), Outcome(), "parse"
         try:
             parsed = self.parse(action)
-        except Exception as error:  # a parser bug must not crash a training run; report it
-            parsed = ParsedAction(None, "unparseable", f"parser error: {error!r}")
-        if parsed.message is None:
-            text = action if isinstance(action, str) else repr(action)
-            verdict, strict, outcome = Verdict(0.0, parsed.category, parsed.detail), 0.0, Outcome()
-            shown = {"role": "assistant", "content": text}
-        else:
-            shown = parsed.message
+            if parsed.message is None:
+                return parsed, outcome, Verdict(0.0, parsed.category, parsed.detail), 0.0
+            stage = "execute"
             try:
                 outcome = self.execute(pivot, parsed.message)
             except InfrastructureError as error:
                 outcome = Outcome(valid=False, detail=str(error))
+            stage = "verify"
             if outcome.valid:
                 verdict = self.verifier.verify(pivot, parsed.message, outcome)
             else:
                 verdict = Verdict(0.0, "infrastructure_error", outcome.detail, valid=False)
-            strict = self.strict_verifier.verify(pivot, parsed.message).reward
-        observation = {"messages": [*pivot.messages, shown, *outcome.messages], "tools": pivot.tools}
-        info = {
-            "pivot_id": pivot.id,
-            "category": verdict.category,
-            "detail": verdict.detail,
-            "parsed": parsed.message,
-            "valid": bool(verdict.valid and outcome.valid),
-            "strict_reward": float(strict),
-            "output": outcome.output,
-        }
-        self._last = {"action": shown, "reward": verdict.reward, "info": info}
-        return observation, float(verdict.reward), True, False, info
+            strict = float(self.strict_verifier.verify(pivot, parsed.message).reward)
+            return parsed, outcome, replace(verdict, reward=float(verdict.reward)), strict
+        except RecursionError:
+            detail = f"the action is nested too deeply to {stage}"
+            return ParsedAction(None, "unparseable", detail), Outcome(), Verdict(0.0, "unparseable", detail), 0.0
+        except Exception as error:
+            detail = f"pivot {pivot.id}: {type(self).__name__}.{stage} raised {type(error).__name__}: {_text_of(error)}"
+            logger.warning("%s (an env bug; the sample is marked invalid)", detail, exc_info=error)
+            return parsed, outcome, Verdict(0.0, "env_error", detail, valid=False), 0.0
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self.pivot is None:
@@ -197,6 +234,77 @@ class PivotEnv(gym.Env):
             )
         factory = self.verifiers[verifier]
         return factory(**config) if config else factory()
+
+
+def fresh_copy(value: Any) -> Any:
+    """A deep copy of plain data (a pivot's observation), so callers may edit what they are given.
+
+    A pickle round trip: on the bundled tool-use pivots (12 messages and 14 tool schemas on
+    average) it took 0.20 ms per observation against 0.63 ms for copy.deepcopy, 0.56 ms for a
+    JSON round trip and 0.30 ms for a recursive copy of the dicts and lists.
+    """
+    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_DEPTH = 64  # deeper values are shown as bounded text: an action may nest 10,000 levels
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 6, 4000, 4000
+_SHORT.maxdict = _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxfrozenset = 100
+
+
+def _text_of(value: Any) -> str:
+    """str(value) (its first 4,000 characters), or its type's name where str itself fails."""
+    try:
+        return json_safe(str(value)[:4000])
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def action_text(action: Any) -> str:
+    """Bounded text of an action that is not text (shown in the observation when it is unparseable)."""
+    try:
+        return json_safe(_SHORT.repr(action))
+    except Exception:
+        return f"<unprintable {type(action).__name__}>"
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` as plain JSON data, a new structure: dicts with string keys, lists, strings without
+    lone surrogates (replaced by U+FFFD), numbers, booleans and None; numpy values by their
+    Python value, bytes decoded as UTF-8, anything else (and anything nested deeper than 64
+    levels) by a bounded repr. `json.dumps` always accepts the result.
+    """
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if value.isascii() or _encodes(value) else _SURROGATE.sub("\ufffd", value)
+    if depth >= _MAX_DEPTH:
+        return action_text(value)
+    if isinstance(value, dict):
+        return {_json_key(key): json_safe(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(item, depth + 1) for item in value]
+    if isinstance(value, (bytes, bytearray)):
+        return json_safe(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, (np.generic, np.ndarray)):
+        return json_safe(value.tolist(), depth + 1)
+    return action_text(value)
+
+
+def _encodes(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (no lone surrogate); 20x faster than searching it with a regex."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_key(key: Any) -> str | int | float | bool | None:
+    if key is None or isinstance(key, (bool, int, float)):
+        return key
+    return json_safe(key) if isinstance(key, str) else action_text(key)
 
 
 def load_pivot_file(path: str | os.PathLike, domain: str = "") -> list[Pivot]:

@@ -3,6 +3,11 @@
 An entry point `NAME = module:ATTR` registers the env id `pivot/NAME-v0`. The module is imported
 by `gym.make`, not by `import pivot_envs`; at import time we only check that the module can be
 found, and a broken plugin produces a warning that names it, never an import error.
+
+The gymnasium entry point of `pivot/NAME-v0` is the string `pivot_envs.registry:domain[NAME]`
+(resolved by this module's `__getattr__` when gym.make imports it), so an env's spec is plain
+data: `env.spec.to_json()` works and `gym.make(EnvSpec.from_json(text))` builds the same env,
+in this process or a fresh one.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from typing import Any
 
 import gymnasium as gym
 
-from pivot_envs.errors import PivotEnvsError
+from pivot_envs.env import PivotEnv
+from pivot_envs.errors import PivotEnvsError, did_you_mean
 
 GROUP = "pivot_envs.domains"
 NAMESPACE = "pivot"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_ENTRY_POINT = re.compile(r"domain\[(?P<name>[a-z0-9][a-z0-9_-]*)\]")
+_REGISTERED: dict[str, EntryPoint] = {}  # by domain name, what register_domains found
 
 
 @dataclass
@@ -64,10 +72,43 @@ def load_domain(entry_point: EntryPoint) -> DomainSpec:
     return spec
 
 
-def make_domain_env(entry_point_value: str, name: str, **kwargs: Any) -> gym.Env:
-    """The gymnasium entry point of every registered domain: load the plugin, build its env."""
-    spec = load_domain(EntryPoint(name=name, value=entry_point_value, group=GROUP))
+def make_domain_env(name: str, **kwargs: Any) -> gym.Env:
+    """Build the env of the domain plugin `name` (loading the plugin) with `kwargs` over its defaults."""
+    entry_point = _REGISTERED.get(name) or discover().get(name)
+    if entry_point is None:
+        raise PluginError(
+            f"no domain plugin {name!r} is installed (entry-point group {GROUP!r})"
+            f"{did_you_mean(name, [*_REGISTERED, *discover()])}"
+        )
+    spec = load_domain(entry_point)
     return spec.env_class(**{**spec.kwargs, **kwargs})
+
+
+def __getattr__(attribute: str) -> Any:
+    """`domain[NAME]`: the env factory of the domain NAME (what gym.make calls for `pivot/NAME-v0`)."""
+    match = _ENTRY_POINT.fullmatch(attribute)
+    if match is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    return partial(make_domain_env, match["name"])
+
+
+class SpecKwargs(dict):
+    """The keyword arguments of a pivot env's gymnasium spec; they make same-step autoreset
+    gym.make_vec's default.
+
+    Under gymnasium's own default (next-step autoreset) every second vector step of a one-step
+    env is spent on a reset that scores nothing (reward 0, no category), and nothing warns.
+    gym.make_vec reads its vectorizer's options as `spec.kwargs.pop("vector_kwargs", <the
+    caller's vector_kwargs>)` (gymnasium 1.0 to 1.4, sync and async alike); this dict answers that
+    pop with the caller's options over `autoreset_mode=PivotEnv.metadata["autoreset_mode"]`, so a
+    caller's own choice (autoreset_mode, shared_memory, ...) still wins. Otherwise a plain dict.
+    """
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key == "vector_kwargs" and key not in self:
+            caller = default[0] if default and default[0] else {}
+            return {"autoreset_mode": PivotEnv.metadata["autoreset_mode"].value, **caller}
+        return super().pop(key, *default)
 
 
 def _module_findable(value: str) -> bool:
@@ -112,10 +153,12 @@ def register_domains() -> list[str]:
             )
             continue
         identifier = env_id(name)
+        _REGISTERED[name] = entry_point
         if identifier not in gym.registry:
             gym.register(
                 id=identifier,
-                entry_point=partial(make_domain_env, entry_point.value, name),
+                entry_point=f"{__name__}:domain[{name}]",
+                kwargs=SpecKwargs(),
                 max_episode_steps=None,
                 disable_env_checker=False,
             )

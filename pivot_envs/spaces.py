@@ -98,7 +98,7 @@ class SharedChatBatch(Sequence):
             return tuple(self[i] for i in range(*index.indices(len(self))))
         buffer = self._buffers[index]
         size = int.from_bytes(bytes(buffer[:8]), "little")
-        return json.loads(bytes(buffer[8 : 8 + size])) if size else None
+        return json.loads(bytes(buffer[8 : 8 + size]).decode("utf-8", "surrogatepass")) if size else None
 
     def __deepcopy__(self, memo: dict) -> tuple:
         return tuple(self)
@@ -112,7 +112,8 @@ def _create_shared_memory(space: Chat, n: int = 1, ctx: Any = mp) -> list[Any]:
 
 
 def _write_to_shared_memory(space: Chat, index: int, value: Any, shared_memory: list[Any]) -> None:
-    data = json.dumps(value, ensure_ascii=False).encode()
+    # surrogatepass: an action's lone surrogate reaches the observation and must survive the trip
+    data = json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
     if len(data) + 8 > SHARED_OBSERVATION_BYTES:
         raise ValueError(
             f"observation of {len(data)} bytes exceeds the shared-memory slot of {SHARED_OBSERVATION_BYTES} bytes; "

@@ -1,9 +1,15 @@
-"""Every registered env honours the gymnasium contract: check_env, make_vec (sync and async), seeding."""
+"""Every registered env honours the gymnasium contract: check_env, make_vec (sync and async), seeding,
+a spec that round-trips through JSON."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import gymnasium as gym
 import pytest
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.utils.env_checker import check_env
 
 import pivot_envs
@@ -61,9 +67,55 @@ def test_every_registered_env_scores_experts_under_make_vec(env_id: str, mode: s
         _, infos = envs.reset(seed=5)
         actions = [experts[infos["pivot_id"][0]], "this is not the expert's action"]
         observations, rewards, terminated, truncated, infos = envs.step(actions)
-        assert rewards[0] == 1.0 and rewards[1] == 0.0, infos["category"]
+        scored = infos["final_info"]  # same-step autoreset: the step's info; infos itself is the next reset's
+        assert rewards[0] == 1.0 and rewards[1] == 0.0, scored["category"]
         assert list(terminated) == [True, True] and not any(truncated)
-        assert all(infos["valid"])
-        assert observations[1]["messages"][-1]["role"] in ("assistant", "tool")
+        assert all(scored["valid"]) and all(infos["_final_info"])
+        assert infos["final_obs"][1]["messages"][-1]["role"] in ("assistant", "tool")
+        assert [o["messages"] for o in observations] == [
+            single.unwrapped.pivots[i].messages for i in infos["index"]
+        ]  # the returned observations are the next pivots' prefixes, ready for the next actions
     finally:
         envs.close()
+
+
+def spec_kwargs(env_id: str) -> dict:
+    """Keyword arguments that change the env, so a rebuilt env that dropped them would differ."""
+    return {"verifier": "strict", "sandbox": "bwrap"} if env_id == "pivot/terminal-v0" else {"verifier": "strict"}
+
+
+@pytest.mark.parametrize("env_id", BUNDLED)
+def test_every_registered_env_spec_round_trips_through_json(env_id: str) -> None:
+    needs_parts(env_id)
+    env = gym.make(env_id, **spec_kwargs(env_id))
+    text = env.spec.to_json()
+    rebuilt = gym.make(EnvSpec.from_json(text))
+    try:
+        assert rebuilt.spec.to_json() == text
+        assert type(rebuilt.unwrapped) is type(env.unwrapped)
+        assert rebuilt.unwrapped.verifier.name == "strict" != gym.make(env_id).unwrapped.verifier.name
+        pivot = env.unwrapped.pivots[0]
+        for built in (env, rebuilt):
+            built.reset(options={"pivot": pivot.id})
+            assert built.step(pivot.expert)[4]["category"] == "exact_match"
+    finally:
+        env.close()
+        rebuilt.close()
+
+
+def test_a_spec_from_json_builds_the_env_in_a_fresh_process_importing_the_domain_lazily(tmp_path) -> None:
+    text = gym.make("pivot/tool-use-v0", verifier="strict").spec.to_json()
+    code = f"""
+        import sys
+        import gymnasium as gym
+        from gymnasium.envs.registration import EnvSpec
+        import pivot_envs
+        print("IMPORTED", "pivot_envs.domains.tool_use" in sys.modules)
+        env = gym.make(EnvSpec.from_json({text!r}))
+        print("BUILT", type(env.unwrapped).__name__, env.unwrapped.verifier.name, "pivot_envs.domains.tool_use" in sys.modules)
+        """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "IMPORTED False" in result.stdout and "BUILT ToolUseEnv strict True" in result.stdout

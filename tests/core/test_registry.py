@@ -10,7 +10,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from gymnasium.envs.registration import EnvSpec
 
+from pivot_envs import registry
 from pivot_envs.registry import PluginError, register_domains
 
 PLUGIN_MODULE = '''
@@ -80,6 +82,43 @@ def test_a_plugin_that_fails_on_import_names_itself_at_make(tmp_path: Path, monk
     assert "pivot/crashy-v0" in register_domains()
     with pytest.raises(PluginError, match=r"'crashy'.*boom at import"):
         gym.make("pivot/crashy-v0")
+
+
+def test_a_plugin_env_spec_is_plain_data_and_rebuilds_the_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register_domains()
+    env = gym.make("pivot/greet-v0", render_mode="ansi")
+    text = env.spec.to_json()
+    assert '"entry_point": "pivot_envs.registry:domain[greet]"' in text and '"render_mode": "ansi"' in text
+    rebuilt = gym.make(EnvSpec.from_json(text))
+    assert type(rebuilt.unwrapped).__name__ == "GreetEnv" and rebuilt.unwrapped.render_mode == "ansi"
+
+
+def test_a_domain_specs_default_kwargs_apply_and_make_kwargs_override_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = PLUGIN_MODULE.replace('description="a throwaway plugin"', 'kwargs={"render_mode": "ansi"}')
+    install_plugin(tmp_path, "greet-ansi", source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register_domains()
+    assert gym.make("pivot/greet-ansi-v0").unwrapped.render_mode == "ansi"
+    assert gym.make("pivot/greet-ansi-v0", render_mode=None).unwrapped.render_mode is None
+
+
+def test_a_spec_naming_a_domain_that_is_not_installed_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register_domains()
+    spec = EnvSpec(id="pivot/greeet-v0", entry_point="pivot_envs.registry:domain[greeet]")
+    with pytest.raises(PluginError, match=r"no domain plugin 'greeet' is installed.*did you mean 'greet'"):
+        gym.make(spec)
+
+
+def test_the_registry_module_resolves_only_domain_entry_points() -> None:
+    assert callable(registry.__getattr__("domain[tool-use]"))
+    with pytest.raises(AttributeError, match="no attribute 'discovr'"):
+        registry.discovr  # noqa: B018
 
 
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
