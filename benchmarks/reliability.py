@@ -35,12 +35,12 @@ OUT = ROOT / "benchmarks" / "out" / "reliability.json"
 
 # Suite family -> the test files (repository-relative) that make it up; a missing file is reported.
 FAMILIES: dict[str, list[str]] = {
-    "hostile": ["tests/domains/terminal/test_safety.py", "tests/domains/tool_use/test_tool_use_limits.py"],
+    "hostile": ["tests/sandboxes/test_safety.py", "tests/domains/tool_use/test_tool_use_limits.py"],
     "fuzz": ["tests/core/test_env_fuzz.py", "tests/domains/tool_use/test_tool_use_fuzz.py",
              "tests/domains/terminal/test_terminal_fuzz.py"],
-    "fault": ["tests/domains/terminal/test_reaping.py", "tests/core/test_profile_resume.py",
+    "fault": ["tests/sandboxes/test_reaping.py", "tests/core/test_profile_resume.py",
               "tests/domains/tool_use/test_tool_use_http.py"],
-    "concurrency": ["tests/domains/terminal/test_independent_envs.py"],
+    "concurrency": ["tests/sandboxes/test_ownership.py"],
 }
 _BACKEND = re.compile(r"\b(bwrap|docker)\b")
 
@@ -86,7 +86,7 @@ def run_family(files: list[str], extra: list[str]) -> tuple[dict[str, tuple[str,
 
 def leftovers() -> dict[str, int]:
     """What sandboxes could leave on the host (the safety suite's own count, plus cgroups)."""
-    spec = importlib.util.spec_from_file_location("safety", ROOT / "tests/domains/terminal/test_safety.py")
+    spec = importlib.util.spec_from_file_location("safety", ROOT / "tests/sandboxes/test_safety.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.leftovers()
@@ -122,14 +122,14 @@ def baseline_without_cgroup() -> dict:
     """The two whole-sandbox probes on bubblewrap with the cgroup off (rlimits only), in a subprocess."""
     code = (
         "import json, shlex\n"
-        "import pivot_envs.domains.terminal.backends as b\n"
+        "import pivot_envs.sandboxes.backends as b\n"
         "b._sandbox_cgroup = lambda limits: None\n"
         "from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots\n"
-        "from pivot_envs.sandbox import SandboxLimits\n"
+        "from pivot_envs.sandboxes.protocol import SandboxLimits\n"
         "env = TerminalEnv([p for p in bundled_pivots() if p.id == 'terminal/count-error-lines/t1'], sandbox='bwrap',\n"
         "                  limits=SandboxLimits(timeout=2.0, processes=64, memory_mb=512), warm_pool=1)\n"
         "from importlib.util import spec_from_file_location, module_from_spec\n"
-        "spec = spec_from_file_location('safety', 'tests/domains/terminal/test_safety.py')\n"
+        "spec = spec_from_file_location('safety', 'tests/sandboxes/test_safety.py')\n"
         "safety = module_from_spec(spec); spec.loader.exec_module(safety)\n"
         "env.reset(options={'index': 0})\n"
         "output = env.sandbox.run('python3 -c ' + shlex.quote(safety.MEMORY_BOMB), timeout=20).output\n"

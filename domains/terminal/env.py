@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from pivot_envs.sandboxes.protocol import CommandResult, SandboxError, SandboxLimits, file_changes
+
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import MissingExtraError, UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
-from pivot_envs.sandbox import CommandResult, SandboxError, SandboxLimits, file_changes
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import canonical_message, command_of_message, parse_action, parse_command
@@ -46,7 +47,7 @@ def resolve_sandbox(kind: str) -> str:
     """'docker' or 'bwrap' for a requested kind ("auto": Docker when its SDK is installed and a
     daemon answers, else bubblewrap); raises MissingExtraError without the Docker SDK for
     kind='docker', SandboxError saying how to install a backend when none is usable."""
-    from .backends import INSTALL_HELP, bwrap_available, docker_available
+    from pivot_envs.sandboxes.backends import INSTALL_HELP, bwrap_available, docker_available
 
     if kind not in SANDBOXES:
         raise UnknownNameError("sandbox", kind, SANDBOXES)
@@ -194,7 +195,7 @@ class TerminalEnv(PivotEnv):
     # -- sandbox management ------------------------------------------------------------------------
 
     def _send_keys(self, keys: str) -> CommandResult:
-        from .shell import InteractiveShell
+        from pivot_envs.sandboxes.shell import InteractiveShell
 
         shell = InteractiveShell(self.sandbox.interactive_argv(), timeout=self.limits.timeout)
         try:
@@ -208,8 +209,9 @@ class TerminalEnv(PivotEnv):
         """Choose the backend and make it, with the base image, on first use (the first reset)."""
         if self.backend is not None:
             return
+        from pivot_envs.sandboxes.backends import BwrapBackend, DockerBackend
+
         from . import image
-        from .backends import BwrapBackend, DockerBackend
         from .prefix import PrefixCache
 
         kind = self.sandbox_kind

@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pivot_envs.sandboxes.protocol import SandboxError
+
 from pivot_envs.config import option
-from pivot_envs.sandbox import SandboxError
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def _import(rootfs: Path, tag: str) -> str:
 
 def build_image(config: ImageConfig | None = None, log=print) -> tuple[Path, str | None]:
     """Build (idempotently) the root filesystem and, when Docker answers, the image; returns both."""
-    from pivot_envs.domains.terminal.backends import docker_available
+    from pivot_envs.sandboxes.backends import docker_available
 
     config = config or ImageConfig()
     rootfs = build_rootfs(config, log=log)

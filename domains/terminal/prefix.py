@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.sandboxes.protocol import CommandResult, SandboxError, Snapshot
+
 from pivot_envs.pivot import Pivot
-from pivot_envs.sandbox import CommandResult, SandboxError, Snapshot
 
 from .parse import parse_command
 

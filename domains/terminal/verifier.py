@@ -28,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pivot_envs.sandboxes.protocol import CommandResult, file_changes
+
 from pivot_envs.config import option
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
-from pivot_envs.sandbox import CommandResult, file_changes
 from pivot_envs.verifiers import Verdict
 
 from .parse import command_of_message, syntax_error

@@ -11,11 +11,11 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
+from pivot_envs.sandboxes.protocol import SandboxError
 
 import pivot_envs
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
-from pivot_envs.sandbox import SandboxError
 
 gym.register_envs(pivot_envs)
 GIT_PIVOT = "terminal/git-init-commit/t4"  # prefix: cd site, git init, git add, git commit
@@ -140,7 +140,7 @@ def test_sandbox_docker_without_the_docker_sdk_names_the_extra_to_install():
     # The SDK hidden from this interpreter (a None in sys.modules makes `import docker` fail).
     code = ("import sys; sys.modules['docker'] = None\n"
             "from pivot_envs.domains.terminal import TerminalEnv\n"
-            "from pivot_envs.domains.terminal.backends import DockerBackend\n"
+            "from pivot_envs.sandboxes.backends import DockerBackend\n"
             "env = TerminalEnv(sandbox='docker')\n"
             "for make in (env.reset, DockerBackend):\n"
             "    try:\n        make()\n    except Exception as e:\n        print(type(e).__name__, e)\n")

@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from pivot_envs.domains.terminal import TerminalEnv
-from pivot_envs.domains.terminal.backends import _owner_alive, owner_id
+from pivot_envs.sandboxes.backends import _owner_alive, owner_id
 from terminal_leftovers import left_behind
 
 from pivot_envs.evaluate import EvalConfig, evaluate

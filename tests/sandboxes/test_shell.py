@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from pivot_envs.domains.terminal.shell import InteractiveShell
+from pivot_envs.sandboxes.shell import InteractiveShell
 
 
 def test_commands_run_with_their_exit_status_and_the_shell_persists(sandbox):

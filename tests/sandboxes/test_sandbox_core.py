@@ -1,10 +1,9 @@
-"""The shared sandbox helpers (pivot_envs.sandbox): output cleaning, runner decoding, file changes."""
+"""The shared sandbox helpers (pivot_envs.sandboxes): output cleaning, runner decoding, file changes."""
 
 from __future__ import annotations
 
 import pytest
-
-from pivot_envs.sandbox import (
+from pivot_envs.sandboxes.protocol import (
     SandboxError,
     SandboxLimits,
     file_changes,

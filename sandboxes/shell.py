@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 
-from pivot_envs.sandbox import CommandResult, SandboxError, new_marker, strip_ansi
+from .protocol import CommandResult, SandboxError, new_marker, strip_ansi
 
 # tmux key names a Terminus agent sends, as the bytes a terminal would send.
 KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\x1b[A", "Down": "\x1b[B",

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, cgroups
-from pivot_envs.domains.terminal.backends import (
+from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
+from pivot_envs.sandboxes import cgroups
+from pivot_envs.sandboxes.backends import (
     BWRAP_PREFIX,
     DOCKER_PREFIX,
     LABEL,
@@ -21,8 +22,7 @@ from pivot_envs.domains.terminal.backends import (
     BwrapBackend,
     call_server,
 )
-
-from pivot_envs.sandbox import CommandRejected, SandboxLimits, runner_argv
+from pivot_envs.sandboxes.protocol import CommandRejected, SandboxLimits, runner_argv
 
 PIVOT = "terminal/count-error-lines/t1"
 LIMITS = SandboxLimits(timeout=2.0, processes=64, file_mb=16, memory_mb=512, disk_mb=100)

@@ -36,9 +36,9 @@ sys.exit(code)
 # interactive shell, and closing the backend with warm forks still pooled.
 WORKLOAD = r"""
 import sys
-from pivot_envs.domains.terminal.backends import BwrapBackend, bwrap_available
-from pivot_envs.domains.terminal.shell import InteractiveShell
-from pivot_envs.sandbox import SandboxLimits
+from pivot_envs.sandboxes.backends import BwrapBackend, bwrap_available
+from pivot_envs.sandboxes.protocol import SandboxLimits
+from pivot_envs.sandboxes.shell import InteractiveShell
 
 assert bwrap_available()
 backend = BwrapBackend(sys.argv[1], SandboxLimits(timeout=1.0, disk_mb=20), warm_pool=3)

@@ -1,0 +1,1 @@
+"""Sandboxes shared by the sandboxed domains (terminal, SWE)."""
