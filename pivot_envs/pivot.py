@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -176,16 +177,30 @@ def read_pivots(path: str | os.PathLike[str]) -> list[Pivot]:
     return list(iter_pivots(path))
 
 
-def write_pivots(pivots: Iterable[Pivot], path: str | os.PathLike[str]) -> int:
-    """Write pivots as JSONL, streaming; returns how many were written."""
+def write_pivots(
+    pivots: Iterable[Pivot | dict[str, Any]], path: str | os.PathLike[str], desc: str = "writing pivots"
+) -> int:
+    """Write pivots as JSONL, streaming, with a progress bar labelled `desc` on stderr (shown on a
+    terminal, hidden under `pivotrl -q`); returns how many were written.
+
+    The one bulk writer: it takes Pivot records or records already in their JSON form (NeMo-Gym
+    rows are written through it). One fsync at the end instead of one per line: a bulk write, not
+    a resumable log (`PivotWriter` is that).
+    """
     if not isinstance(path, (str, os.PathLike)):
         hint = " (the arguments are swapped: write_pivots(pivots, path))" if isinstance(pivots, (str, os.PathLike)) else ""
         raise TypeError(f"write_pivots: path must be a str or path, got {type(path).__name__}{hint}")
+    # Imported here, not at the top: `import pivot_envs` loads this module and stays light.
+    from tqdm import tqdm
+
+    from pivot_envs.config import progress_disabled
+
     count = 0
-    with PivotWriter(path, append=False) as writer:
-        for pivot in pivots:
+    with PivotWriter(path, append=False, fsync=False) as writer:
+        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=progress_disabled()):
             writer.write(pivot)
             count += 1
+        writer.sync()
     return count
 
 
@@ -204,6 +219,11 @@ class PivotWriter:
         self._handle.flush()
         if self.fsync:
             os.fsync(self._handle.fileno())
+
+    def sync(self) -> None:
+        """Flush what was written and fsync it (for a writer opened with fsync=False)."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
 
     def close(self) -> None:
         self._handle.close()
