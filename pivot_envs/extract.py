@@ -1,5 +1,8 @@
 """Pivot candidates from trajectories (D_cand, paper Eq. 3 context), the D_adv filter (Eq. 4),
 near-duplicate removal and the train/held-out split by trajectory.
+
+Works on `Trajectory` and `Pivot` records, never on files: reading is `pivot_envs.formats` (which
+imports this module, not the other way round), writing is `pivot_envs.pivot.write_pivots`.
 """
 
 from __future__ import annotations
@@ -7,17 +10,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import option, progress_disabled
-from pivot_envs.formats import ReadReport, Trajectory
-from pivot_envs.pivot import Pivot, PivotWriter
+from pivot_envs.config import option
+from pivot_envs.pivot import Pivot, write_pivots
+from pivot_envs.trajectory import ReadReport, Trajectory
 
 FILTER_MODES = ("adv", "cand")
 DEDUP_RULES = ("action", "state")
@@ -60,6 +61,13 @@ class FilterConfig:
         "state: same prefix and same normalized action",
         choices=DEDUP_RULES,
     )
+
+    def __post_init__(self) -> None:
+        from pivot_envs.config import between, one_of
+
+        one_of(self, "mode", FILTER_MODES)
+        between(self, "lambda_diff", 0, 1)
+        one_of(self, "dedup_by", DEDUP_RULES)
 
 
 def _json_type(value: Any) -> str:
@@ -288,19 +296,11 @@ class SplitConfig:
     heldout: float = option(0.2, "fraction of source trajectories (not turns) that go to the held-out side")
     seed: int = option(0, "seed of the trajectory hash: another seed, another split")
 
+    def __post_init__(self) -> None:
+        from pivot_envs.config import between
 
-def write_pivot_file(pivots: Iterable[Pivot], path: str | os.PathLike[str], desc: str = "writing pivots") -> int:
-    """Write pivots as JSONL with a progress bar on stderr (shown on a terminal); returns the count.
+        between(self, "heldout", 0, 1)
 
-    One fsync at the end instead of one per line: this is a bulk write, not a resumable log.
-    """
-    from tqdm import tqdm
 
-    count = 0
-    with PivotWriter(path, append=False, fsync=False) as writer:
-        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=progress_disabled()):
-            writer.write(pivot)
-            count += 1
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-    return count
+# The name the CLI writes pivot files with: the one pivot writer, under its older name.
+write_pivot_file = write_pivots

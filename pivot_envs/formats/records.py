@@ -1,0 +1,133 @@
+"""Raw records of a trajectory file, and its format detected from their content.
+
+A file is a JSON list of records (tau-bench results), one JSON object, or JSONL, possibly
+gzip-compressed (recognised by its magic bytes, whatever its name). What does not parse is
+reported in a `ReadReport` as ``file:line: reason`` (``file:[i]: reason`` for the i-th element of
+a JSON list) and skipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.errors import PivotEnvsError
+from pivot_envs.trajectory import ReadReport
+
+FORMATS = ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
+# How many leading records detect_format looks at before giving up.
+_DETECT_RECORDS = 50
+
+
+class FormatError(PivotEnvsError, ValueError):
+    """Content that is not a trajectory or pivot in any known format; the message names the file."""
+
+
+class MalformedRecord(FormatError):
+    """A record that cannot be read: `reason` is the counted category, the message the detail."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _load_bytes(path: Path, report: ReadReport) -> bytes | None:
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":  # gzip magic, whatever the file is called
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            report.skip(str(path), "unreadable file", f"not a valid gzip stream ({error})")
+            return None
+    return data
+
+
+def records(path: str | os.PathLike[str], report: ReadReport) -> Iterator[tuple[str, Any]]:
+    """Yield (where, parsed JSON record) for a JSON list, a single JSON object or a JSONL file.
+
+    `where` is "file:line" ("file:[i]" in a JSON list). What does not parse is reported
+    ("file:line: reason") and skipped.
+    """
+    path = Path(path)
+    data = _load_bytes(path, report)
+    if data is None:
+        return
+    if data.lstrip()[:1] == b"[":  # a JSON list of records (tau-bench results)
+        report.records += 1
+        try:
+            whole = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            report.skip(f"{path}:1", "invalid JSON", f"not UTF-8 at byte {error.start}")
+            return
+        except json.JSONDecodeError as error:
+            report.skip(f"{path}:{error.lineno}", "invalid JSON", f"the JSON list does not parse ({error.msg})")
+            return
+        if isinstance(whole, list):
+            report.records += len(whole) - 1
+            for index, record in enumerate(whole):
+                yield f"{path}:[{index}]", record
+            return
+        yield f"{path}:1", whole
+        return
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        report.records += 1
+        where = f"{path}:{number}"
+        try:
+            yield where, json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            report.skip(where, "invalid JSON", f"not UTF-8 at byte {error.start}")
+        except json.JSONDecodeError as error:
+            if number == 1 and _single_document(data, report):
+                # One pretty-printed JSON object, not JSONL.
+                yield f"{path}:1", json.loads(data.decode("utf-8"))
+                return
+            report.skip(where, "invalid JSON", f"{error.msg} at column {error.colno}")
+
+
+def _single_document(data: bytes, report: ReadReport) -> bool:
+    try:
+        whole = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if isinstance(whole, dict):
+        report.records = 1
+        return True
+    return False
+
+
+def record_kind(record: Any) -> str | None:
+    """The format (one of FORMATS) a parsed record is in, from its keys; None when it is in none."""
+    if not isinstance(record, dict):
+        return None
+    if isinstance(record.get("expert"), dict) and "messages" in record and "id" in record:
+        return "pivots"
+    if "responses_create_params" in record:
+        return "nemo-gym-pivots" if "expected_action" in record else "nemo-gym-rollouts"
+    if "conversations" in record:
+        return "sharegpt"
+    if "traj" in record or "messages" in record:
+        return "openai-chat"
+    return None
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The format of a file, from its content (not its name); raises FormatError (a ValueError) naming the file if unknown."""
+    seen: list[str] = []
+    for count, (_, record) in enumerate(records(path, ReadReport())):
+        kind = record_kind(record)
+        if kind is not None:
+            return kind
+        seen.append(", ".join(sorted(record)[:6]) if isinstance(record, dict) else type(record).__name__)
+        if count + 1 >= _DETECT_RECORDS:
+            break
+    shown = f"; first records look like: {seen[:3]}" if seen else " (no JSON records found)"
+    raise FormatError(f"{path}: cannot detect the trajectory format{shown}; expected one of {', '.join(FORMATS)}")
