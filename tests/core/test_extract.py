@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+import pivot_envs.extract
 from pivot_envs.extract import ExtractConfig, extract_pivots, infer_tool_schemas
-from pivot_envs.formats import ReadReport, Trajectory, read_trajectories
+from pivot_envs.formats import read_trajectories
+from pivot_envs.pivot import write_pivots
+from pivot_envs.trajectory import ReadReport, Trajectory
 
 TAU = "tau_bench/airline/gpt4o_trajectories.json"
 
@@ -133,3 +136,19 @@ def test_trajectories_with_their_own_tools_keep_them() -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
     pivots = list(extract_pivots([_trajectory(1.0, tools=tools)]))
     assert all(p.tools == tools and "tools_inferred" not in p.context for p in pivots)
+
+
+# Every public name `pivot_envs.extract` offered before reading, extraction and writing were pulled
+# apart (the CLI and users import these from it).
+EXTRACT_NAMES_BEFORE_THE_SPLIT = (
+    "DEDUP_RULES", "FILTER_MODES", "ExtractConfig", "FilterConfig", "ReadReport", "SplitConfig", "Trajectory",
+    "dedup_pivots", "extract_pivots", "filter_pivots", "heldout_side", "infer_tool_schemas", "normalized_action",
+    "reward_rejection", "split_by_trajectory", "turn_rejection", "write_pivot_file",
+)
+
+
+def test_every_name_the_extract_module_offered_is_still_importable_from_it() -> None:
+    assert [name for name in EXTRACT_NAMES_BEFORE_THE_SPLIT if not hasattr(pivot_envs.extract, name)] == []
+    # one pivot writer: the CLI's name for it is the same function, not a second writer
+    assert pivot_envs.extract.write_pivot_file is write_pivots
+    assert pivot_envs.extract.Trajectory is Trajectory and pivot_envs.extract.ReadReport is ReadReport

@@ -9,7 +9,7 @@ import pytest
 
 from pivot_envs.extract import dedup_pivots, filter_pivots, split_by_trajectory
 from pivot_envs.formats import read_trajectories
-from pivot_envs.pivot import Pivot, Profile
+from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 
 
 def _pivot(pid: str, rewards: list[float] | None = None, valid: list[bool] | None = None, command: str = "ls",
@@ -111,3 +111,14 @@ def test_split_edges_and_bad_fraction(tau_pivots: list[Pivot]) -> None:
     assert split_by_trajectory(tau_pivots, 1.0) == ([], tau_pivots)
     with pytest.raises(ValueError, match="heldout_fraction"):
         split_by_trajectory(tau_pivots, 1.5)
+
+
+def test_both_sides_of_a_split_are_written_and_read_back_whole(tau_pivots: list[Pivot], tmp_path: Path) -> None:
+    train, heldout = split_by_trajectory(tau_pivots, 0.2, seed=0)
+    assert write_pivots(iter(train), tmp_path / "split" / "train.jsonl", desc="writing train") == len(train)
+    # records already in their JSON form are written as they are
+    assert write_pivots([p.to_dict() for p in heldout], tmp_path / "split" / "heldout.jsonl") == len(heldout)
+    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "train.jsonl")] == [p.to_dict() for p in train]
+    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "heldout.jsonl")] == [p.to_dict() for p in heldout]
+    with pytest.raises(TypeError, match="arguments are swapped"):
+        write_pivots(tmp_path / "x.jsonl", train)  # type: ignore[arg-type]

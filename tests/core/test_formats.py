@@ -12,14 +12,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pivot_envs.formats
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.formats import (
+    FormatError,
+    MalformedRecord,
     ReadReport,
     detect_format,
     nemo_gym_row_to_pivot,
+    normalize_messages,
     pivot_to_nemo_gym_row,
     read_as_pivots,
     read_trajectories,
     responses_to_messages,
+    write_nemo_gym_rows,
 )
 from pivot_envs.pivot import Pivot, write_pivots
 
@@ -97,6 +103,32 @@ def test_unknown_content_is_a_clear_error_naming_the_file(tmp_path: Path) -> Non
     assert report.skipped["unrecognized record"] == 1 and report.problems[0].startswith(f"{path}:1: ")
 
 
+def test_format_errors_are_value_errors_of_the_library_family(tmp_path: Path) -> None:
+    path = tmp_path / "odd.jsonl"
+    path.write_text('{"question": "q"}\n')
+    with pytest.raises(FormatError, match="odd.jsonl") as caught:
+        detect_format(path)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, PivotEnvsError)
+    with pytest.raises(MalformedRecord, match="message 1: role 'wizard'") as bad:
+        normalize_messages([{"role": "user", "content": "q"}, {"role": "wizard", "content": "x"}])
+    assert bad.value.reason == "unknown role" and isinstance(bad.value, ValueError)
+
+
+# Every public name `pivot_envs.formats` offered as one module, before it became a package.
+FORMATS_NAMES_BEFORE_THE_PACKAGE = (
+    "FORMATS", "ROLES", "ReadReport", "Trajectory", "detect_format", "messages_to_responses",
+    "nemo_gym_row_to_pivot", "normalize_messages", "pivot_to_nemo_gym_row", "read_as_pivots",
+    "read_trajectories", "responses_to_messages", "write_nemo_gym_rows",
+)
+
+
+def test_every_name_the_formats_module_offered_is_still_importable_from_it() -> None:
+    missing = [name for name in FORMATS_NAMES_BEFORE_THE_PACKAGE if not hasattr(pivot_envs.formats, name)]
+    assert missing == []
+    assert set(FORMATS_NAMES_BEFORE_THE_PACKAGE) <= set(pivot_envs.formats.__all__)
+    assert pivot_envs.formats.FORMATS == ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
+
+
 @pytest.mark.parametrize("name", ["single_step_tool_use_pivots.jsonl", "single_step_tool_use_parallel_pivots.jsonl"])
 def test_nemo_gym_pivot_rows_round_trip_keeps_prefix_tools_and_expected_action(shared_data: Path, name: str) -> None:
     path = shared_data / "nemo_gym" / name
@@ -113,6 +145,15 @@ def test_nemo_gym_pivot_rows_round_trip_keeps_prefix_tools_and_expected_action(s
             assert again["responses_create_params"][key] == row["responses_create_params"][key]
         back = nemo_gym_row_to_pivot(again)
         assert back.to_dict() == pivot.to_dict()
+
+
+def test_nemo_gym_rows_written_to_a_file_read_back_as_the_same_pivots(shared_data: Path, tmp_path: Path) -> None:
+    pivots = read_as_pivots(shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl", domain="tool-use")
+    path = tmp_path / "out" / "rows.jsonl"
+    assert write_nemo_gym_rows(iter(pivots), path) == len(pivots) > 0
+    assert _rows(path) == [pivot_to_nemo_gym_row(p) for p in pivots]
+    assert detect_format(path) == "nemo-gym-pivots"
+    assert [p.to_dict() for p in read_as_pivots(path)] == [p.to_dict() for p in pivots]
 
 
 def _essential(items: list[dict]) -> list[tuple]:
