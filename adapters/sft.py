@@ -72,7 +72,7 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
     the values are the same either way.
     """
     import torch
-    from pivot_envs.adapters.grpo import _pad, groups_logprobs, token_logprobs
+    from pivot_envs.adapters.grpo.trainer import _pad, groups_logprobs, token_logprobs
 
     if not detach_prefix:
         logprobs, mask, _ = groups_logprobs(model, [(prompt, [action]) for prompt, action in batch])

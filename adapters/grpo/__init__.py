@@ -1,0 +1,61 @@
+"""The bundled GRPO trainer: PivotRL's Algorithm 1 (`trainer`), with the code it leans on beside it.
+
+`from pivot_envs.adapters.grpo import GRPOConfig, train, ...` keeps working: the public names of
+the package's modules are re-exported here.
+"""
+
+from pivot_envs.adapters.grpo.trainer import (
+    RESUME_MAY_CHANGE,
+    Group,
+    GRPOConfig,
+    MetricsLog,
+    TrainResult,
+    action_logprobs,
+    build_group,
+    check_resumable,
+    clipped_loss,
+    group_advantages,
+    groups_logprobs,
+    latest_checkpoint,
+    load_checkpoint,
+    pack_groups,
+    padded_tokens,
+    pass_budget,
+    plot_metrics,
+    refuse_earlier_run,
+    save_checkpoint,
+    sequence_logprobs,
+    sync_weights,
+    token_entropy,
+    token_logprobs,
+    train,
+    update,
+)
+
+__all__ = [
+    "RESUME_MAY_CHANGE",
+    "GRPOConfig",
+    "Group",
+    "MetricsLog",
+    "TrainResult",
+    "action_logprobs",
+    "build_group",
+    "check_resumable",
+    "clipped_loss",
+    "group_advantages",
+    "groups_logprobs",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "pack_groups",
+    "padded_tokens",
+    "pass_budget",
+    "plot_metrics",
+    "refuse_earlier_run",
+    "save_checkpoint",
+    "sequence_logprobs",
+    "sync_weights",
+    "token_entropy",
+    "token_logprobs",
+    "train",
+    "update",
+]
