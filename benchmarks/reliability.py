@@ -122,10 +122,10 @@ def baseline_without_cgroup() -> dict:
     """The two whole-sandbox probes on bubblewrap with the cgroup off (rlimits only), in a subprocess."""
     code = (
         "import json, shlex\n"
-        "import pivot_envs.sandboxes.backends as b\n"
-        "b._sandbox_cgroup = lambda limits: None\n"
+        "import pivot_envs.sandboxes.bwrap_backend as b\n"
+        "b.sandbox_cgroup = lambda limits: None\n"
         "from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots\n"
-        "from pivot_envs.sandboxes.protocol import SandboxLimits\n"
+        "from pivot_envs.sandboxes import SandboxLimits\n"
         "env = TerminalEnv([p for p in bundled_pivots() if p.id == 'terminal/count-error-lines/t1'], sandbox='bwrap',\n"
         "                  limits=SandboxLimits(timeout=2.0, processes=64, memory_mb=512), warm_pool=1)\n"
         "from importlib.util import spec_from_file_location, module_from_spec\n"

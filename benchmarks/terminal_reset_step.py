@@ -73,7 +73,7 @@ def bench_env(kind: str, group: int, rounds: int) -> dict:
 def bench_naive_docker(samples: int) -> dict:
     """Per sample: docker run of the base image, replay the 5 prefix commands, run the command, remove."""
     from pivot_envs.domains.terminal.image import image_tag
-    from pivot_envs.sandboxes.backends import DockerBackend
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
 
     backend = DockerBackend(warm_pool=0)
     latencies = []
@@ -94,7 +94,7 @@ def bench_naive_docker(samples: int) -> dict:
 def bench_bwrap_floor(samples: int = 30) -> dict:
     """The floor under any bubblewrap sample: starting `bwrap --unshare-all ... true` on the root filesystem."""
     from pivot_envs.domains.terminal.image import rootfs_path
-    from pivot_envs.sandboxes.backends import BwrapBackend
+    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
     backend = BwrapBackend(rootfs_path(), warm_pool=0)
     sandbox = backend.create("/app")
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--naive-samples", type=int, default=8)
     args = parser.parse_args()
 
-    from pivot_envs.sandboxes.backends import bwrap_available, docker_available
+    from pivot_envs.sandboxes.available import bwrap_available, docker_available
 
     results: dict = {"group": args.group, "rounds": args.rounds, "prefix_commands": len(PREFIX),
                      "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

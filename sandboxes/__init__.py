@@ -1,1 +1,36 @@
-"""Sandboxes shared by the sandboxed domains (terminal, SWE)."""
+"""Sandboxes for the sandboxed domains (terminal, SWE): an isolated filesystem plus shell state that
+runs commands, on bubblewrap or Docker.
+
+One module per job:
+
+- `protocol`: the Sandbox protocol, SandboxLimits, CommandResult, Snapshot, FileChange, the errors
+  and `file_changes` (re-exported here);
+- `runner`: the bash runner every command goes through and the command server that runs it inside
+  a sandbox (`runner_argv`, `parse_runner_output`, `result_from_files`);
+- `output`, `manifest`: command output cleaned and cut; the workspace's files and disk use read from
+  the host;
+- `channel`: the host's end of the FIFO channel to a command server (`call_server`);
+- `bwrap_backend`, `processes`, `cgroups`: the bubblewrap backend, its host processes, its cgroups;
+- `docker_backend`: the Docker backend;
+- `available`: which backends this machine has; `cleanup`: ownership labels and `gc`;
+- `image`: a Debian root filesystem (debootstrap) and its Docker image;
+- `shell`: an interactive bash inside a sandbox (pexpect).
+
+Importing this package is light: nothing here imports docker or pexpect until a backend needs it.
+"""
+
+from .protocol import (
+    CommandRejected,
+    CommandResult,
+    FileChange,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    Snapshot,
+    file_changes,
+)
+
+__all__ = [
+    "CommandRejected", "CommandResult", "FileChange", "Sandbox", "SandboxError", "SandboxLimits", "Snapshot",
+    "file_changes",
+]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 import time
 
-from .protocol import CommandResult, SandboxError, new_marker, strip_ansi
+from .output import new_marker, strip_ansi
+from .processes import kill_children
+from .protocol import CommandResult, SandboxError
 
 # tmux key names a Terminus agent sends, as the bytes a terminal would send.
 KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\x1b[A", "Down": "\x1b[B",
@@ -111,8 +113,6 @@ class InteractiveShell:
         # A bwrap's child is its namespace's init: killed first, bwrap reaps it and exits, where
         # closing the terminal would kill bwrap and leave the init to the host's PID 1 (a zombie
         # for good where PID 1 does not reap, as in many containers). `docker exec` has no child.
-        from .backends import kill_children
-
         if kill_children(self.child.pid):
             deadline = time.monotonic() + 2.0
             while self.child.isalive() and time.monotonic() < deadline:

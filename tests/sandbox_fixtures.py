@@ -13,13 +13,10 @@ import importlib.util
 
 import pytest
 from pivot_envs.domains.terminal import image
-from pivot_envs.sandboxes.backends import (
-    BwrapBackend,
-    DockerBackend,
-    bwrap_available,
-    docker_available,
-)
-from pivot_envs.sandboxes.protocol import SandboxLimits
+from pivot_envs.sandboxes import SandboxLimits
+from pivot_envs.sandboxes.available import bwrap_available, docker_available
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+from pivot_envs.sandboxes.docker_backend import DockerBackend
 
 FAST_LIMITS = SandboxLimits(timeout=3.0)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from pivot_envs.sandboxes.protocol import CommandResult, SandboxError, SandboxLimits, file_changes
+from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
@@ -47,7 +47,7 @@ def resolve_sandbox(kind: str) -> str:
     """'docker' or 'bwrap' for a requested kind ("auto": Docker when its SDK is installed and a
     daemon answers, else bubblewrap); raises MissingExtraError without the Docker SDK for
     kind='docker', SandboxError saying how to install a backend when none is usable."""
-    from pivot_envs.sandboxes.backends import INSTALL_HELP, bwrap_available, docker_available
+    from pivot_envs.sandboxes.available import INSTALL_HELP, bwrap_available, docker_available
 
     if kind not in SANDBOXES:
         raise UnknownNameError("sandbox", kind, SANDBOXES)
@@ -209,7 +209,8 @@ class TerminalEnv(PivotEnv):
         """Choose the backend and make it, with the base image, on first use (the first reset)."""
         if self.backend is not None:
             return
-        from pivot_envs.sandboxes.backends import BwrapBackend, DockerBackend
+        from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+        from pivot_envs.sandboxes.docker_backend import DockerBackend
 
         from . import image
         from .prefix import PrefixCache

@@ -17,7 +17,7 @@ Accepted inputs:
 Anything else parses to no command, with a category: "no_command", "multiple_commands",
 "unsupported_tool", "empty_command", "malformed_command" (bash -n rejects it), "invalid_command"
 (a NUL byte or a lone surrogate: it cannot cross into the sandbox intact, see
-`pivot_envs.sandbox.command_problem`).
+`pivot_envs.sandboxes.protocol.command_problem`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.sandboxes.protocol import CommandResult, SandboxError, Snapshot
+from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot
 
 from pivot_envs.pivot import Pivot
 

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.sandboxes.protocol import CommandResult
+from pivot_envs.sandboxes import CommandResult
 
 from pivot_envs.pivot import Pivot, write_pivots
 
@@ -145,7 +145,8 @@ def task_pivots(run: TaskRun) -> list[Pivot]:
 
 def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None = None) -> int:
     """Replay every task and write their pivots to `out`; raises if a task's expert does not solve it."""
-    from pivot_envs.sandboxes.backends import BwrapBackend, DockerBackend
+    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
 
     from .env import resolve_sandbox
     from .image import rootfs_path

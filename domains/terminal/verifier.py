@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.sandboxes.protocol import CommandResult, file_changes
+from pivot_envs.sandboxes import CommandResult, file_changes
 
 from pivot_envs.config import option
 from pivot_envs.env import Outcome

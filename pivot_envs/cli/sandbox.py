@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"root filesystem: {rootfs}")
         print(f"docker image:    {tag or '(not built: no Docker daemon answers)'}")
         return 0
-    from pivot_envs.sandboxes.backends import gc
+    from pivot_envs.sandboxes.cleanup import gc
 
     config = from_args(GcConfig, args)
     removed = gc(include_base=config.base, all_owners=config.all)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pivot_envs.sandboxes.backends import OWNER_LABEL
+from pivot_envs.sandboxes.cleanup import OWNER_LABEL
 
 
 def left_behind(owner: str | None, roots: list[Path], within: float = 5.0) -> list[str]:

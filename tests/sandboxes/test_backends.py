@@ -7,8 +7,8 @@ import signal
 import time
 
 from pivot_envs.domains.terminal import image
-from pivot_envs.sandboxes.backends import LABEL, OWNER_LABEL
-from pivot_envs.sandboxes.protocol import Sandbox
+from pivot_envs.sandboxes import Sandbox
+from pivot_envs.sandboxes.cleanup import LABEL, OWNER_LABEL
 
 
 def test_a_sandbox_implements_the_core_protocol(sandbox):
@@ -109,7 +109,7 @@ def test_the_network_is_unreachable(sandbox):
 def test_docker_containers_and_snapshots_carry_the_label_and_close_removes_them(has_docker):
     import docker
     from pivot_envs.domains.terminal.image import image_tag
-    from pivot_envs.sandboxes.backends import DockerBackend
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
 
     client = docker.from_env()
     backend = DockerBackend(warm_pool=1)
@@ -129,7 +129,7 @@ def test_docker_containers_and_snapshots_carry_the_label_and_close_removes_them(
 
 def test_docker_without_the_command_channel_runs_through_docker_exec(has_docker):
     from pivot_envs.domains.terminal.image import image_tag
-    from pivot_envs.sandboxes.backends import DockerBackend
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
 
     backend = DockerBackend(warm_pool=0, channel=False)
     sandbox = backend.create(image_tag(), "/app")

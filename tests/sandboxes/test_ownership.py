@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from pivot_envs.domains.terminal import TerminalEnv
-from pivot_envs.sandboxes.backends import _owner_alive, owner_id
+from pivot_envs.sandboxes.cleanup import owner_alive, owner_id
 from terminal_leftovers import left_behind
 
 from pivot_envs.evaluate import EvalConfig, evaluate
@@ -76,8 +76,8 @@ def test_owners_differ_per_backend_and_name_the_process_gc_judges_by():
     first, second = owner_id(), owner_id()
     assert first != second
     host, pid, _ = first.split(":")
-    assert _owner_alive(first) and _owner_alive(f"{host}:{pid}")  # the form older versions labelled with
-    assert not _owner_alive(f"{host}:999999999:{first.split(':')[2]}")
+    assert owner_alive(first) and owner_alive(f"{host}:{pid}")  # the form older versions labelled with
+    assert not owner_alive(f"{host}:999999999:{first.split(':')[2]}")
 
 
 class ExpertPolicy:

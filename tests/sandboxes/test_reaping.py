@@ -36,8 +36,9 @@ sys.exit(code)
 # interactive shell, and closing the backend with warm forks still pooled.
 WORKLOAD = r"""
 import sys
-from pivot_envs.sandboxes.backends import BwrapBackend, bwrap_available
-from pivot_envs.sandboxes.protocol import SandboxLimits
+from pivot_envs.sandboxes import SandboxLimits
+from pivot_envs.sandboxes.available import bwrap_available
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 from pivot_envs.sandboxes.shell import InteractiveShell
 
 assert bwrap_available()

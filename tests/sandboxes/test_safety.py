@@ -13,16 +13,12 @@ from pathlib import Path
 
 import pytest
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
-from pivot_envs.sandboxes import cgroups
-from pivot_envs.sandboxes.backends import (
-    BWRAP_PREFIX,
-    DOCKER_PREFIX,
-    LABEL,
-    NOBODY,
-    BwrapBackend,
-    call_server,
-)
-from pivot_envs.sandboxes.protocol import CommandRejected, SandboxLimits, runner_argv
+from pivot_envs.sandboxes import CommandRejected, SandboxLimits, cgroups
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+from pivot_envs.sandboxes.channel import call_server
+from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, DOCKER_PREFIX, LABEL
+from pivot_envs.sandboxes.processes import NOBODY
+from pivot_envs.sandboxes.runner import runner_argv
 
 PIVOT = "terminal/count-error-lines/t1"
 LIMITS = SandboxLimits(timeout=2.0, processes=64, file_mb=16, memory_mb=512, disk_mb=100)

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pivot_envs.sandboxes.protocol import (
-    SandboxError,
-    SandboxLimits,
-    file_changes,
-    manifest,
-    parse_runner_output,
-    strip_ansi,
-)
+from pivot_envs.sandboxes import SandboxError, SandboxLimits, file_changes
+from pivot_envs.sandboxes.manifest import manifest
+from pivot_envs.sandboxes.output import strip_ansi
+from pivot_envs.sandboxes.runner import parse_runner_output
 
 
 def test_strip_ansi_removes_colours_titles_and_cursor_moves():

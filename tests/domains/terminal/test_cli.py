@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from pivot_envs.domains.terminal.image import image_tag
-from pivot_envs.sandboxes.backends import BWRAP_PREFIX, LABEL, DockerBackend
+from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, LABEL
+from pivot_envs.sandboxes.docker_backend import DockerBackend
 
 from pivot_envs.cli import main
 
@@ -27,7 +28,8 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
     # A child process makes a container, a snapshot image and a bubblewrap directory, then dies without closing.
     code = (
         "import os, subprocess\n"
-        "from pivot_envs.sandboxes.backends import DockerBackend, BwrapBackend\n"
+        "from pivot_envs.sandboxes.docker_backend import DockerBackend\n"
+        "from pivot_envs.sandboxes.bwrap_backend import BwrapBackend\n"
         "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
         "d = DockerBackend(warm_pool=0); s = d.create(image_tag(), '/app'); s.snapshot()\n"
         "b = BwrapBackend(rootfs_path()); sb = b.create('/app')\n"
@@ -63,7 +65,8 @@ def test_a_process_that_never_closes_its_backends_leaves_nothing_at_exit(has_doc
     import docker
 
     code = (
-        "from pivot_envs.sandboxes.backends import DockerBackend, BwrapBackend\n"
+        "from pivot_envs.sandboxes.docker_backend import DockerBackend\n"
+        "from pivot_envs.sandboxes.bwrap_backend import BwrapBackend\n"
         "from pivot_envs.domains.terminal.image import image_tag, rootfs_path\n"
         "d = DockerBackend(warm_pool=1); s = d.create(image_tag(), '/app'); d.fork(s.snapshot())\n"
         "b = BwrapBackend(rootfs_path()); b.create('/app')\n"

@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
-from pivot_envs.sandboxes.protocol import SandboxError
+from pivot_envs.sandboxes import SandboxError
 
 import pivot_envs
 from pivot_envs.errors import UnknownNameError
@@ -140,7 +140,7 @@ def test_sandbox_docker_without_the_docker_sdk_names_the_extra_to_install():
     # The SDK hidden from this interpreter (a None in sys.modules makes `import docker` fail).
     code = ("import sys; sys.modules['docker'] = None\n"
             "from pivot_envs.domains.terminal import TerminalEnv\n"
-            "from pivot_envs.sandboxes.backends import DockerBackend\n"
+            "from pivot_envs.sandboxes.docker_backend import DockerBackend\n"
             "env = TerminalEnv(sandbox='docker')\n"
             "for make in (env.reset, DockerBackend):\n"
             "    try:\n        make()\n    except Exception as e:\n        print(type(e).__name__, e)\n")

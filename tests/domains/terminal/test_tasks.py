@@ -8,7 +8,7 @@ import json
 import pytest
 from pivot_envs.domains.terminal import bundled_pivots
 from pivot_envs.domains.terminal.tasks import load_tasks, run_task, task_pivots
-from pivot_envs.sandboxes.backends import BwrapBackend
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
 
 @pytest.fixture(scope="module")

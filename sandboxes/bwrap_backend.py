@@ -1,0 +1,322 @@
+"""The bubblewrap sandbox backend: a sandbox is a directory tree on the host and a bwrap running
+the command server on it.
+
+The base root filesystem's system directories are bound read-only, with a writable workspace,
+home, /tmp and state directory per sandbox, all namespaces unshared (no network), limits through
+rlimits (and a cgroup where one can be made, see `cgroups`). A snapshot is a copy of that tree; a
+fork is a copy-on-write copy (`cp -a --reflink=auto`) with its bwrap and command server already
+started in the background (the warm pool), so a fork costs neither a copy nor a bwrap start.
+Killing a sandbox's bwrap kills its PID namespace, so every process the commands left behind.
+When run as root, the sandbox drops to the `nobody` user on the host (inside it is root of its
+own user namespace), so RLIMIT_NPROC bounds fork bombs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from pathlib import Path
+
+from .channel import LimitExceeded, ServerDown, ServerTimeout, call_server, disk_check, fifo_channel
+from .cleanup import BWRAP_PREFIX
+from .output import new_marker
+from .processes import (
+    NOBODY,
+    BwrapServer,
+    default_signals_argv,
+    drop_privileges,
+    hard_limits,
+    sandbox_cgroup,
+    user_process_count,
+)
+from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
+from .runner import CHANNEL_DIR, SERVER, STATE_DIR, result_from_files, runner_argv, runner_env
+
+
+def _stop_all(servers: set[BwrapServer], root: Path) -> None:
+    for server in list(servers):
+        server.stop()
+    servers.clear()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class BwrapBackend:
+    """Makes bubblewrap sandboxes on one root filesystem; `close()` kills their processes and removes every directory it made."""
+
+    name = "bwrap"
+
+    def __init__(self, rootfs: str | os.PathLike, limits: SandboxLimits | None = None,
+                 root_dir: str | os.PathLike | None = None, warm_pool: int = 4) -> None:
+        self.rootfs = Path(rootfs)
+        if not (self.rootfs / "usr" / "bin" / "bash").exists():
+            raise SandboxError(f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`")
+        self.limits = limits or SandboxLimits()
+        parent = Path(root_dir or tempfile.gettempdir())
+        self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=parent))
+        self.root.chmod(0o755)
+        self._drop = drop_privileges()
+        self._system = self._system_binds()
+        # Forks of each snapshot made ahead in the background: a copy with its server started.
+        self.warm_pool = warm_pool
+        self._pools: dict[str, queue.SimpleQueue] = {}
+        self._servers: set[BwrapServer] = set()
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
+        self._pending: set[Future] = set()
+        self._closed = False
+        # A backend that is never closed still kills its sandboxes and removes its directories
+        # when collected or at exit.
+        self._finalizer = weakref.finalize(self, _stop_all, self._servers, self.root)
+
+    def _system_binds(self) -> list[str]:
+        args: list[str] = []
+        for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt"):
+            path = self.rootfs / name
+            if path.is_symlink():  # merged /usr: /bin -> usr/bin
+                args += ["--symlink", os.readlink(path), f"/{name}"]
+            elif path.is_dir():
+                args += ["--ro-bind", str(path), f"/{name}"]
+        return args
+
+    def _new_dir(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="sb-", dir=self.root))
+
+    def _own(self, path: Path) -> None:
+        if self._drop:
+            subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(path)], check=True)
+
+    def argv(self, directory: Path, workdir: str, inner: list[str], new_session: bool = True,
+             channel: Path | None = None) -> list[str]:
+        """The bwrap argv that runs `inner` in the sandbox made of `directory`'s trees (without the user drop)."""
+        d = directory
+        return [
+            "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
+            "--hostname", "sandbox",
+            "--uid", "0", "--gid", "0",
+            *self._system,
+            "--dev", "/dev", "--proc", "/proc",
+            "--bind", str(d / "tmp"), "/tmp",
+            "--bind", str(d / "home"), "/root",
+            "--bind", str(d / "state"), STATE_DIR,
+            "--bind", str(d / "work"), workdir,
+            *(["--ro-bind", str(channel), CHANNEL_DIR] if channel is not None else []),
+            "--chdir", workdir,
+            "--clearenv", *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
+            "--setenv", "PIVOT_WORKDIR", workdir,
+            *inner,
+        ]
+
+    def start_server(self, directory: Path, workdir: str) -> BwrapServer:
+        """Start the sandbox's bwrap with the command server inside; it takes requests once it reads its FIFO."""
+        channel = fifo_channel(self.root, NOBODY if self._drop else None)
+        cgroup = sandbox_cgroup(self.limits)
+        # As root, setpriv drops to nobody: dropping in Popen's child (user=...) would make Python
+        # fork instead of vfork, holding the GIL for the copy of the whole process. The cgroup is
+        # joined before that (only root may), the hard rlimits set after it, all before bwrap.
+        with open(channel / "stderr", "wb") as stderr:
+            process = subprocess.Popen([*(cgroup.launch_prefix() if cgroup else []), *self._drop, *default_signals_argv(),
+                                        *hard_limits(self.limits),
+                                        *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        server = BwrapServer(process, channel, cgroup)
+        with self._lock:
+            self._servers.add(server)
+        return server
+
+    def stop_server(self, server: BwrapServer) -> None:
+        with self._lock:
+            self._servers.discard(server)
+        server.stop()
+
+    def create(self, workdir: str = "/app") -> BwrapSandbox:
+        """A fresh sandbox with an empty workspace at `workdir`."""
+        directory = self._new_dir()
+        for part in ("work", "home", "tmp", "state"):
+            (directory / part).mkdir()
+        (directory / "tmp").chmod(0o1777)
+        self._own(directory)
+        return BwrapSandbox(self, directory, workdir, self.start_server(directory, workdir))
+
+    def _copy(self, snapshot: Snapshot) -> Path:
+        directory = self._new_dir()
+        directory.rmdir()
+        copied = subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], capture_output=True)
+        if copied.returncode != 0:  # e.g. the snapshot was released while a warm copy was queued
+            shutil.rmtree(directory, ignore_errors=True)
+            raise SandboxError(f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}")
+        return directory
+
+    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A new sandbox from the snapshot: a warm one (copied, server started) when ready, else made now."""
+        with self._lock:
+            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+        try:
+            directory, server = pool.get_nowait()
+        except queue.Empty:
+            directory = self._copy(snapshot)
+            server = self.start_server(directory, snapshot.workdir)
+        self._refill(snapshot, pool)
+        return BwrapSandbox(self, directory, snapshot.workdir, server)
+
+    def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
+        def make_one() -> None:
+            if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
+                try:
+                    directory = self._copy(snapshot)
+                    pool.put((directory, self.start_server(directory, snapshot.workdir)))
+                except (OSError, SandboxError):
+                    return  # the next fork makes its sandbox synchronously
+
+        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
+            self._submit(make_one)
+
+    def prewarm(self, snapshot: Snapshot) -> None:
+        """Start making forks of the snapshot in the background."""
+        with self._lock:
+            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+        self._refill(snapshot, pool)
+
+    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
+        """Block until the snapshot's warm forks are ready (benchmarks use this)."""
+        deadline = time.monotonic() + timeout
+        pool = self._pools.get(snapshot.ref)
+        while pool is not None and pool.qsize() < self.warm_pool and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pool is not None and pool.qsize() >= self.warm_pool
+
+    def discard(self, directory: Path, server: BwrapServer | None) -> None:
+        """Kill a sandbox and delete its directory (in the background while the backend is open)."""
+        def remove() -> None:
+            if server is not None:
+                self.stop_server(server)
+            # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
+            if subprocess.run(["rm", "-rf", "--one-file-system", str(directory)], capture_output=True).returncode:
+                shutil.rmtree(directory, ignore_errors=True)
+
+        if self._closed:
+            remove()
+        else:
+            self._submit(remove)
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        future = self._workers.submit(work)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Delete a snapshot's directory and its warm forks."""
+        with self._lock:
+            pool = self._pools.pop(snapshot.ref, None)
+        while pool is not None and not pool.empty():
+            directory, server = pool.get_nowait()
+            self.stop_server(server)
+            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(snapshot.ref, ignore_errors=True)
+
+    def close(self) -> None:
+        """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
+        self._closed = True
+        # A bwrap dies with the thread that started it (bubblewrap's parent-death signal follows
+        # the thread), leaving its namespace's init to the host's PID 1. So the workers outlive
+        # the sandboxes they started: finish the work in flight, stop every sandbox, then end them.
+        wait_for(list(self._pending))
+        self._pools.clear()
+        self._finalizer()
+        self._workers.shutdown(wait=True)
+
+    def __enter__(self) -> BwrapBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BwrapSandbox:
+    """One bubblewrap sandbox: a directory tree on the host and a bwrap running the command server on it."""
+
+    backend = "bwrap"
+
+    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: BwrapServer | None = None) -> None:
+        self.owner = owner
+        self.directory = directory
+        self.workdir = workdir
+        self.server = server
+        self.closed = False
+
+    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+        """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run) through the sandbox's command server."""
+        if self.closed:
+            raise SandboxError("this sandbox is closed")
+        limits = self.owner.limits
+        timeout = limits.timeout if timeout is None else timeout
+        nproc = user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
+        args = runner_argv(command, None, limits, new_marker(), nproc=nproc,
+                           address_space_kb=limits.memory_mb * 1024, report=False)[4:]
+        for attempt in (1, 2):
+            if self.server is None:
+                self.server = self.owner.start_server(self.directory, self.workdir)
+            server = self.server
+            start = time.monotonic()
+            try:
+                # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
+                _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox",
+                                           server.alive, disk_check(self.directory, limits), start + timeout,
+                                           server.kill_request)
+                note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
+                break
+            except ServerDown as error:
+                # The previous command killed the server (`kill -9 -1`): the files stay, start another.
+                stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace")
+                self.owner.stop_server(server)
+                self.server = None
+                if attempt == 2 or stderr.startswith("bwrap:"):
+                    raise SandboxError(f"bubblewrap failed: {stderr}" if stderr else str(error)) from error
+            except (ServerTimeout, LimitExceeded) as error:
+                # Killing the sandbox ends the command and whatever it started; the files stay.
+                self.owner.stop_server(server)
+                broken = str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
+                self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
+                break
+        workspace = self.directory / "work" if files else None
+        result = result_from_files(self.directory / "state", workspace, command, 137 if exit_code is None else exit_code,
+                                   limits, timeout, time.monotonic() - start, within=self.directory)
+        result.output += note
+        return result
+
+    def snapshot(self) -> Snapshot:
+        """Freeze the current state: a copy of this sandbox's directory tree."""
+        target = self.owner._new_dir()
+        target.rmdir()
+        subprocess.run(["cp", "-a", "--reflink=auto", str(self.directory), str(target)], check=True)
+        return Snapshot("bwrap", str(target), self.workdir)
+
+    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A new sandbox from `snapshot`."""
+        return self.owner.fork(snapshot)
+
+    def interactive_argv(self) -> list[str]:
+        """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""
+        # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
+        # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
+        # The shell joins the sandbox's cgroup: its commands share the sandbox's memory and process limits.
+        if self.server is None:
+            self.server = self.owner.start_server(self.directory, self.workdir)
+        cgroup = self.server.cgroup.launch_prefix() if self.server.cgroup is not None else []
+        return [*cgroup, *self.owner._drop, *hard_limits(self.owner.limits),
+                *self.owner.argv(self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
+
+    def close(self) -> None:
+        """Kill the sandbox's processes and delete its directory tree."""
+        if not self.closed:
+            self.closed = True
+            self.owner.discard(self.directory, self.server)
+            self.server = None

@@ -1,0 +1,278 @@
+"""The Docker sandbox backend (docker SDK, real daemon): a sandbox is a container.
+
+Containers run with the network disabled and CPU, memory and pids limits; a snapshot is a
+`docker commit`; forks come from a small warm pool of containers already started from the
+snapshot image (refilled in the background), so a fork costs no `docker run`. Every container and
+image carries the owner labels of `cleanup`, so `close()` and `pivotrl sandbox gc` find all of
+them. With a local daemon, commands go through the FIFO channel and the host reads their output
+and the workspace from the container's overlay2 directories.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .available import docker_sdk
+from .channel import LimitExceeded, call_server, disk_check, fifo_channel
+from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned
+from .output import new_marker
+from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
+from .runner import (
+    CHANNEL_DIR,
+    SERVER,
+    STATE_DIR,
+    parse_runner_output,
+    result_from_files,
+    runner_argv,
+    runner_env,
+)
+
+# The keep-alive of a container without a channel; docker-init (init=True) reaps orphaned processes.
+KEEPALIVE = ["sleep", "infinity"]
+
+
+class DockerBackend:
+    """Makes Docker sandboxes; snapshots are commits, forks come from a warm pool per snapshot."""
+
+    name = "docker"
+
+    def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0,
+                 channel: bool = True) -> None:
+        docker = docker_sdk("the Docker sandbox")
+        self.limits = limits or SandboxLimits()
+        try:
+            self.client = docker.from_env(timeout=int(max(client_timeout, self.limits.timeout + 30)))
+            self.client.ping()
+        except Exception as error:
+            raise SandboxError(f"the Docker daemon does not answer: {error}") from error
+        self.warm_pool = warm_pool
+        self.owner = owner_id()
+        # The FIFO channel needs the daemon on this machine (it bind-mounts a local directory).
+        self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+        self.root = Path(tempfile.mkdtemp(prefix=f"{DOCKER_PREFIX}{os.getpid()}-")) if self.channel else None
+        self._pools: dict[str, queue.SimpleQueue] = {}
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
+        self._closed = False
+        # A backend that is never closed still removes its containers and images when collected or at exit.
+        self._finalizer = weakref.finalize(self, remove_owned, self.owner, self.root)
+
+    def labels(self, kind: str) -> dict[str, str]:
+        return {LABEL: kind, OWNER_LABEL: self.owner}
+
+    def _start(self, image: str, workdir: str) -> tuple[object, Path | None]:
+        limits = self.limits
+        channel, volumes, command = None, {}, KEEPALIVE
+        if self.channel:
+            channel = fifo_channel(self.root)
+            volumes = {str(channel): {"bind": CHANNEL_DIR, "mode": "ro"}}
+            command = ["bash", "-c", SERVER]
+        # create, not run: run pulls an image it does not find (a released snapshot is not in any registry).
+        container = None
+        try:
+            container = self.client.containers.create(
+                image, command, init=True, labels=self.labels("container"),
+                network_disabled=True, network_mode="none", working_dir=workdir, volumes=volumes,
+                environment={**runner_env(), "PIVOT_WORKDIR": workdir},
+                mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
+                cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
+                security_opt=["no-new-privileges"],
+            )
+            container.start()
+        except Exception as error:
+            if container is not None:
+                self.remove_container(container, channel, wait=True)
+            elif channel is not None:
+                shutil.rmtree(channel, ignore_errors=True)
+            raise SandboxError(f"starting a container from image {image!r} failed: {error}") from error
+        return container, channel
+
+    def create(self, image: str, workdir: str = "/app") -> DockerSandbox:
+        """A fresh sandbox from `image` (which must exist locally: nothing is pulled)."""
+        import docker
+
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound as error:
+            raise SandboxError(f"docker image {image!r} is not available locally (nothing is pulled)") from error
+        container, channel = self._start(image, workdir)
+        sandbox = DockerSandbox(self, container, workdir, channel)
+        sandbox.run(f"mkdir -p {workdir}", timeout=30)
+        return sandbox
+
+    def fork(self, snapshot: Snapshot) -> DockerSandbox:
+        """A sandbox from the snapshot image: a warm container when one is ready, else a new one."""
+        pool = self._pool(snapshot)
+        try:
+            container, channel = pool.get_nowait()
+        except queue.Empty:
+            container, channel = self._start(snapshot.ref, snapshot.workdir)
+        self._refill(snapshot)
+        return DockerSandbox(self, container, snapshot.workdir, channel)
+
+    def _pool(self, snapshot: Snapshot) -> queue.SimpleQueue:
+        with self._lock:
+            return self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+
+    def _refill(self, snapshot: Snapshot) -> None:
+        if self.warm_pool <= 0 or self._closed:
+            return
+        pool = self._pool(snapshot)
+
+        def start_one() -> None:
+            if self._closed or pool.qsize() >= self.warm_pool or snapshot.ref not in self._pools:
+                return
+            try:
+                pool.put(self._start(snapshot.ref, snapshot.workdir))
+            except Exception:  # a failed warm start only costs the next fork a cold start
+                return
+
+        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
+            self._workers.submit(start_one)
+
+    def prewarm(self, snapshot: Snapshot) -> None:
+        """Start filling the snapshot's warm pool now (in the background)."""
+        self._refill(snapshot)
+
+    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
+        """Block until the snapshot's warm pool is full (benchmarks use this); returns whether it is."""
+        deadline = time.monotonic() + timeout
+        pool = self._pool(snapshot)
+        while pool.qsize() < self.warm_pool and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return pool.qsize() >= self.warm_pool
+
+    def remove_container(self, container, channel: Path | None = None, wait: bool = False) -> None:
+        """Remove a container and its channel directory (in the background unless `wait`)."""
+        def remove() -> None:
+            try:
+                container.remove(force=True)
+            except Exception:  # already gone
+                pass
+            if channel is not None:
+                shutil.rmtree(channel, ignore_errors=True)
+
+        if wait or self._closed:
+            remove()
+        else:
+            self._workers.submit(remove)
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Drop a snapshot: its warm containers, then its image."""
+        with self._lock:
+            pool = self._pools.pop(snapshot.ref, None)
+        while pool is not None and not pool.empty():
+            self.remove_container(*pool.get_nowait(), wait=True)
+        try:
+            self.client.images.remove(snapshot.ref, force=True)
+        except Exception:  # still used by a live fork: gc/close removes it later
+            return
+
+    def close(self) -> None:
+        """Remove every container and snapshot image this backend (this process) made."""
+        self._closed = True
+        self._workers.shutdown(wait=True)
+        with self._lock:
+            self._pools.clear()
+        remove_labelled(self.client, owner=self.owner)
+        self.client.close()
+        self._finalizer.detach()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> DockerBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DockerSandbox:
+    """One Docker container; each command is one `docker exec` of the runner."""
+
+    backend = "docker"
+
+    def __init__(self, owner: DockerBackend, container, workdir: str, channel: Path | None = None) -> None:
+        self.owner = owner
+        self.container = container
+        self.workdir = workdir
+        self.channel = channel
+        self.closed = False
+        # With overlay2 and a local daemon, the container's filesystem is readable from here: the
+        # output and the file manifest are then read directly, with no process in the container.
+        layers = container.attrs.get("GraphDriver", {}).get("Data", {}) if channel else {}
+        merged, upper = layers.get("MergedDir"), layers.get("UpperDir")
+        self.merged = Path(merged) if merged and os.access(merged, os.R_OK | os.X_OK) else None
+        # The container's writable layer: what its commands wrote, watched against the disk limit.
+        self.upper = Path(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
+
+    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+        """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run): through the channel, else `docker exec`."""
+        if self.closed:
+            raise SandboxError("this sandbox is closed")
+        limits = self.owner.limits
+        timeout = limits.timeout if timeout is None else timeout
+        marker = new_marker()
+        start = time.monotonic()
+        name = f"container {self.container.short_id}"
+        if self.channel is not None and self.merged is not None:
+            argv = runner_argv(command, timeout, limits, marker, report=False)
+            check = disk_check(self.upper, limits) if self.upper is not None else None
+            # No trailer: the request was taken, then the server died (the command killed every
+            # process, e.g. `kill -9 -1`): the command's doing, reported like a SIGKILL.
+            note = "the command killed the sandbox's processes"
+            try:
+                _, exit_code = call_server(self.channel, argv[4:], start + timeout + 30, name, check=check)
+            except LimitExceeded as error:
+                # Restarting the container kills every process in it and keeps its files.
+                self.container.restart(timeout=0)
+                exit_code, note = None, str(error)
+            workspace = self.merged / self.workdir.lstrip("/") if files else None
+            result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command,
+                                       137 if exit_code is None else exit_code, limits, timeout, time.monotonic() - start,
+                                       within=self.merged)
+            if exit_code is None:
+                result.output += f"\n[{note}]\n"
+            return result
+        argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
+        if self.channel is not None:
+            raw, _ = call_server(self.channel, argv[4:], start + timeout + 30, name)
+        else:
+            try:
+                _, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
+            except Exception as error:
+                raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
+        return parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
+
+    def snapshot(self) -> Snapshot:
+        """`docker commit` the container as a labelled image."""
+        image = self.container.commit(
+            repository="pivot-envs/snapshot", tag=uuid.uuid4().hex[:12],
+            changes=[f"LABEL {LABEL}=snapshot", f"LABEL {OWNER_LABEL}={self.owner.owner}"],
+        )
+        return Snapshot("docker", image.id, self.workdir)
+
+    def fork(self, snapshot: Snapshot) -> DockerSandbox:
+        """A new sandbox from `snapshot`."""
+        return self.owner.fork(snapshot)
+
+    def interactive_argv(self) -> list[str]:
+        """The argv of an interactive bash in this container (for InteractiveShell)."""
+        env = [arg for key, value in runner_env().items() if key != "PIVOT_INNER" for arg in ("-e", f"{key}={value}")]
+        return ["docker", "exec", "-it", "-w", self.workdir, *env, self.container.id, "bash", "--norc", "--noprofile", "-i"]
+
+    def close(self) -> None:
+        """Remove the container (in the background: it is never reused)."""
+        if not self.closed:
+            self.closed = True
+            self.owner.remove_container(self.container, self.channel)

@@ -1,0 +1,202 @@
+"""The bash runner every command goes through, the command server that runs it inside a sandbox,
+and the host side of both: the runner's argv and environment, and its report decoded.
+
+Every command goes through one bash wrapper (RUNNER) that both backends execute inside the
+sandbox: it restores the shell state (working directory, exported variables) saved by the
+previous command, applies the resource limits, runs the command under `timeout -s KILL` (which
+kills the command's whole process group), with stdin closed and output sent to a file (so a
+background process that keeps the output open cannot hold the call), then reports the exit code,
+the head and tail of the output and, optionally, a manifest of the workspace's files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .manifest import inside, manifest, parse_manifest
+from .output import join_cut, strip_ansi
+from .protocol import CommandRejected, CommandResult, SandboxError, SandboxLimits, command_problem
+
+# Where the runner keeps the shell state and the last output, inside every sandbox; outside the
+# workspace, so it never shows up as a changed file.
+STATE_DIR = "/.pivot"
+
+# Non-interactive defaults: no pager, no colours, no progress bars, no prompts.
+SAFE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "MANPAGER": "cat",
+    "SYSTEMD_PAGER": "",
+    "NO_COLOR": "1",
+    "PIP_PROGRESS_BAR": "off",
+    "PIP_NO_INPUT": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "GIT_AUTHOR_NAME": "pivot",
+    "GIT_AUTHOR_EMAIL": "pivot@example.com",
+    "GIT_COMMITTER_NAME": "pivot",
+    "GIT_COMMITTER_EMAIL": "pivot@example.com",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+}
+
+
+# The runner. Positional arguments: $1 command, $2 timeout (s; "host": the host enforces it by
+# killing the runner's process group, which then needs no `timeout` and no second bash), $3
+# output bytes kept (0: leave the output in /.pivot/out for the host to read, and exit with the
+# command's status), $4 file size limit (KB), $5 process limit (0: none), $6 address-space limit
+# (KB, 0: none), $7 CPU seconds, $8 marker, $9 workspace to list in the manifest ("" for none),
+# ${10} manifest entries.
+# The shell state is saved with builtins only (export -p, printf): no extra process per command.
+_INNER = r"""
+[ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1
+trap '__pivot_rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } >/.pivot/env.sh 2>/dev/null; exit $__pivot_rc' EXIT
+eval "$1"
+"""
+
+RUNNER = r"""
+exec 2>/dev/null
+[ -d /.pivot ] || mkdir -p /.pivot 2>/dev/null
+ulimit -f "$4" 2>/dev/null
+[ "$5" -gt 0 ] && ulimit -u "$5" 2>/dev/null
+[ "$6" -gt 0 ] && ulimit -v "$6" 2>/dev/null
+ulimit -t "$7" 2>/dev/null
+if [ "$2" = host ]; then  # the host kills this process group at the time limit: no timeout process
+  exec >/.pivot/out 2>&1 </dev/null
+  set -- "$1"
+  eval "$PIVOT_INNER"
+  exit
+fi
+if [ "$3" = 0 ]; then
+  exec timeout -s KILL "$2" bash -c "$PIVOT_INNER" pivot "$1" >/.pivot/out 2>&1 </dev/null
+fi
+timeout -s KILL "$2" bash -c "$PIVOT_INNER" pivot "$1" >/.pivot/out 2>&1 </dev/null
+rc=$?
+size=$(stat -c %s /.pivot/out 2>/dev/null || echo 0)
+printf '%s %s %s\n' "$8" "$rc" "$size"
+half=$(( $3 / 2 ))
+if [ "$size" -gt "$3" ]; then head -c "$half" /.pivot/out; tail -c "$half" /.pivot/out; else cat /.pivot/out; fi
+if [ -n "$9" ] && cd "$9" 2>/dev/null; then
+  printf '\n%s manifest\n' "$8"
+  timeout -s KILL 10 find . -mindepth 1 -name .git -prune -o -printf '%y %m %p -> %l\n' 2>/dev/null | head -n "${10}"
+  printf '%s digests\n' "$8"
+  timeout -s KILL 10 find . -name .git -prune -o -type f -print0 2>/dev/null | head -z -n "${10}" | xargs -0 -r md5sum 2>/dev/null
+fi
+exit 0
+"""
+
+
+# The command server both backends start once per sandbox: it reads a request (the runner's
+# arguments, NUL-separated) from the FIFO /.pivot-chan/in, runs the runner, and writes its report
+# followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A command then
+# costs a bash fork in the sandbox instead of a `docker exec` through the daemon or a new bwrap.
+# The channel is mounted read-only, so commands cannot remove it.
+# The server ignores SIGPIPE (the host may stop reading); commands get the default back. Job
+# control (set -m) runs each request in a process group of its own, which the host can kill.
+SERVER = r"""
+trap '' PIPE
+set -m
+while :; do
+  args=()
+  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
+  [ "${#args[@]}" -gt 7 ] || continue
+  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg; eval "$PIVOT_RUNNER" )
+    printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
+done
+"""
+CHANNEL_DIR = "/.pivot-chan"
+
+
+def runner_argv(command: str, timeout: float | None, limits: SandboxLimits, marker: str, manifest_dir: str = "",
+                nproc: int = 0, address_space_kb: int = 0, report: bool = True) -> list[str]:
+    """The argv that runs `command` through the runner inside a sandbox.
+
+    timeout=None: the caller enforces the time limit by killing the runner's process group (only
+    with report=False, through the command server).
+
+    report=True: the runner prints a header, the cut output and the manifest (Docker without a
+    readable container filesystem).
+    report=False: it leaves the output in /.pivot/out and exits with the command's status, for
+    backends that read the sandbox's files from the host (bubblewrap, local Docker).
+
+    Raises CommandRejected for a command that cannot cross into the sandbox intact (see
+    `command_problem`): the arguments travel NUL-separated, so none may contain a NUL.
+    """
+    problem = command_problem(command)
+    if problem:
+        raise CommandRejected(problem)
+    return [
+        "bash", "-c", RUNNER, "pivot-runner", command, "host" if timeout is None else f"{max(timeout, 0.1):.3f}",
+        str(limits.output_bytes if report else 0),
+        str(limits.file_mb * 1024), str(nproc), str(address_space_kb), str(limits.cpu_seconds), marker,
+        manifest_dir, str(limits.manifest_files),
+    ]
+
+
+def runner_env() -> dict[str, str]:
+    """The environment every command sees (SAFE_ENV plus the runner's scripts)."""
+    return {**SAFE_ENV, "PIVOT_INNER": _INNER, "PIVOT_RUNNER": RUNNER}
+
+
+def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLimits, timeout: float,
+                        seconds: float) -> CommandResult:
+    """Decode what RUNNER printed into a CommandResult; raises SandboxError when the header is missing."""
+    start = raw.find(marker.encode())
+    header_end = raw.find(b"\n", start) if start >= 0 else -1
+    header = raw[start:header_end].decode("utf-8", "replace").split() if header_end >= 0 else []
+    if len(header) != 3 or header[0] != marker:
+        raise SandboxError(f"the sandbox runner did not report (got {raw[:300]!r}); is bash in the image?")
+    exit_code, size = int(header[1]), int(header[2])
+    kept = min(size, limits.output_bytes)
+    output = join_cut(raw[header_end + 1: header_end + 1 + kept], size - kept, limits.output_bytes)
+    files = None
+    rest = raw[header_end + 1 + kept:].decode("utf-8", "replace")
+    manifest_at = rest.find(f"\n{marker} manifest\n")
+    if manifest_at >= 0:
+        files = parse_manifest(rest[manifest_at:], marker)
+    # timeout -s KILL reports 137; so does a command killed by SIGKILL for other reasons, which
+    # the elapsed time tells apart.
+    timed_out = exit_code == 137 and seconds >= timeout * 0.95
+    return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
+
+
+def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike | None, command: str,
+                      exit_code: int, limits: SandboxLimits, timeout: float, seconds: float,
+                      within: str | os.PathLike | None = None) -> CommandResult:
+    """A CommandResult read from the host side of a sandbox (the runner ran with report=False).
+
+    `within` is the sandbox's tree on the host: a state directory, output file or workspace the
+    command replaced by a link pointing out of it is not read (the link would be followed on the
+    host), and the output file itself is opened without following a link.
+    """
+    out = Path(state_dir) / "out"
+    size, body = 0, b""
+    try:
+        descriptor = os.open(out, os.O_RDONLY | os.O_NOFOLLOW) if inside(out, within) else None
+    except OSError:
+        descriptor = None
+    if descriptor is not None:
+        with os.fdopen(descriptor, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limits.output_bytes:
+                half = limits.output_bytes // 2
+                body = handle.read(half)
+                handle.seek(size - half)
+                body += handle.read(half)
+            else:
+                body = handle.read()
+    kept = min(size, limits.output_bytes)
+    output = join_cut(body, size - kept, limits.output_bytes)
+    files = None
+    if workspace is not None:
+        files = manifest(workspace, limits.manifest_files) if inside(workspace, within) else {}
+    timed_out = exit_code == 137 and seconds >= timeout * 0.95
+    return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
