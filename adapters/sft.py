@@ -64,7 +64,7 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
                   share_head: bool = True) -> tuple[Any, Any]:
     """Per-token log pi(action | prompt) of each (prompt, action) pair: (logprobs [N, T], mask [N, T]).
 
-    detach_prefix=False: `grpo.groups_logprobs` (exact gradients). True: the prompts without
+    detach_prefix=False: `grpo.shared_prefix.groups_logprobs` (exact gradients). True: the prompts without
     their last token run without gradient and fill a key/value cache; each prompt's last token
     and its action then run with gradient on top, so every action token, the first included, is
     predicted by a position that is back-propagated. With `share_head`, the head the prompts have
@@ -72,7 +72,7 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
     the values are the same either way.
     """
     import torch
-    from pivot_envs.adapters.grpo.trainer import _pad, groups_logprobs, token_logprobs
+    from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs, right_pad, token_logprobs
 
     if not detach_prefix:
         logprobs, mask, _ = groups_logprobs(model, [(prompt, [action]) for prompt, action in batch])
@@ -80,7 +80,7 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
     device = next(model.parameters()).device
     heads = [prompt[:-1] for prompt, _ in batch]
     shared = common_prefix_length(heads) if share_head else 0
-    tails, tail_mask = _pad([head[shared:] for head in heads], device)
+    tails, tail_mask = right_pad([head[shared:] for head in heads], device)
     head_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.bool, device=device), tail_mask], dim=1)
     lengths = head_mask.sum(1)
     cache = None
@@ -93,8 +93,8 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
             positions = shared + torch.arange(tails.shape[1], device=device).expand_as(tails)
             cache = model(input_ids=tails, attention_mask=head_mask.long(), position_ids=positions, past_key_values=cache,
                           use_cache=True, logits_to_keep=1).past_key_values
-    ids, mask = _pad([action for _, action in batch], device)
-    inputs, _ = _pad([[prompt[-1], *action[:-1]] for prompt, action in batch], device)
+    ids, mask = right_pad([action for _, action in batch], device)
+    inputs, _ = right_pad([[prompt[-1], *action[:-1]] for prompt, action in batch], device)
     width = ids.shape[1]
     attention = torch.cat([head_mask, mask], dim=1).long()
     positions = lengths[:, None] + torch.arange(width, device=device)

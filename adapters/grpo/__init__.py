@@ -1,33 +1,42 @@
-"""The bundled GRPO trainer: PivotRL's Algorithm 1 (`trainer`), with the code it leans on beside it.
+"""The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom.
+
+Beside it, each with one job: `shared_prefix` (log pi(a_i | s) of a group's actions with the
+prefix run once), `checkpoints` (checkpoints, resume and metrics.jsonl) and `plot` (the reward
+curve).
 
 `from pivot_envs.adapters.grpo import GRPOConfig, train, ...` keeps working: the public names of
 the package's modules are re-exported here.
 """
 
-from pivot_envs.adapters.grpo.trainer import (
+from pivot_envs.adapters.grpo.checkpoints import (
     RESUME_MAY_CHANGE,
-    Group,
-    GRPOConfig,
     MetricsLog,
-    TrainResult,
-    action_logprobs,
-    build_group,
     check_resumable,
-    clipped_loss,
-    group_advantages,
-    groups_logprobs,
     latest_checkpoint,
     load_checkpoint,
+    refuse_earlier_run,
+    save_checkpoint,
+)
+from pivot_envs.adapters.grpo.plot import plot_metrics
+from pivot_envs.adapters.grpo.shared_prefix import (
+    action_logprobs,
+    groups_logprobs,
+    right_pad,
+    sequence_logprobs,
+    token_entropy,
+    token_logprobs,
+)
+from pivot_envs.adapters.grpo.trainer import (
+    Group,
+    GRPOConfig,
+    TrainResult,
+    build_group,
+    clipped_loss,
+    group_advantages,
     pack_groups,
     padded_tokens,
     pass_budget,
-    plot_metrics,
-    refuse_earlier_run,
-    save_checkpoint,
-    sequence_logprobs,
     sync_weights,
-    token_entropy,
-    token_logprobs,
     train,
     update,
 )
@@ -51,6 +60,7 @@ __all__ = [
     "pass_budget",
     "plot_metrics",
     "refuse_earlier_run",
+    "right_pad",
     "save_checkpoint",
     "sequence_logprobs",
     "sync_weights",

@@ -1,15 +1,17 @@
-"""The bundled GRPO trainer: PivotRL's Algorithm 1, lines 5-15, in one file.
+"""The bundled GRPO trainer: PivotRL's Algorithm 1, top to bottom.
 
-Read it top to bottom: the config (`GRPOConfig`), the group advantage (Eq. 1), the shared-prefix
-log-probabilities of a group's actions, the clipped objective (Eq. 6 with the k3 KL to the frozen
-reference), then `train`: set-up, and per step: sample B pivots, sample G actions at each, score
-them through the envs, normalise the rewards per group, update, log, evaluate, checkpoint.
+Read it in order: the config (`GRPOConfig`), the math the loop uses (the group advantage of
+Eq. 1, the clipped objective of Eq. 6 with its importance weight, Eq. 7, and the k3 estimate of
+the KL to the frozen reference pi_0), the update, then `train`: the set-up, and per step (lines
+5-14) sample B pivots, sample G actions at each, score them through the envs (r_func, Eq. 5),
+normalise the rewards per group, update, log, evaluate, checkpoint.
 
-A pivot's group shares one long prefix (the state s) and differs only in short actions, so the
-prefix runs once per group, with gradients, and its key/value cache is shared by the G actions
-(`action_logprobs`); `sequence_logprobs` is the naive per-sequence computation it equals. The
-update packs several groups into one pass (`groups_logprobs`: their prefixes in one forward, all
-their actions in a second, one backward), so a GPU runs few large kernels instead of many small ones.
+Equations are the paper's (../shared/docs, the LaTeX source), numbered as everywhere in this
+project and named by their LaTeX label: Eq. 1 group_adv, Eq. 5 func_reward, Eq. 6 pivotrl_obj,
+Eq. 7 importance_weight. Algorithm 1's lines are numbered as the paper prints them (1: Require).
+
+Beside it: `shared_prefix` (log pi(a_i | s) with a group's prefix run once), `checkpoints`
+(checkpoints, resume and metrics.jsonl) and `plot` (the reward curve).
 The tokens trained on are the tokens sampled: `Completion.prompt_token_ids + token_ids`.
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import sys
 import time
@@ -27,8 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.adapters.grpo.checkpoints import (
+    MetricsLog,
+    latest_checkpoint,
+    load_checkpoint,
+    refuse_earlier_run,
+    save_checkpoint,
+)
+from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
+
 from pivot_envs.config import option, progress_disabled
-from pivot_envs.errors import MissingExtraError
 from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.pivot import Pivot
 from pivot_envs.policy import SamplingParams
@@ -123,108 +132,6 @@ def group_advantages(
     return out
 
 
-# -- log pi(a_i | s) with the prefix shared across the group ---------------------------------------
-
-
-def _pad(rows: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
-    """Right-padded ids [N, T] and their mask."""
-    import torch
-
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(list(row), dtype=torch.long, device=device)
-        mask[i, : len(row)] = True
-    return ids, mask
-
-
-def token_logprobs(logits: Any, ids: Any, temperature: float = 1.0) -> Any:
-    """log softmax(logits / T)[ids] per position, without materialising the full log-softmax."""
-    logits = logits.float() / temperature
-    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-
-
-def token_entropy(logits: Any, temperature: float = 1.0) -> Any:
-    """Entropy of softmax(logits / T) per position (no gradient)."""
-    import torch
-
-    with torch.no_grad():
-        logits = logits.float() / temperature
-        logz = logits.logsumexp(-1, keepdim=True)
-        return -(torch.exp(logits - logz) * (logits - logz)).sum(-1)
-
-
-def groups_logprobs(
-    model: Any,
-    groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
-    temperature: float = 1.0,
-    entropy: bool = False,
-) -> tuple[Any, Any, Any]:
-    """Per-token log pi(a_i | s) of several groups' actions, each group (s, [a_1..a_G]) after its own prefix,
-    in two forward passes: every prefix runs once, all the actions run together.
-
-    The prefixes run in one pass (right-padded to the longest, with their attention mask) and keep
-    their key/value cache. Each group's cache rows are repeated to its G actions (`batch_select_indices`,
-    an index that stays in the autograd graph, so a prefix gets the gradients of all its actions), and
-    the right-padded actions of every group run in one pass on top, at positions P, P+1, ... after their
-    own prefix's length P, attending to their own prefix's tokens (mask = prefix mask | action mask).
-    The first action token is predicted by its prefix's last position, so the last action token is
-    never an input. Returns (logprobs [R, T], mask [R, T], entropy [R, T] or None), one row per action
-    in group order; each group's rows equal its `sequence_logprobs` up to float rounding.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    prefixes, prefix_mask = _pad([prefix for prefix, _ in groups], device)
-    ids, mask = _pad([action for _, actions in groups for action in actions], device)
-    width = ids.shape[1]
-    lengths = prefix_mask.sum(1)
-    # row r of the actions belongs to group rows[r]
-    rows = torch.repeat_interleave(torch.tensor([len(actions) for _, actions in groups], device=device))
-    positions = torch.arange(prefixes.shape[1], device=device).expand_as(prefixes)
-    out = model(input_ids=prefixes, attention_mask=prefix_mask.long(), position_ids=positions, use_cache=True,
-                logits_to_keep=(lengths - 1)[:, None])  # each prefix's last position only
-    logits = out.logits[rows]
-    if width > 1:
-        cache = out.past_key_values
-        cache.batch_select_indices(rows)
-        attention = torch.cat([prefix_mask[rows], mask[:, :-1]], dim=1).long()
-        positions = lengths[rows, None] + torch.arange(width - 1, device=device)
-        rest = model(input_ids=ids[:, :-1], attention_mask=attention, position_ids=positions, past_key_values=cache,
-                     use_cache=True)
-        logits = torch.cat([logits, rest.logits], dim=1)
-    logprobs = token_logprobs(logits, ids, temperature)
-    return logprobs, mask, token_entropy(logits, temperature) if entropy else None
-
-
-def action_logprobs(
-    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0, entropy: bool = False
-) -> tuple[Any, Any, Any]:
-    """Per-token log pi(a_i | s) of one group's G actions after its shared prefix: `groups_logprobs` of one group.
-
-    The prefix runs once with its key/value cache shared by the G actions. Returns (logprobs [G, T],
-    mask [G, T], entropy [G, T] or None), equal to `sequence_logprobs` up to float rounding.
-    """
-    return groups_logprobs(model, [(prefix_ids, actions)], temperature, entropy)
-
-
-def sequence_logprobs(
-    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0
-) -> tuple[Any, Any]:
-    """The naive computation `action_logprobs` replaces: G full sequences s + a_i, right-padded."""
-    import torch
-
-    device = next(model.parameters()).device
-    ids, mask = _pad(actions, device)
-    group, width = ids.shape
-    prefix = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device).expand(group, -1)
-    full = torch.cat([prefix, ids], dim=1)
-    attention = torch.cat([torch.ones_like(prefix), mask.long()], dim=1)
-    out = model(input_ids=full, attention_mask=attention, logits_to_keep=width + 1)
-    return token_logprobs(out.logits[:, :-1, :], ids, temperature), mask
-
-
 # -- Eq. 6: the clipped, importance-weighted objective with the k3 KL ------------------------------
 
 
@@ -288,7 +195,7 @@ def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[
     return Group(pivot_id, list(completions[0].prompt_token_ids), [t for t, _ in kept], [a for _, a in kept])
 
 
-# -- setup helpers: LoRA, the reference, checkpoints, weight sync -------------------------------------
+# -- setup helpers: LoRA, the reference, weight sync -------------------------------------
 
 
 def _with_lora(model: Any, config: GRPOConfig) -> Any:
@@ -344,137 +251,6 @@ def sync_weights(policy: Any, model: Any) -> None:
             model.unmerge_adapter()
     else:
         policy.update_weights(model.state_dict())
-
-
-def save_checkpoint(path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: GRPOConfig) -> Path:
-    """Weights (`save_pretrained`), tokenizer, optimizer, RNG states (python, numpy, torch, pivot sampler) and step."""
-    import shutil
-
-    import numpy as np
-    import torch
-
-    staging = path.with_name(path.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(staging)
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "python_rng": random.getstate(),
-            "numpy_rng": np.random.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "sampler": sampler.bit_generator.state if sampler is not None else None,
-            "config": asdict(config),
-        },
-        staging / "trainer_state.pt",
-    )
-    shutil.rmtree(path, ignore_errors=True)
-    staging.rename(path)  # a killed save never leaves a half checkpoint behind
-    return path
-
-
-def refuse_earlier_run(out: Path, resuming: bool = False) -> None:
-    """A fresh run must not start in an output holding another run's checkpoints or metrics: its
-    checkpoints would sit beside the new ones (a later resume could pick the old run's latest)
-    and its metrics would be overwritten. Raise naming what is there (`resuming`: a resume found
-    no checkpoint to continue from)."""
-    found = []
-    if (checkpoint := latest_checkpoint(out)) is not None:
-        found.append(f"checkpoint {checkpoint.name}")
-    metrics = out / "metrics.jsonl"
-    if metrics.is_file() and (steps := sum(1 for line in metrics.read_text().splitlines() if line.strip())):
-        found.append(f"{steps} step{'s' * (steps != 1)} in metrics.jsonl")
-    if found:
-        advice = (" but no checkpoint to resume from: train" if resuming
-                  else ": continue it with --resume (resume=True) or train")
-        raise ValueError(f"{out} holds an earlier run ({', '.join(found)}){advice} into another --out; "
-                         "nothing there was changed")
-
-
-# What a resumed run may change: its length, bookkeeping and how the work is laid out, not the method.
-RESUME_MAY_CHANGE = frozenset({"policy", "steps", "checkpoint_every", "eval_every", "eval_pivots", "num_envs",
-                               "tokens_per_pass", "out", "resume"})
-
-
-def check_resumable(checkpoint: Path, saved: dict[str, Any], config: GRPOConfig) -> None:
-    """Raise naming the differences when `config` changes what the checkpoint's run trained with
-    (`saved`: its config; a resume continues a run as if it had not stopped, other hyperparameters
-    make another run)."""
-    differences = [
-        f"{name}: {saved[name]!r} there, {value!r} now"
-        for name, value in asdict(config).items()
-        if name not in RESUME_MAY_CHANGE and name in saved and saved[name] != value
-    ]
-    if differences:
-        raise ValueError(
-            f"cannot resume {checkpoint} with other settings ({'; '.join(differences)}): resume with the run's "
-            f"own, or start another run from its weights (--policy hf:{checkpoint} --out NEW)"
-        )
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    """The checkpoint of the highest step under `out/checkpoints`, or None."""
-    found = [p for p in (out / "checkpoints").glob("step-*") if (p / "trainer_state.pt").is_file()]
-    return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
-
-
-def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any, config: GRPOConfig | None = None) -> int:
-    """Restore weights, optimizer and RNG states saved by `save_checkpoint`; returns its step.
-    With `config`, first check that it may resume the checkpoint's run (`check_resumable`)."""
-    import numpy as np
-    import torch
-
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
-    if config is not None:
-        check_resumable(path, state.get("config") or {}, config)
-    if hasattr(model, "disable_adapter"):  # LoRA: the checkpoint holds the adapters only
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
-    else:
-        from transformers import AutoModelForCausalLM
-
-        dtype = next(model.parameters()).dtype
-        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict())
-    optimizer.load_state_dict(state["optimizer"])
-    random.setstate(state["python_rng"])
-    np.random.set_state(state["numpy_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    sampler.bit_generator.state = state["sampler"]
-    return int(state["step"])
-
-
-class MetricsLog:
-    """metrics.jsonl (one line per step; on resume the lines after the checkpoint are dropped) and
-    TensorBoard when it is installed."""
-
-    def __init__(self, out: Path, resume_step: int) -> None:
-        self.path = out / "metrics.jsonl"
-        kept = []
-        if resume_step and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.board: Any = SummaryWriter(str(out / "tensorboard"))
-        except ImportError:
-            self.board = None
-
-    def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.board is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.board.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
 
 
 # -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
@@ -702,37 +478,3 @@ def train(
     final = out / "final"
     save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
     return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history)
-
-
-def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Path:
-    """Plot reward mean +- std per step (and the held-out turn accuracy when logged) to a PNG.
-
-    Raises MissingExtraError (the `plot` extra) when matplotlib is not installed.
-    """
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingExtraError("plotting the training rewards", "matplotlib", "plot") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
-    if not records:
-        raise ValueError(f"{metrics_jsonl}: no metrics to plot")
-    steps = [r["step"] for r in records]
-    mean = [r["reward_mean"] for r in records]
-    std = [r["reward_std"] for r in records]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(steps, mean, label="reward mean")
-    axis.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.25, label="+- std")
-    evaluated = [r for r in records if "eval_turn_accuracy" in r]
-    if evaluated:
-        axis.plot([r["step"] for r in evaluated], [r["eval_turn_accuracy"] for r in evaluated], "o-", label="held-out turn accuracy")
-    axis.set_xlabel("step")
-    axis.set_ylabel("reward")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(png)
-    plt.close(figure)
-    return Path(png)

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pivot_envs.adapters.grpo import action_logprobs, groups_logprobs, sequence_logprobs  # noqa: E402
+from pivot_envs.adapters.grpo.shared_prefix import action_logprobs, groups_logprobs, sequence_logprobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
