@@ -231,3 +231,9 @@ class DiagnosticsConfig:
 
     lambda_diff: float = option(0.6, "lambda_diff (paper Eq. 4) at which to count the D_adv size")
     bins: int = option(10, "number of equal bins over [0, 1] in the reward-mean histogram")
+
+    def __post_init__(self) -> None:
+        from pivot_envs.config import at_least, between
+
+        between(self, "lambda_diff", 0, 1)
+        at_least(self, 1, "bins")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, at_least, option
 from pivot_envs.pivot import Pivot
 from pivot_envs.policy import Completion, Policy, SamplingParams
 from pivot_envs.scoring import EnvFactory, EnvPool, resolve_env
@@ -133,6 +133,12 @@ class EvalConfig:
     verifier: str = option("", "the functional verifier by name (empty: the domain's default)")
     seed: int = option(0, "sampling seed")
 
+    def __post_init__(self) -> None:
+        at_least(self, 0, "samples", "temperature")
+        at_least(self, 1, "max_new_tokens", "batch_size", "num_envs")
+        if not self.greedy and self.samples == 0:
+            raise ConfigError("EvalConfig: nothing to evaluate: greedy is off and samples is 0 (set --samples N)")
+
 
 def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
     modes = []
@@ -141,8 +147,6 @@ def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
     if config.samples > 0:
         sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
         modes.append(("sampled", config.samples, sampling))
-    if not modes:
-        raise ValueError("nothing to evaluate: greedy is off and samples is 0")
     return modes
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
@@ -73,12 +73,12 @@ class ProfileConfig:
             try:
                 self.env_kwargs = json.loads(self.env_kwargs) if self.env_kwargs.strip() else {}
             except json.JSONDecodeError as error:
-                raise ValueError(f"env_kwargs must be a JSON object: {error}") from None
+                raise ConfigError(f"ProfileConfig.env_kwargs must be a JSON object: {error}") from None
         if not isinstance(self.env_kwargs, dict):
-            raise ValueError(f"env_kwargs must be a JSON object, got {type(self.env_kwargs).__name__}")
-        for name in ("k", "batch_pivots", "env_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            raise ConfigError(f"ProfileConfig.env_kwargs must be a JSON object, got {type(self.env_kwargs).__name__}")
+        at_least(self, 1, "k", "max_new_tokens", "batch_pivots", "env_workers")
+        at_least(self, 0, "temperature")
+        between(self, "top_p", 0, 1, open_low=True)
 
     @property
     def sampling(self) -> SamplingParams:

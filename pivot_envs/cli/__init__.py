@@ -1,50 +1,84 @@
 """The `pivotrl` command line.
 
-Each subcommand is a module in `pivot_envs/cli/` with `NAME`, `HELP`, `add_arguments(parser)` and
-`main(args) -> int`; they are found by listing this package, so a feature adds its command in its
-own file. Heavy imports stay inside `main`.
+Commands are plugins, found through the entry-point group `pivot_envs.commands` as domains are
+through `pivot_envs.domains`: `NAME = module` names a module with `HELP`, `add_arguments(parser)`
+and `main(args) -> int` (and optionally `RENAMED`, old flag -> new flag, kept as aliases that
+warn). The core's data commands live in this package; `train` and `run` come from the adapters
+and `sandbox` from the terminal domain, so the core imports neither. Only the command being run
+has its arguments built, and heavy imports stay inside `main`.
+
+Every command takes `--config FILE` (TOML, YAML or JSON; flags override it) and
+`--print-config` (the effective settings as TOML, then exit): see `pivot_envs.config`.
 
 Results go to stdout; log lines (the `pivot_envs` loggers) and progress bars to stderr. `-v`
 adds debug lines and the traceback of an error, `-q` leaves warnings and errors only; both go
-before or after the command name. An error the user caused (`PivotEnvsError`, and the ValueError,
-OSError, KeyError and RuntimeError messages of older code) is one line,
-`pivotrl COMMAND: error: ...`, with exit status 1; any other exception is a bug and shows its
-traceback.
+before or after the command name. An error the user caused (`PivotEnvsError`) is one line,
+`pivotrl COMMAND: error: ...`, with exit status 1 (2 for a bad setting, as for a usage error);
+any other exception is a bug and shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
-import pkgutil
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from importlib import metadata
+from types import ModuleType
 
+from pivot_envs.config import (
+    ConfigError,
+    apply_config_file,
+    check_choice,
+    effective_settings,
+    format_config,
+    read_config_file,
+)
 from pivot_envs.errors import PivotEnvsError
 
 PROG = "pivotrl"
-# Errors whose message is meant for the user; PivotEnvsError is the library's own family, the
-# built-in ones are what older code raises with a message naming the input.
-USER_ERRORS = (PivotEnvsError, ValueError, OSError, KeyError, RuntimeError)
+GROUP = "pivot_envs.commands"
+# The commands pyproject.toml declares in GROUP, read only when the installed pivot-envs declares
+# none (an editable install made before the group existed); a reinstall makes this unused.
+DECLARED = {
+    "domains": "pivot_envs.cli.domains",
+    "eval": "pivot_envs.cli.eval",
+    "export": "pivot_envs.cli.export",
+    "extract": "pivot_envs.cli.extract",
+    "filter": "pivot_envs.cli.filter",
+    "profile": "pivot_envs.cli.profile",
+    "run": "pivot_envs.adapters.cli_run",
+    "sandbox": "pivot_envs.domains.terminal.cli",
+    "split": "pivot_envs.cli.split",
+    "stats": "pivot_envs.cli.stats",
+    "train": "pivot_envs.adapters.cli_train",
+}
 
 
-def _commands() -> dict[str, object]:
-    found = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        try:
-            module = importlib.import_module(f"{__name__}.{info.name}")
-        except Exception as error:  # one broken command must not take the others down
-            print(f"{PROG}: command module {info.name!r} failed to import: {error!r}", file=sys.stderr)
-            continue
-        if hasattr(module, "main") and hasattr(module, "add_arguments"):
-            found[getattr(module, "NAME", info.name)] = module
+def command_entry_points() -> dict[str, metadata.EntryPoint]:
+    """The installed commands by name (entry-point group `pivot_envs.commands`)."""
+    found = {entry_point.name: entry_point for entry_point in metadata.entry_points(group=GROUP)}
+    if not any(getattr(entry_point.dist, "name", "") == "pivot-envs" for entry_point in found.values()):
+        found.update({name: metadata.EntryPoint(name, value, GROUP) for name, value in DECLARED.items()})
     return dict(sorted(found.items()))
+
+
+def _load(entry_points: dict[str, metadata.EntryPoint]) -> dict[str, ModuleType]:
+    """Each command's module; a command that fails to load is named in a warning and left out."""
+    found = {}
+    for name, entry_point in entry_points.items():
+        try:
+            module = entry_point.load()
+        except Exception as error:  # one broken plugin must not take the other commands down
+            print(f"{PROG}: warning: command {name!r} ({entry_point.value}) failed to load: {error!r}", file=sys.stderr)
+            continue
+        if not (hasattr(module, "main") and hasattr(module, "add_arguments")):
+            print(f"{PROG}: warning: command {name!r} ({entry_point.value}) has no add_arguments and main", file=sys.stderr)
+            continue
+        found[name] = module
+    return found
 
 
 def version() -> str:
@@ -65,22 +99,70 @@ def _add_verbosity(parser: argparse.ArgumentParser, suffix: str) -> None:
                        help="less output: warnings and errors only, no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `pivotrl` parser with every command found in this package."""
-    parser = argparse.ArgumentParser(
+class _TopParser(argparse.ArgumentParser):
+    _check_value = check_choice  # an unknown command gets a 'did you mean'
+
+
+def _add_config_file(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings")
+    group.add_argument("--config", metavar="FILE", default=None,
+                       help="read settings from a TOML, YAML or JSON file (flags given here override it)")
+    group.add_argument("--print-config", action="store_true",
+                       help="print the effective settings as TOML (a file --config reads) and exit")
+
+
+def build_parser(only: str | None = "") -> argparse.ArgumentParser:
+    """The `pivotrl` parser with every installed command; `only` names the one command that is
+    loaded and has its arguments built (None: every command loaded for its help line, none built;
+    "": every one built). The parser of each built command is in `.commands`."""
+    from pivot_envs.config import command_parser
+
+    parser = _TopParser(
         prog=PROG,
         description="PivotRL: extract, profile, filter, train and evaluate at the pivots of expert trajectories.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     _add_verbosity(parser, "")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in _commands().items():
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=command_parser)
+    parser.commands = {}
+    entry_points = command_entry_points()
+    modules = _load({only: entry_points[only]} if only else entry_points)
+    for name in entry_points:
+        module = modules.get(name)
+        if module is None:  # another command than the one run (its name is still a valid choice), or broken
+            subparsers.add_parser(name)
+            continue
         # argparse %-formats help texts: a literal % (as in "95% CI") must be doubled.
-        sub = subparsers.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP)
-        module.add_arguments(sub)
-        _add_verbosity(sub, "_after")
-        sub.set_defaults(_main=module.main)
+        sub = subparsers.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP.replace("%", "%%"))
+        sub.set_defaults(_main=module.main, _renamed=getattr(module, "RENAMED", {}))
+        if only == "" or only == name:
+            module.add_arguments(sub)
+            _add_config_file(sub)
+            _add_verbosity(sub, "_after")
+            parser.commands[name] = sub
     return parser
+
+
+def _command_of(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The command named in `argv`: the first argument that is not an option."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in names else None
+    return None
+
+
+def _renamed(argv: list[str], renamed: dict[str, str], command: str) -> list[str]:
+    """`argv` with the command's old flags replaced by their new names, each with a warning."""
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in renamed:
+            logging.getLogger("pivot_envs.cli").warning(
+                "%s %s is deprecated and will be removed: use %s", command, flag, renamed[flag]
+            )
+            arg = renamed[flag] + eq + value
+        out.append(arg)
+    return out
 
 
 class _Handler(logging.StreamHandler):
@@ -132,35 +214,68 @@ def logging_to_stderr(verbosity: int) -> Iterator[None]:
         logger.level, logger.propagate = saved
 
 
+def _verbosity(argv: Sequence[str]) -> int:
+    """-v minus -q counted over the whole command line (before parsing, so that parsing's own
+    warnings and errors follow it too)."""
+    count = 0
+    for arg in argv:
+        if arg in ("--verbose", "--quiet"):
+            count += 1 if arg == "--verbose" else -1
+        elif arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) <= {"v", "q"}:
+            count += arg.count("v") - arg.count("q")
+    return count
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `pivotrl` with `argv` (default: the process's arguments); returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit:  # --help, --version (0) and usage errors (2)
-        return exit.code if isinstance(exit.code, int) else 1
-    if not getattr(args, "_main", None):
-        parser.print_help()
-        return 0
-    verbosity = args.verbose + getattr(args, "verbose_after", 0) - args.quiet - getattr(args, "quiet_after", 0)
-    with logging_to_stderr(verbosity):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = list(command_entry_points())
+    command = _command_of(argv, names)
+    with logging_to_stderr(_verbosity(argv)):
+        try:
+            parser = build_parser(command)
+            if command:
+                sub = parser.commands[command]
+                argv = _renamed(argv, sub.get_default("_renamed") or {}, f"{PROG} {command}")
+                path = _config_path(argv)
+                if path:
+                    apply_config_file(sub, read_config_file(path), path)
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit as exit:  # --help, --version (0) and usage errors (2)
+                return exit.code if isinstance(exit.code, int) else 1
+        except PivotEnvsError as error:
+            print(f"{PROG}{' ' + command if command else ''}: error: {error}", file=sys.stderr)
+            return 2 if isinstance(error, ConfigError) else 1
+        if not getattr(args, "_main", None):
+            parser.print_help()
+            return 0
+        if args.print_config:
+            print(format_config(effective_settings(parser.commands[command], args)))
+            return 0
+        verbosity = args.verbose + args.verbose_after - args.quiet - args.quiet_after
+        logging.getLogger("pivot_envs").setLevel(level_of(verbosity))
         try:
             return int(args._main(args) or 0)
         except KeyboardInterrupt:
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
-        except USER_ERRORS as error:
+        except PivotEnvsError as error:
             if verbosity > 0:
                 traceback.print_exc()
-            print(f"{PROG} {args.command}: error: {describe(error)}", file=sys.stderr)
-            return 1
+            print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+            return 2 if isinstance(error, ConfigError) else 1
 
 
-def describe(error: BaseException) -> str:
-    """The message of a user error as the CLI prints it."""
-    if isinstance(error, KeyError) and not isinstance(error, PivotEnvsError):
-        return f"KeyError: {error}"  # str() of a KeyError is only the key's repr
-    return str(error)
+def _config_path(argv: Sequence[str]) -> str | None:
+    """The FILE of `--config FILE` (or `--config=FILE`) in `argv`, the last one given."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--config="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 if __name__ == "__main__":

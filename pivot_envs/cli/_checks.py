@@ -6,9 +6,10 @@ regular file is reported here, in one line naming the input, instead of after mi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,11 +26,49 @@ class OutputPathError(PivotEnvsError, ValueError):
     """An output path that cannot be written: a parent is a regular file, or the path is a directory."""
 
 
+class FileAccessError(PivotEnvsError, OSError):
+    """An input that cannot be read or an output that cannot be written (missing, no permission, disk full)."""
+
+
+@contextlib.contextmanager
+def file_errors(path: str | os.PathLike[str], flag: str = "") -> Iterator[None]:
+    """Turn an OSError while reading or writing `path` into a FileAccessError naming it (and its flag)."""
+    try:
+        yield
+    except FileAccessError:
+        raise
+    except OSError as error:
+        where = f"{flag} {path}" if flag else str(path)
+        raise FileAccessError(f"{where}: {error.strerror or error}") from error
+
+
 def known_domains() -> dict[str, str]:
     """The installed domains by name, each with the entry point value (`module:ATTR`) of its spec."""
     from pivot_envs.registry import discover
 
     return {name: entry_point.value for name, entry_point in discover().items()}
+
+
+class PolicyLoadError(PivotEnvsError, OSError):
+    """A policy whose weights or tokenizer cannot be loaded (a wrong path or model name)."""
+
+
+def load_named_policy(spec: str, **options: object) -> object:
+    """`load_policy(spec, **options)`, with a file the backend cannot find or read (an OSError)
+    reported as a PolicyLoadError naming --policy."""
+    from pivot_envs.policy import load_policy
+
+    try:
+        return load_policy(spec, **options)
+    except OSError as error:
+        raise PolicyLoadError(f"--policy {spec}: cannot load it: {error}") from error
+
+
+def check_profiled(pivots: Iterable[Pivot]) -> None:
+    """Raise PivotFormatError naming the first pivot without a profile (filtering D_adv needs one)."""
+    for pivot in pivots:
+        if pivot.profile is None:
+            raise PivotFormatError(f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use --mode cand")
 
 
 def check_domain(name: str) -> str:
@@ -124,7 +163,8 @@ def read_input(path: str | os.PathLike[str], domain: str = "", report: ReadRepor
     from pivot_envs.formats import ReadReport, read_as_pivots
 
     report = report if report is not None else ReadReport()
-    pivots = read_as_pivots(path, domain=domain, report=report)
+    with file_errors(path):
+        pivots = read_as_pivots(path, domain=domain, report=report)
     for problem in report.problems:
         log.warning("%s", problem)
     if not pivots:

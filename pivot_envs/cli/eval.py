@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pivot_envs.config import add_options, from_args
+from pivot_envs.config import add_config
 
 NAME = "eval"
 HELP = "Evaluate a policy at held-out pivots: turn accuracy per domain (functional and strict verifier, 95% CI)."
@@ -19,24 +19,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)")
     parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
-    add_options(parser, EvalConfig)
+    add_config(parser, EvalConfig, "eval")
 
 
 def main(args: argparse.Namespace) -> int:
     import json
 
-    from pivot_envs.cli._checks import check_output, check_scoring, read_input
+    from pivot_envs.cli._checks import check_output, check_scoring, file_errors, load_named_policy, read_input
     from pivot_envs.evaluate import EvalConfig, evaluate
-    from pivot_envs.policy import load_policy
 
-    config = from_args(EvalConfig, args)
+    config: EvalConfig = args.eval
     # Every input is checked before the policy loads.
     pivots = read_input(args.pivots)
     check_scoring(pivots, args.env, config.verifier)
     json_out = check_output(args.json, "--json") if args.json else None
-    policy = load_policy(args.policy, **({"device": args.device} if args.device else {}))
+    policy = load_named_policy(args.policy, **({"device": args.device} if args.device else {}))
     report = evaluate(policy, pivots, config, env=args.env)
     print(report.format())
     if json_out:
-        json_out.write_text(json.dumps(report.to_dict(), indent=2))
+        with file_errors(json_out, "--json"):
+            json_out.write_text(json.dumps(report.to_dict(), indent=2))
     return 0

@@ -13,30 +13,32 @@ HELP = "Extract pivot candidates (one per assistant turn) from trajectory files 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pivot_envs.config import add_options
+    from pivot_envs.config import add_config
     from pivot_envs.extract import ExtractConfig
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="trajectory or pivot files (format detected by content)")
     parser.add_argument("--out", required=True, metavar="PIVOTS.jsonl", help="where to write the pivot candidates")
     parser.add_argument("--id-prefix", default=None, help="trajectory id prefix (default: the file stem; tau-<folder> for tau-bench)")
-    add_options(parser, ExtractConfig)
+    add_config(parser, ExtractConfig, "extract")
 
 
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pivot_envs.cli._checks import check_output, no_pivot_error
-    from pivot_envs.config import from_args, progress_disabled
+    from pivot_envs.cli._checks import check_output, file_errors, no_pivot_error
+    from pivot_envs.config import progress_disabled
     from pivot_envs.extract import ExtractConfig, write_pivot_file
     from pivot_envs.formats import ReadReport, read_as_pivots
 
-    config = from_args(ExtractConfig, args)
+    config: ExtractConfig = args.extract
     check_output(args.out)
     report = ReadReport()
     pivots, seen, empty = [], set(), []
     for path in tqdm(args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=progress_disabled()):
         records = report.records
-        for pivot in read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix):
+        with file_errors(path):
+            read = read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix)
+        for pivot in read:
             if pivot.id in seen:  # two inputs yielding one id: keep the first, say so
                 report.skip(path, "duplicate pivot id", pivot.id)
                 continue
@@ -50,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
         raise no_pivot_error(", ".join(args.inputs), report)
     for path in empty:
         log.warning("%s: the input is empty (no records)", path)
-    written = write_pivot_file(pivots, args.out)
+    with file_errors(args.out, "--out"):
+        written = write_pivot_file(pivots, args.out)
     print(report.summary())
     print(f"pivots written: {written} -> {args.out}")
     return 0

@@ -9,24 +9,25 @@ HELP = "Keep the pivots: profiled candidates with reward variance > 0 and mean <
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pivot_envs.config import add_options
+    from pivot_envs.config import add_config
     from pivot_envs.extract import FilterConfig
 
     parser.add_argument("profiled", metavar="PROFILED", help="profiled pivot JSONL (pivotrl profile's output)")
     parser.add_argument("--out", required=True, metavar="PIVOTS", help="where to write the kept pivots")
-    add_options(parser, FilterConfig)
+    add_config(parser, FilterConfig, "filter")
 
 
 def main(args: argparse.Namespace) -> int:
-    from pivot_envs.cli._checks import check_output, read_input
-    from pivot_envs.config import from_args
+    from pivot_envs.cli._checks import check_output, check_profiled, file_errors, read_input
     from pivot_envs.extract import FilterConfig, dedup_pivots, filter_pivots, write_pivot_file
     from pivot_envs.formats import ReadReport
 
-    config = from_args(FilterConfig, args)
+    config: FilterConfig = args.filter
     check_output(args.out)
     report = ReadReport()
     pivots = read_input(args.profiled, report=report)
+    if config.mode == "adv":
+        check_profiled(pivots)
     kept = filter_pivots(pivots, lambda_diff=config.lambda_diff, mode=config.mode)
     lines = [f"candidates: {len(pivots)} ({report.skipped_total} malformed records skipped)"]
     if config.mode == "adv":
@@ -37,7 +38,8 @@ def main(args: argparse.Namespace) -> int:
         before = len(kept)
         kept = dedup_pivots(kept, by=config.dedup_by)
         lines.append(f"dropped: near-duplicate expert actions ({config.dedup_by}) {before - len(kept)}")
-    written = write_pivot_file(kept, args.out)
+    with file_errors(args.out, "--out"):
+        written = write_pivot_file(kept, args.out)
     lines.append(f"pivots written: {written} -> {args.out}")
     print("\n".join(lines))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from pivot_envs.config import add_options, from_args
+from pivot_envs.config import add_config
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help=f"reference policy spec: {SPEC_FORMS}")
     parser.add_argument("--out", required=True, help="profiled output (JSONL); rerunning resumes it")
     parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
-    add_options(parser, ProfileConfig)
+    add_config(parser, ProfileConfig, "profile")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from pivot_envs.pivot import read_pivots
     from pivot_envs.profile import ProfileConfig, profile
 
-    config = from_args(ProfileConfig, args)
+    config: ProfileConfig = args.profile
     if progress_disabled():  # -q
         config.progress = False
     # Every input is checked before the policy loads: a wrong name fails in a second, not after sampling.

@@ -12,21 +12,20 @@ HELP = "Show counts per domain/action kind/tool, prefix and action lengths, and 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pivot_envs.config import add_options
+    from pivot_envs.config import add_config
     from pivot_envs.diagnostics import DiagnosticsConfig
 
     parser.add_argument("file", metavar="FILE", help="pivots (profiled or not), or any trajectory file")
     parser.add_argument("--plot", metavar="DIR", default=None, help="also write PNG figures into DIR (needs matplotlib)")
-    add_options(parser, DiagnosticsConfig)
+    add_config(parser, DiagnosticsConfig, "stats")
 
 
 def main(args: argparse.Namespace) -> int:
     from pivot_envs.cli._checks import check_output, check_plotting, read_input
-    from pivot_envs.config import from_args
     from pivot_envs.diagnostics import DiagnosticsConfig, diagnose, format_report, plot
     from pivot_envs.formats import ReadReport
 
-    config = from_args(DiagnosticsConfig, args)
+    config: DiagnosticsConfig = args.stats
     if args.plot:
         check_plotting("stats --plot")
         check_output(args.plot, "--plot", directory=True)

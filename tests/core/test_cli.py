@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pivot_envs.cli import build_parser, logging_to_stderr, main
-from pivot_envs.config import add_options, option
+from pivot_envs.config import add_config, command_parser, option
 from pivot_envs.pivot import Pivot, Profile, write_pivots
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,16 +79,17 @@ def test_version_is_the_installed_distributions(capsys) -> None:
     assert capsys.readouterr().out.strip() == f"pivotrl {metadata.version('pivot-envs')}"
 
 
-def test_a_percent_sign_in_a_config_help_or_default_is_shown_as_is() -> None:
+def test_a_percent_sign_in_a_config_help_or_default_is_shown_as_is(capsys) -> None:
     @dataclass
     class Shares:
         fraction: float = option(0.5, "share of the pivots, as in 50% of them")
         pattern: str = option("%s-%d", "a printf pattern")
 
-    parser = argparse.ArgumentParser(prog="x")
-    add_options(parser, Shares)
-    text = parser.format_help()
-    assert "as in 50% of them" in text and "'%s-%d'" in text
+    parser = command_parser(prog="x")
+    add_config(parser, Shares, "shares")
+    parser.print_help()
+    text = capsys.readouterr().out
+    assert "as in 50% of them" in text and "%s-%d" in text
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason=f"console script not installed next to {sys.executable}")
@@ -160,15 +161,96 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path: Path, capsys, fla
     assert err.strip().splitlines()[-1] == f"pivotrl extract: error: {empty}: the input is empty (no records)"
 
 
-def test_an_exception_that_is_no_user_error_is_a_bug_and_keeps_its_traceback(monkeypatch) -> None:
+@pytest.mark.parametrize("error", [ZeroDivisionError("division by zero"), ValueError("a bug's message"),
+                                   KeyError("key"), OSError("deep inside")], ids=lambda e: type(e).__name__)
+def test_an_exception_that_is_no_user_error_is_a_bug_and_keeps_its_traceback(monkeypatch, error) -> None:
     import pivot_envs.cli.domains
 
     def broken(args: argparse.Namespace) -> int:
-        return 1 // 0
+        raise error
 
     monkeypatch.setattr(pivot_envs.cli.domains, "main", broken)
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(type(error)):
         main(["domains"])
+
+
+def test_a_missing_input_file_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nowhere.jsonl"
+    assert main(["stats", str(missing)]) == 1
+    assert error_line(capsys) == f"pivotrl stats: error: {missing}: No such file or directory"
+
+
+def test_an_unknown_command_gets_a_did_you_mean(capsys) -> None:
+    assert main(["filtr"]) == 2
+    assert "invalid choice: 'filtr'; did you mean 'filter'?" in capsys.readouterr().err
+
+
+# -- commands are plugins ----------------------------------------------------------------------------
+
+
+def _command_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, body: str) -> None:
+    """An installed distribution (a dist-info on sys.path) declaring the command `hello` in `module`."""
+    (tmp_path / f"{module}.py").write_text(body)
+    info = tmp_path / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[pivot_envs.commands]\nhello = {module}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_command_comes_from_the_entry_point_group_with_config_and_print_config(tmp_path, monkeypatch, capsys) -> None:
+    _command_plugin(tmp_path, monkeypatch, "greeting_command", (
+        "from dataclasses import dataclass\n"
+        "from pivot_envs.config import add_config, at_least, option\n"
+        "HELP = 'greet someone'\n"
+        "@dataclass\n"
+        "class Greeting:\n"
+        "    times: int = option(1, 'how many greetings')\n"
+        "    def __post_init__(self):\n"
+        "        at_least(self, 1, 'times')\n"
+        "def add_arguments(parser):\n"
+        "    parser.add_argument('--name', required=True)\n"
+        "    add_config(parser, Greeting, 'greeting')\n"
+        "def main(args):\n"
+        "    print(' '.join(['hello', args.name] * args.greeting.times))\n"
+        "    return 0\n"
+    ))
+    assert main(["--help"]) == 0
+    assert "greet someone" in capsys.readouterr().out
+    assert main(["hello", "--name", "ada", "--times", "2"]) == 0
+    assert capsys.readouterr().out == "hello ada hello ada\n"
+    assert main(["hello", "--name", "ada", "--print-config"]) == 0
+    assert capsys.readouterr().out == 'name = "ada"\ntimes = 1\n'
+    assert main(["hello", "--name", "ada", "--times", "0"]) == 2
+    assert error_line(capsys) == "pivotrl hello: error: Greeting.times = 0: must be >= 1"
+
+
+def test_a_broken_command_plugin_is_a_warning_naming_it_and_the_others_work(tmp_path, monkeypatch, capsys) -> None:
+    _command_plugin(tmp_path, monkeypatch, "broken_command", "raise ImportError('no such thing')\n")
+    assert main(["--help"]) == 0
+    captured = capsys.readouterr()
+    assert "pivotrl: warning: command 'hello' (broken_command) failed to load: ImportError('no such thing')" in captured.err
+    assert "    extract " in captured.out and "    train " in captured.out
+
+
+def test_the_bundled_commands_of_adapters_and_domains_are_the_plugins_they_declare() -> None:
+    from pivot_envs.cli import command_entry_points
+
+    values = {name: entry_point.value for name, entry_point in command_entry_points().items()}
+    assert values["train"] == "pivot_envs.adapters.cli_train" and values["run"] == "pivot_envs.adapters.cli_run"
+    assert values["sandbox"] == "pivot_envs.domains.terminal.cli"
+
+
+def test_a_core_command_loads_no_adapter_or_domain() -> None:
+    code = (
+        "import sys\n"
+        "from pivot_envs.cli import main\n"
+        "assert main(['filter', '--help']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pivot_envs.adapters.', 'pivot_envs.domains.'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 # -- inputs are checked before any model loads -----------------------------------------------------
@@ -288,9 +370,9 @@ def test_an_output_under_a_regular_file_is_refused_naming_the_path(tmp_path: Pat
 
 def _report_inputs(out: Path) -> dict:
     """Small real inputs of `write_report`: two profiled candidates, one pivot, two logged steps."""
+    from pivot_envs.adapters.cli_run import RunConfig, Signal, WarmUp
     from pivot_envs.adapters.grpo import TrainResult
 
-    from pivot_envs.cli.run import RunConfig, Signal, WarmUp
     from pivot_envs.evaluate import Accuracy, EvalReport, EvalRow
 
     profiled = [
@@ -316,7 +398,7 @@ def _report_inputs(out: Path) -> dict:
 
 def test_the_run_report_links_the_reward_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from pivot_envs.cli.run import write_report
+    from pivot_envs.adapters.cli_run import write_report
 
     report = write_report(**_report_inputs(tmp_path)).read_text()
     assert "![reward mean and std over steps](rewards.png)" in report
@@ -324,7 +406,7 @@ def test_the_run_report_links_the_reward_plot(tmp_path: Path) -> None:
 
 
 def test_without_matplotlib_the_run_report_is_written_and_says_the_plot_was_skipped(tmp_path: Path, monkeypatch, caplog) -> None:
-    from pivot_envs.cli.run import write_report
+    from pivot_envs.adapters.cli_run import write_report
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with caplog.at_level(logging.WARNING, logger="pivot_envs"):

@@ -1,5 +1,8 @@
 """`pivotrl run`: the whole method, end to end, on the embedded defaults.
 
+An adapter's command (it trains with adapters.grpo and adapters.sft): the entry point `run` of
+the group `pivot_envs.commands` names this module.
+
 Extract candidates (D_cand), split held-out pivots by trajectory, profile a slice with the frozen
 reference policy (paper Eq. 3), keep the pivots (D_adv, Eq. 4), evaluate, train with GRPO at the
 pivots (Algorithm 1), evaluate again, and write a report. With no arguments it runs the bundled
@@ -16,40 +19,65 @@ import logging
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.config import add_options, from_args, option
+from pivot_envs.adapters.grpo import GRPOConfig
+
+from pivot_envs.config import add_config, at_least, between, option
+from pivot_envs.errors import PivotEnvsError
+from pivot_envs.evaluate import EvalConfig
+from pivot_envs.extract import FilterConfig, SplitConfig
+from pivot_envs.profile import ProfileConfig
 
 log = logging.getLogger(__name__)
+
+
+class SplitError(PivotEnvsError, ValueError):
+    """The held-out split left the train or the held-out side without a pivot."""
 
 NAME = "run"
 HELP = "Run the whole method (extract, profile, filter, split, train, evaluate) and write a report."
 
 
+def _profile_preset() -> ProfileConfig:
+    # Small and quick on a CPU; restart: the run owns its output, profiles of another reference are set aside.
+    return ProfileConfig(k=4, max_new_tokens=48, seed=0, batch_pivots=4, env_workers=2, restart=True)
+
+
+def _filter_preset() -> FilterConfig:
+    # With K=4 a candidate's mean is 0, 0.25, 0.5, 0.75 or 1: 0.9 keeps the 0.75 ones, which a
+    # 135M model after a short warm-up has few enough of that dropping them often left D_adv empty.
+    return FilterConfig(lambda_diff=0.9)
+
+
+def _train_preset() -> GRPOConfig:
+    # 3 steps of B=2, G=8 fit the nine-minute budget; 2e-5 (not 1e-6) so that 3 steps of a 135M
+    # model move it measurably; the run evaluates before and after itself (eval_every=0).
+    return GRPOConfig(steps=3, batch_pivots=2, group_size=8, learning_rate=2e-5, max_new_tokens=48,
+                      checkpoint_every=0, eval_every=0, num_envs=2)
+
+
+def _eval_preset() -> EvalConfig:
+    return EvalConfig(max_new_tokens=48, batch_size=4, num_envs=2)
+
+
 @dataclass
 class RunConfig:
-    """Options of `pivotrl run`; the defaults take about nine minutes on a 2-core CPU."""
-
-    def warm_up_epochs(self) -> int:
-        """The SFT warm-up's epochs: `sft_epochs`, or its default for the policy."""
-        if self.sft_epochs is not None:
-            if self.sft_epochs < 0:
-                raise ValueError(f"--sft-epochs must be >= 0, got {self.sft_epochs}")
-            return self.sft_epochs
-        return 2 if self.policy == "hf:smollm2" else 0
+    """Settings of `pivotrl run`: its own, then one config per stage (`--profile.k 8`,
+    `--train.beta 0.04`, a `[train]` table in a --config file). The defaults take about nine
+    minutes on a 2-core CPU; where a stage's preset differs from that config's own default, the
+    preset below says why."""
 
     domain: str = option("tool-use", "domain whose env scores actions (pivot/<domain>-v0)")
     input: str | None = option(None, "trajectories or pivots to extract from (default: the domain's bundled pivots)")
-    policy: str = option("hf:smollm2", "reference and initial policy (hf:PATH, hf:smollm2, ...)")
+    policy: str = option("hf:smollm2", "reference and initial policy (hf:PATH, hf:smollm2, ...); sets train.policy")
     device: str = option("cpu", "device of the policy: cpu or cuda")
     max_prompt_tokens: int = option(
         1024, "prompt budget: older turns, then the middle of long messages, are left out beyond it (0: no limit)"
     )
-    heldout: float = option(0.2, "fraction of source trajectories held out for evaluation (split by trajectory)")
     candidates: int = option(16, "candidates profiled (a seeded sample of the training side; 0: all)")
-    k: int = option(4, "samples per candidate in profiling (K of Eq. 3)")
     sft_epochs: int | None = option(
         None, "epochs of the SFT warm-up on expert turns of the training side before profiling "
         "(default: 2 for the embedded hf:smollm2, which never succeeds without it; 0 for any other policy)"
@@ -59,20 +87,50 @@ class RunConfig:
         "other training candidates (0: the whole training side)"
     )
     sft_learning_rate: float = option(5e-5, "AdamW learning rate of the warm-up")
-    profile_temperature: float = option(1.0, "sampling temperature of the reference policy in profiling")
-    lambda_diff: float = option(0.9, "difficulty threshold of D_adv: keep var > 0 and mean < lambda_diff (Eq. 4)")
-    max_new_tokens: int = option(48, "longest action, in tokens, everywhere")
-    steps: int = option(3, "GRPO steps")
-    batch_pivots: int = option(2, "B: pivots per GRPO step")
-    group_size: int = option(8, "G: actions per pivot per GRPO step")
-    learning_rate: float = option(2e-5, "AdamW learning rate")
+    max_new_tokens: int = option(48, "longest action, in tokens, in every stage (sets each stage's max_new_tokens)")
     eval_pivots: int = option(8, "held-out pivots evaluated before and after training (greedy)")
-    seed: int = option(0, "seed of sampling, splitting and training")
-    out: str = option("runs/pivotrl", "output directory: pivots, profile, metrics, checkpoints, report")
+    seed: int = option(0, "seed of the run's draws and of every stage: sampling, splitting, training (sets each stage's seed)")
+    out: str = option("runs/pivotrl", "output directory: pivots, profile, metrics, checkpoints, report (train.out is OUT/train)")
+    split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "the held-out split by trajectory"})
+    profile: ProfileConfig = field(default_factory=_profile_preset, metadata={"help": "profiling (Eq. 3)"})
+    filter: FilterConfig = field(default_factory=_filter_preset, metadata={"help": "keeping the pivots (Eq. 4)"})
+    train: GRPOConfig = field(default_factory=_train_preset, metadata={"help": "GRPO at the pivots (Algorithm 1)"})
+    eval: EvalConfig = field(default_factory=_eval_preset, metadata={"help": "evaluation on held-out pivots"})
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "max_prompt_tokens", "candidates", "sft_epochs", "sft_examples", "eval_pivots")
+        at_least(self, 1, "max_new_tokens")
+        between(self, "sft_learning_rate", 0, 1, open_low=True)
+        # One value for every stage: the run's own settings win over the stages' copies of them.
+        for stage in (self.profile, self.train, self.eval):
+            stage.max_new_tokens = self.max_new_tokens
+        for stage in (self.split, self.profile, self.train, self.eval):
+            stage.seed = self.seed
+        self.train.policy = self.policy
+        self.train.out = str(Path(self.out) / "train")
+
+    def warm_up_epochs(self) -> int:
+        """The SFT warm-up's epochs: `sft_epochs`, or its default for the policy."""
+        if self.sft_epochs is not None:
+            return self.sft_epochs
+        return 2 if self.policy == "hf:smollm2" else 0
+
+
+# The flags of `pivotrl run` before its stages had configs of their own: aliases that warn.
+RENAMED = {
+    "--heldout": "--split.heldout",
+    "--k": "--profile.k",
+    "--profile-temperature": "--profile.temperature",
+    "--lambda-diff": "--filter.lambda-diff",
+    "--steps": "--train.steps",
+    "--batch-pivots": "--train.batch-pivots",
+    "--group-size": "--train.group-size",
+    "--learning-rate": "--train.learning-rate",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, RunConfig)
+    add_config(parser, RunConfig, "run")
 
 
 STAGES = 8
@@ -187,8 +245,8 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
     that will be profiled, then a seeded sample of the others up to `sft_examples`. Or load the
     weights an earlier run into `out` made with the same settings."""
     import torch
-
     from pivot_envs.adapters.sft import SFTConfig, warm_up
+
     from pivot_envs.profile import reference_of
 
     if not epochs:
@@ -224,7 +282,7 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
 
 
 def main(args: argparse.Namespace) -> int:
-    config = from_args(RunConfig, args)
+    config: RunConfig = args.run
     report = run(config)
     print(f"\nreport: {report}")
     return 0
@@ -232,20 +290,19 @@ def main(args: argparse.Namespace) -> int:
 
 def run(config: RunConfig) -> Path:
     """Run the method and return the path of the markdown report."""
-    from pivot_envs.adapters.grpo import GRPOConfig, train
-    from pivot_envs.cli._checks import check_domain, check_env_id, check_output
+    from pivot_envs.adapters.grpo import train
+
+    from pivot_envs.cli._checks import check_domain, check_env_id, check_output, load_named_policy
     from pivot_envs.diagnostics import diagnose, format_report
-    from pivot_envs.evaluate import EvalConfig, evaluate
-    from pivot_envs.extract import filter_pivots, split_by_trajectory, write_pivot_file
+    from pivot_envs.evaluate import evaluate
+    from pivot_envs.extract import dedup_pivots, filter_pivots, split_by_trajectory, write_pivot_file
     from pivot_envs.pivot import read_pivots
-    from pivot_envs.policy import load_policy
-    from pivot_envs.profile import ProfileConfig, profile
+    from pivot_envs.profile import profile
     from pivot_envs.registry import env_id
 
-    # The domain, --out and --sft-epochs are checked before any work: a typo fails at once, not after the warm-up.
+    # The domain and --out are checked before any work (the settings were, when the config was made).
     check_env_id(env_id(check_domain(config.domain)))
     out = check_output(config.out, "--out", directory=True)
-    config.warm_up_epochs()
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
@@ -257,16 +314,19 @@ def run(config: RunConfig) -> Path:
     timings["extract"] = stage.seconds
 
     with Stage(2, "split held-out pivots by source trajectory") as stage:
-        train_side, heldout = split_by_trajectory(candidates, config.heldout, seed=config.seed)
+        train_side, heldout = split_by_trajectory(candidates, config.split.heldout, seed=config.split.seed)
         if not heldout or not train_side:
-            raise ValueError(f"the split left a side empty ({len(train_side)} train, {len(heldout)} held out)")
+            raise SplitError(
+                f"the split left a side empty ({len(train_side)} train, {len(heldout)} held out of "
+                f"{len(candidates)} candidates from {len(trajectories)} trajectories; --split.heldout {config.split.heldout})"
+            )
         # Separate seeded draws, so changing one size does not change the other set.
         eval_set = random.Random(f"{config.seed}/eval").sample(heldout, min(config.eval_pivots, len(heldout)))
         write_pivot_file(heldout, out / "heldout.jsonl")
         print(f"      {len(train_side)} train candidates, {len(heldout)} held out ({len(eval_set)} evaluated)")
     timings["split"] = stage.seconds
 
-    policy = load_policy(config.policy, device=config.device, max_prompt_tokens=config.max_prompt_tokens)
+    policy = load_named_policy(config.policy, device=config.device, max_prompt_tokens=config.max_prompt_tokens)
     epochs = config.warm_up_epochs()
 
     draw = random.Random(f"{config.seed}/candidates")
@@ -277,21 +337,13 @@ def run(config: RunConfig) -> Path:
     timings["sft"] = stage.seconds
 
     reference = f"{config.policy} after the warm-up" if epochs else config.policy
-    with Stage(4, f"profile with the frozen reference policy ({reference}, K={config.k})") as stage:
+    with Stage(4, f"profile with the frozen reference policy ({reference}, K={config.profile.k})") as stage:
         profiled_path = out / "profiled.jsonl"
         done = profile(
             sample,
             policy,
             profiled_path,
-            ProfileConfig(
-                k=config.k,
-                temperature=config.profile_temperature,
-                max_new_tokens=config.max_new_tokens,
-                seed=config.seed,
-                batch_pivots=4,
-                env_workers=2,
-                restart=True,  # the run owns its output: profiles of another reference are set aside
-            ),
+            config.profile,
             # The warmed-up weights are the reference: an earlier run's profiles are reused only
             # when they come from the same policy and warm-up settings.
             reference=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
@@ -302,46 +354,38 @@ def run(config: RunConfig) -> Path:
             print(f"      {done.skipped} candidates reused from an earlier run with the same settings")
         wanted = {pivot.id for pivot in sample}
         profiled = [pivot for pivot in read_pivots(profiled_path) if pivot.id in wanted]
-        diagnostics = diagnose(profiled, lambda_diff=config.lambda_diff)
+        diagnostics = diagnose(profiled, lambda_diff=config.filter.lambda_diff)
         print(indented(format_report(diagnostics)))
     timings["profile"] = stage.seconds
 
-    with Stage(5, f"keep the pivots (D_adv: var > 0 and mean < {config.lambda_diff})") as stage:
-        pivots = filter_pivots(profiled, lambda_diff=config.lambda_diff, mode="adv")
+    lambda_diff = config.filter.lambda_diff
+    with Stage(5, f"keep the pivots (D_adv: var > 0 and mean < {lambda_diff})" if config.filter.mode == "adv"
+               else "keep the pivots (D_cand: every candidate)") as stage:
+        pivots = filter_pivots(profiled, lambda_diff=lambda_diff, mode=config.filter.mode)
+        if config.filter.dedup:
+            pivots = dedup_pivots(pivots, by=config.filter.dedup_by)
         note = ""
         if not pivots:
             # Nothing mixed at this K: training would see only zero-variance groups. Say so, and
             # fall back to the candidates the policy never solves, where any success is signal.
-            pivots = [p for p in profiled if p.profile is not None and p.profile.mean < config.lambda_diff] or profiled
-            note = f"D_adv was empty at K={config.k}; trained on {len(pivots)} unsolved candidates instead"
+            pivots = [p for p in profiled if p.profile is not None and p.profile.mean < lambda_diff] or profiled
+            note = f"D_adv was empty at K={config.profile.k}; trained on {len(pivots)} unsolved candidates instead"
             print(f"      {note}")
         write_pivot_file(pivots, out / "pivots.jsonl")
         print(f"      {len(pivots)} of {len(profiled)} profiled candidates kept")
     timings["filter"] = stage.seconds
 
-    eval_config = EvalConfig(max_new_tokens=config.max_new_tokens, batch_size=4, num_envs=2, seed=config.seed)
+    eval_config = config.eval
     with Stage(6, f"evaluate before training ({len(eval_set)} held-out pivots, greedy)") as stage:
         before = evaluate(policy, eval_set, eval_config)
         print(indented(before.format()))
     timings["eval_before"] = stage.seconds
 
-    grpo = GRPOConfig(
-        policy=config.policy,
-        batch_pivots=config.batch_pivots,
-        group_size=config.group_size,
-        learning_rate=config.learning_rate,
-        max_new_tokens=config.max_new_tokens,
-        steps=config.steps,
-        seed=config.seed,
-        checkpoint_every=0,
-        eval_every=0,
-        num_envs=2,
-        out=str(out / "train"),
-    )
+    grpo = config.train
     if (out / "train").exists():  # an earlier run's training: kept beside, never mixed with this one's
         shutil.rmtree(out / "train.previous", ignore_errors=True)
         (out / "train").replace(out / "train.previous")
-    with Stage(7, f"train with GRPO at the pivots ({config.steps} steps, B={config.batch_pivots}, G={config.group_size})") as stage:
+    with Stage(7, f"train with GRPO at the pivots ({grpo.steps} steps, B={grpo.batch_pivots}, G={grpo.group_size})") as stage:
         # train logs a line per step as it goes
         result = train(grpo, pivots, policy=policy, env_id=env_id(config.domain))
     timings["train"] = stage.seconds
@@ -351,7 +395,7 @@ def run(config: RunConfig) -> Path:
         print(indented(after.format()))
     timings["eval_after"] = stage.seconds
 
-    signal = Signal.of(profiled, result.history, config.batch_pivots)
+    signal = Signal.of(profiled, result.history, grpo.batch_pivots)
     print(f"\n{signal.verdict()}")
     return write_report(out, config, candidates, trajectories, train_side, heldout, profiled, pivots, note,
                         format_report(diagnostics), before, after, result, timings, signal, warm)
@@ -362,6 +406,7 @@ def plot_rewards(metrics: Path, png: Path) -> str | None:
     installed (an optional extra: the report holds every figure without it), log a warning and
     return None."""
     from pivot_envs.adapters.grpo import plot_metrics
+
     from pivot_envs.errors import MissingExtraError
 
     try:
@@ -387,8 +432,8 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
         f"| extract | {len(candidates)} candidates from {len(trajectories)} trajectories | {timings['extract']:.0f} |",
         f"| split | {len(train_side)} train / {len(heldout)} held-out candidates (by trajectory) | {timings['split']:.0f} |",
         f"| SFT warm-up | {warm.summary()} | {timings['sft']:.0f} |",
-        f"| profile | {len(profiled)} candidates x K={config.k} | {timings['profile']:.0f} |",
-        f"| filter | {len(pivots)} pivots kept (lambda_diff {config.lambda_diff}) | {timings['filter']:.0f} |",
+        f"| profile | {len(profiled)} candidates x K={config.profile.k} | {timings['profile']:.0f} |",
+        f"| filter | {len(pivots)} pivots kept (lambda_diff {config.filter.lambda_diff}) | {timings['filter']:.0f} |",
         f"| eval before | see below | {timings['eval_before']:.0f} |",
         f"| train | {result.steps} GRPO steps | {timings['train']:.0f} |",
         f"| eval after | see below | {timings['eval_after']:.0f} |",

@@ -1,10 +1,13 @@
-"""`pivotrl train`: GRPO at pivots with the bundled trainer (paper Algorithm 1, lines 5-15)."""
+"""`pivotrl train`: GRPO at pivots with the bundled trainer (paper Algorithm 1, lines 5-15).
+
+An adapter's command: the entry point `train` of the group `pivot_envs.commands` names this module.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from pivot_envs.config import add_options, from_args
+from pivot_envs.config import add_config
 
 NAME = "train"
 HELP = "Train a policy with GRPO at pivots: G sampled actions per pivot, verifier rewards, shared-prefix update."
@@ -19,15 +22,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default=None, help="functional verifier by name (default: the domain's)")
     parser.add_argument("--device", default=None, help="device of the policy: cpu, cuda")
     parser.add_argument("--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)")
-    add_options(parser, GRPOConfig)
+    add_config(parser, GRPOConfig, "train")
 
 
 def main(args: argparse.Namespace) -> int:
     from pivot_envs.adapters.grpo import GRPOConfig, plot_metrics, train
-    from pivot_envs.cli._checks import check_output, check_plotting, check_scoring, read_input
-    from pivot_envs.policy import load_policy
 
-    config = from_args(GRPOConfig, args)
+    from pivot_envs.cli._checks import (
+        check_output,
+        check_plotting,
+        check_scoring,
+        load_named_policy,
+        read_input,
+    )
+
+    config: GRPOConfig = args.train
     # Every input is checked before the policy loads: a wrong name fails in a second, not after loading a model.
     pivots = read_input(args.pivots)
     heldout = read_input(args.heldout) if args.heldout else None
@@ -35,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     check_output(config.out, "--out", directory=True)
     if args.plot:
         check_plotting("train --plot")
-    policy = load_policy(config.policy, **({"device": args.device} if args.device else {}))
+    policy = load_named_policy(config.policy, **({"device": args.device} if args.device else {}))
     env_kwargs = {"verifier": args.verifier} if args.verifier else {}
     result = train(config, pivots, policy=policy, env_id=args.env, heldout=heldout, **env_kwargs)
     last = result.history[-1] if result.history else {}

@@ -1,0 +1,145 @@
+"""Settings have one source: config dataclasses validate themselves, `--config FILE` sets their
+defaults, flags override the file, and `--print-config` writes what a command runs with."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pivot_envs.cli import main
+from pivot_envs.config import ConfigError, UnknownOptionError
+from pivot_envs.evaluate import EvalConfig
+from pivot_envs.extract import FilterConfig, SplitConfig
+from pivot_envs.profile import ProfileConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+def printed_config(capsys, *argv: str) -> dict:
+    """The settings `pivotrl ARGV --print-config` prints, read back as TOML."""
+    assert main([*argv, "--print-config"]) == 0
+    return tomllib.loads(capsys.readouterr().out)
+
+
+def error_of(capsys, argv: list[str], status: int = 2) -> str:
+    assert main(argv) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    return err[-1]
+
+
+# -- validation --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: FilterConfig(lambda_diff=1.5), "FilterConfig.lambda_diff = 1.5: must be in [0, 1]"),
+        (lambda: SplitConfig(heldout=-0.1), "SplitConfig.heldout = -0.1: must be in [0, 1]"),
+        (lambda: ProfileConfig(k=0), "ProfileConfig.k = 0: must be >= 1"),
+        (lambda: ProfileConfig(top_p=0.0), "ProfileConfig.top_p = 0.0: must be in (0, 1]"),
+        (lambda: EvalConfig(batch_size=0), "EvalConfig.batch_size = 0: must be >= 1"),
+        (lambda: EvalConfig(greedy=False, samples=0), "EvalConfig: nothing to evaluate: greedy is off and samples is 0"),
+    ],
+)
+def test_a_setting_out_of_range_names_the_field_and_the_allowed_range(make, message) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert str(caught.value).startswith(message)
+
+
+def test_an_unknown_choice_is_refused_with_a_did_you_mean() -> None:
+    with pytest.raises(UnknownOptionError, match=r"unknown FilterConfig.mode 'cnd'; did you mean 'cand'\?"):
+        FilterConfig(mode="cnd")
+
+
+def test_a_flag_out_of_range_is_one_line_and_a_usage_error(tmp_path: Path, capsys) -> None:
+    argv = ["filter", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--lambda-diff", "1.5"]
+    assert error_of(capsys, argv) == "pivotrl filter: error: FilterConfig.lambda_diff = 1.5: must be in [0, 1]"
+
+
+def test_a_flag_with_an_unknown_choice_gets_a_did_you_mean(tmp_path: Path, capsys) -> None:
+    argv = ["filter", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--mode", "cnd"]
+    assert error_of(capsys, argv).endswith("invalid choice: 'cnd'; did you mean 'cand'? (choose from adv, cand)")
+
+
+# -- --config and --print-config ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "text"), [("f.toml", "lambda_diff = 0.3\ndedup = true\n"),
+                                            ("f.yaml", "lambda-diff: 0.3\ndedup: true\n"),
+                                            ("f.json", '{"filter": {"lambda_diff": 0.3, "dedup": true}}')])
+def test_a_config_file_sets_the_defaults_and_flags_override_it(tmp_path: Path, capsys, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    base = ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)]
+    settings = printed_config(capsys, *base)
+    assert (settings["lambda_diff"], settings["dedup"], settings["mode"]) == (0.3, True, "adv")
+    assert printed_config(capsys, *base, "--lambda-diff", "0.5")["lambda_diff"] == 0.5
+
+
+def test_a_file_may_hold_the_required_options_of_a_command(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "train.toml"
+    path.write_text('pivots = "train.jsonl"\n[train]\nbeta = 0.04\nlora = true\n')
+    settings = printed_config(capsys, "train", "--config", str(path))
+    assert settings["pivots"] == "train.jsonl" and settings["beta"] == 0.04 and settings["lora"] is True
+
+
+def test_an_unknown_key_in_a_config_file_gets_a_did_you_mean(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "f.toml"
+    path.write_text("lambda_dif = 0.3\n")
+    line = error_of(capsys, ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)])
+    assert line.startswith(f"pivotrl filter: error: unknown setting in {path} 'lambda_dif'; did you mean 'lambda_diff'?")
+
+
+def test_a_value_of_the_wrong_type_in_a_config_file_names_the_key_and_the_type(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "f.toml"
+    path.write_text('[profile]\nk = "four"\n')
+    line = error_of(capsys, ["run", "--config", str(path)])
+    assert line == f"pivotrl run: error: {path} [profile]: k = 'four': must be int"
+
+
+def test_a_config_file_of_an_unknown_format_is_refused(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "f.ini"
+    path.write_text("[filter]\n")
+    line = error_of(capsys, ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)])
+    assert line == f"pivotrl filter: error: unknown config file format of {path} '.ini' (choose from .json, .toml, .yaml, .yml)"
+
+
+def test_run_composes_the_stage_configs_with_its_presets(capsys) -> None:
+    settings = printed_config(capsys, "run", "--train.beta", "0.04", "--train.lora", "--profile.k", "2")
+    train, profile = settings["train"], settings["profile"]
+    assert (train["beta"], train["lora"], profile["k"]) == (0.04, True, 2)
+    # the presets of the nine-minute CPU run, each declared once in RunConfig
+    assert (train["learning_rate"], train["steps"], settings["filter"]["lambda_diff"]) == (2e-5, 3, 0.9)
+    assert train["out"] == str(Path("runs/pivotrl") / "train") and train["policy"] == settings["policy"]
+
+
+def test_run_seed_and_max_new_tokens_set_every_stage(capsys) -> None:
+    settings = printed_config(capsys, "run", "--seed", "7", "--max-new-tokens", "16")
+    for stage in ("profile", "train", "eval"):
+        assert (settings[stage]["seed"], settings[stage]["max_new_tokens"]) == (7, 16)
+    assert settings["split"]["seed"] == 7
+
+
+def test_the_old_run_flags_still_work_and_warn(capsys) -> None:
+    argv = ["run", "--k", "3", "--learning-rate", "1e-4", "--lambda-diff=0.5", "--steps", "2", "--print-config"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    settings = tomllib.loads(captured.out)
+    assert (settings["profile"]["k"], settings["train"]["learning_rate"]) == (3, 1e-4)
+    assert (settings["filter"]["lambda_diff"], settings["train"]["steps"]) == (0.5, 2)
+    assert "pivotrl: warning: pivotrl run --k is deprecated and will be removed: use --profile.k" in captured.err
+
+
+def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, capsys) -> None:
+    assert main(["run", "--train.beta", "0.1", "--candidates", "4", "--print-config"]) == 0
+    first = capsys.readouterr().out
+    path = tmp_path / "run.toml"
+    path.write_text(first)
+    assert main(["run", "--config", str(path), "--print-config"]) == 0
+    assert capsys.readouterr().out == first
