@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -115,6 +116,9 @@ class PivotEnv(gym.Env):
     def parse(self, action: Any) -> ParsedAction:
         """Turn a raw completion or a message dict into a canonical assistant message."""
         if isinstance(action, dict):
+            problem = message_problem(action)
+            if problem:
+                return ParsedAction(None, "unparseable", problem)
             return ParsedAction({"role": "assistant", **{k: v for k, v in action.items() if k != "role"}})
         if isinstance(action, str):
             return ParsedAction({"role": "assistant", "content": action})
@@ -155,7 +159,7 @@ class PivotEnv(gym.Env):
         self._stepped = True
         parsed, outcome, verdict, strict = self._judge(pivot, action)
         if parsed.message is None:
-            shown = {"role": "assistant", "content": action if isinstance(action, str) else action_text(action)}
+            shown = {"role": "assistant", "content": json_safe(action) if isinstance(action, str) else action_text(action)}
         else:
             shown = json_safe(parsed.message)
         prefix = fresh_copy(pivot.observation)
@@ -234,6 +238,39 @@ class PivotEnv(gym.Env):
             )
         factory = self.verifiers[verifier]
         return factory(**config) if config else factory()
+
+
+def message_problem(message: dict[str, Any]) -> str:
+    """What keeps a message dict from being a chat-form assistant turn ("" when nothing does):
+    content that is not text, content parts or None; tool calls that are not a list of
+    {"function": {"name": text, "arguments": JSON text or a JSON object}}."""
+    content = message.get("content")
+    parts_ok = isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content)
+    if not (content is None or isinstance(content, str) or parts_ok):
+        return f"a message's content must be text, content parts or None, got {type(content).__name__}"
+    calls = message.get("tool_calls")
+    if calls is None:
+        return ""
+    if not isinstance(calls, list):
+        return f"a message's tool_calls must be a list, got {type(calls).__name__}"
+    for index, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return f"tool call {index} is not {{'function': {{'name': text, 'arguments': ...}}}}"
+        arguments = function.get("arguments")
+        if not (arguments is None or isinstance(arguments, str) or _is_json_object(arguments)):
+            return f"tool call {index} ({function['name']}): arguments must be JSON text or a JSON object"
+    return ""
+
+
+def _is_json_object(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def fresh_copy(value: Any) -> Any:

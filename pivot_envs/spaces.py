@@ -112,7 +112,7 @@ def _create_shared_memory(space: Chat, n: int = 1, ctx: Any = mp) -> list[Any]:
 
 
 def _write_to_shared_memory(space: Chat, index: int, value: Any, shared_memory: list[Any]) -> None:
-    # surrogatepass: an action's lone surrogate reaches the observation and must survive the trip
+    # surrogatepass: a pivot's prefix may hold a lone surrogate (a \ud800 escape in its JSON); it must survive the trip
     data = json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
     if len(data) + 8 > SHARED_OBSERVATION_BYTES:
         raise ValueError(

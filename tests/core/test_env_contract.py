@@ -239,9 +239,11 @@ def test_an_exception_in_the_domains_code_is_an_invalid_env_error_naming_it(
 def test_a_lone_surrogate_in_an_action_leaves_info_and_observation_utf8_encodable() -> None:
     env = EchoEnv()
     env.reset(options={"index": 0})
-    observation, reward, _, _, info = env.step({"content": "a \ud800 b", "tool_calls": [{"id": "\udc00"}]})
-    assert reward == 0.0 and info["valid"]
-    assert info["parsed"]["content"] == "a \ufffd b" and info["parsed"]["tool_calls"][0]["id"] == "\ufffd"
+    call = {"id": "\udc00", "type": "function", "function": {"name": "f\udfff", "arguments": "{}"}}
+    observation, reward, _, _, info = env.step({"content": "a \ud800 b", "tool_calls": [call]})
+    assert reward == 0.0 and info["valid"] and info["category"] == "not_exact_match"
+    assert info["parsed"]["content"] == "a \ufffd b"
+    assert info["parsed"]["tool_calls"][0]["id"] == "\ufffd" and info["parsed"]["tool_calls"][0]["function"]["name"] == "f\ufffd"
     json.dumps(info, ensure_ascii=False).encode("utf-8")
     json.dumps(observation, ensure_ascii=False).encode("utf-8")
 
@@ -280,3 +282,23 @@ def test_a_malformed_action_scores_zero_as_valid_not_as_an_env_error() -> None:
         _, reward, _, _, info = env.step(action)
         assert (reward, info["valid"]) == (0.0, True) and info["category"] == "unparseable", (action, info)
         json.dumps(info)
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        {"content": b"bytes"},
+        {"content": [{"text": 3}]},
+        {"tool_calls": 5},
+        {"tool_calls": [{"function": {"name": 1, "arguments": "{}"}}]},
+        {"tool_calls": [{"function": {"name": "f", "arguments": {"a": b"not JSON"}}}]},
+        {"tool_calls": [{"function": {"name": "f", "arguments": [1, 2]}}]},
+    ],
+    ids=["bytes content", "non-text part", "tool_calls not a list", "nameless call", "non-JSON arguments", "list arguments"],
+)
+def test_a_message_dict_not_in_chat_form_is_unparseable_in_the_base_env(action: dict) -> None:
+    env = EchoEnv()
+    env.reset(options={"index": 0})
+    _, reward, _, _, info = env.step(action)
+    assert (reward, info["valid"], info["category"]) == (0.0, True, "unparseable") and info["parsed"] is None
+    assert info["detail"]
