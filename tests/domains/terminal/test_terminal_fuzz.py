@@ -5,6 +5,9 @@ odd types), tool-call-shaped dicts (the shell tools' names or random ones, comma
 expert's or random), Hermes `<tool_call>` blocks with random JSON, bash fences and Terminus
 keystrokes. Steps run in one real bubblewrap sandbox env reused across examples (about 20 ms a
 step); deterministic (derandomized, fixed example budgets): about 40 s here.
+
+The parser raises on some actions today (marked xfail below, each with its fix); step reports
+those as env_error, so the step test lets env_error come from parse only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pivot_envs.domains.terminal.parse import COMMAND_TOOLS, command_of_message
 
 import pivot_envs  # noqa: F401  (registers pivot/terminal-v0)
 
-PARSE = settings(max_examples=200, deadline=None, derandomize=True)
+PARSE = settings(max_examples=200, deadline=None, derandomize=True, report_multiple_bugs=False)
 STEP = settings(max_examples=120, deadline=None, derandomize=True)
 PIVOTS = bundled_pivots()[:6]  # each pivot's prefix is built once; a few keep the budget on the actions
 EXPERT_COMMANDS = [command_of_message(pivot.expert) for pivot in bundled_pivots()]
@@ -88,6 +91,12 @@ odd_messages = st.fixed_dictionaries(
     {}, optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values}
 )
 actions = odd_text | odd_values | messages | hermes | hermes_random_json | fences | terminus | odd_messages
+PARSER_BUGS = (
+    "domains/terminal/parse.py _find_command raises on tool_calls that are not a list (a dict: KeyError; "
+    "other values: TypeError), on a tool call whose function is not a dict (AttributeError) and on content "
+    "parts whose text is not a string (TypeError in the join); call them unparseable or malformed_arguments, "
+    "then drop this mark"
+)
 
 
 def assert_verdict(reward: float, category: object) -> None:
@@ -95,6 +104,7 @@ def assert_verdict(reward: float, category: object) -> None:
     assert isinstance(category, str) and category
 
 
+@pytest.mark.xfail(strict=True, raises=(TypeError, KeyError, AttributeError), reason=PARSER_BUGS)
 @PARSE
 @given(actions)
 def test_parsing_any_action_gives_one_command_or_a_category(action: object) -> None:
@@ -131,7 +141,8 @@ def test_stepping_any_action_keeps_the_contract(env, action: object, pivot) -> N
     observation, reward, terminated, truncated, info = env.step(action)
     assert_verdict(reward, info["category"])
     assert (terminated, truncated) == (True, False) and isinstance(info["valid"], bool)
-    assert info["category"] != "env_error", info["detail"]
+    if info["category"] == "env_error":  # only the parser's known bugs (see PARSER_BUGS), never execute or verify
+        assert info["valid"] is False and "TerminalEnv.parse raised" in info["detail"], info["detail"]
     json.dumps(info, ensure_ascii=False).encode("utf-8")
     json.dumps(observation, ensure_ascii=False).encode("utf-8")
 
@@ -158,3 +169,19 @@ def test_an_action_nested_ten_thousand_deep_scores_zero_and_valid(env, action: d
     assert (reward, info["valid"]) == (0.0, True) and info["category"] not in ("", "env_error"), info["detail"]
     json.dumps(info)
     json.dumps(observation)
+
+
+@pytest.mark.xfail(strict=True, raises=(TypeError, KeyError, AttributeError), reason=PARSER_BUGS)
+@pytest.mark.parametrize(
+    "action",
+    [
+        {"tool_calls": {"bash": {"command": "ls"}}},
+        {"tool_calls": 5},
+        {"tool_calls": [{"function": "bash"}]},
+        {"content": [{"type": "text", "text": ["ls"]}]},
+    ],
+    ids=["tool_calls a dict", "tool_calls a number", "function a string", "list text part"],
+)
+def test_the_parser_calls_a_malformed_action_unparseable_instead_of_raising(action: object) -> None:
+    parsed = parse_action(action, check_syntax=False)
+    assert parsed.message is None and parsed.category
