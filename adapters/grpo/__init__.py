@@ -1,8 +1,8 @@
 """The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom.
 
 Beside it, each with one job: `shared_prefix` (log pi(a_i | s) of a group's actions with the
-prefix run once), `checkpoints` (checkpoints, resume and metrics.jsonl) and `plot` (the reward
-curve).
+prefix run once), `checkpoints` (checkpoints, resume and metrics.jsonl), `plot` (the reward
+curve) and `policy` (`TrainablePolicy`: what the trainer needs from a policy backend).
 
 `from pivot_envs.adapters.grpo import GRPOConfig, train, ...` keeps working: the public names of
 the package's modules are re-exported here.
@@ -18,6 +18,12 @@ from pivot_envs.adapters.grpo.checkpoints import (
     save_checkpoint,
 )
 from pivot_envs.adapters.grpo.plot import plot_metrics
+from pivot_envs.adapters.grpo.policy import (
+    TrainablePolicy,
+    UntrainablePolicyError,
+    sync_weights,
+    trainable_module,
+)
 from pivot_envs.adapters.grpo.shared_prefix import (
     action_logprobs,
     groups_logprobs,
@@ -36,7 +42,6 @@ from pivot_envs.adapters.grpo.trainer import (
     pack_groups,
     padded_tokens,
     pass_budget,
-    sync_weights,
     train,
     update,
 )
@@ -47,6 +52,8 @@ __all__ = [
     "Group",
     "MetricsLog",
     "TrainResult",
+    "TrainablePolicy",
+    "UntrainablePolicyError",
     "action_logprobs",
     "build_group",
     "check_resumable",
@@ -66,6 +73,7 @@ __all__ = [
     "sync_weights",
     "token_entropy",
     "token_logprobs",
+    "trainable_module",
     "train",
     "update",
 ]

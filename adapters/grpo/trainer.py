@@ -35,6 +35,7 @@ from pivot_envs.adapters.grpo.checkpoints import (
     refuse_earlier_run,
     save_checkpoint,
 )
+from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
 from pivot_envs.config import option, progress_disabled
@@ -195,7 +196,7 @@ def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[
     return Group(pivot_id, list(completions[0].prompt_token_ids), [t for t, _ in kept], [a for _, a in kept])
 
 
-# -- setup helpers: LoRA, the reference, weight sync -------------------------------------
+# -- setup helpers: LoRA, the frozen reference -------------------------------------
 
 
 def _with_lora(model: Any, config: GRPOConfig) -> Any:
@@ -225,32 +226,6 @@ def _reference_logprobs(model: Any, reference: Any, groups: Sequence[Group], con
             return groups_logprobs(reference, pairs, config.temperature)[0]
         with model.disable_adapter():
             return groups_logprobs(model, pairs, config.temperature)[0]
-
-
-def _base_of(model: Any) -> Any:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def sync_weights(policy: Any, model: Any) -> None:
-    """Give the generation backend the new weights: nothing when it generates with `model` itself
-    (hf), `policy.update_weights(state_dict)` otherwise (vllm; LoRA merged into the base weights)."""
-    if getattr(policy, "model", None) in (model, _base_of(model)):
-        return
-    if not hasattr(policy, "update_weights"):
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} neither shares the trained module nor has update_weights()")
-    if hasattr(model, "merge_adapter"):
-        model.merge_adapter()
-        try:
-            state = {
-                key.replace("base_model.model.", "", 1).replace(".base_layer", ""): value
-                for key, value in model.state_dict().items()
-                if "lora_" not in key
-            }
-            policy.update_weights(state)
-        finally:
-            model.unmerge_adapter()
-    else:
-        policy.update_weights(model.state_dict())
 
 
 # -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
@@ -334,7 +309,7 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
 def train(
     config: GRPOConfig,
     pivots: Sequence[Pivot],
-    policy: Any = None,
+    policy: TrainablePolicy | None = None,
     env_id: str | Callable[[], Any] | None = None,
     heldout: Sequence[Pivot] | None = None,
     model: Any = None,
@@ -372,9 +347,7 @@ def train(
         from pivot_envs.policy import load_policy
 
         policy = load_policy(config.policy)
-    model = model if model is not None else getattr(policy, "model", None)
-    if model is None:
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has no trainable .model; pass model=")
+    model = trainable_module(policy, model)
     if config.lora:
         model = _with_lora(model, config)
     model.eval()  # dropout off: the update scores actions under the same distribution that sampled them

@@ -16,6 +16,8 @@ from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env
 from pivot_envs.adapters.grpo import (  # noqa: E402
     Group,
     GRPOConfig,
+    TrainablePolicy,
+    UntrainablePolicyError,
     action_logprobs,
     build_group,
     clipped_loss,
@@ -266,6 +268,16 @@ def test_a_fresh_run_into_an_output_holding_an_earlier_run_is_refused_and_change
     with pytest.raises(ValueError, match=r"\(1 step in metrics.jsonl\) but no checkpoint to resume from"):
         train(tiny_config(unsaved, steps=2, checkpoint_every=0, resume=True), real_pivots(), policy=tiny_policy(tokenizer),
               env_id=make_env)
+
+
+def test_a_policy_that_would_never_sample_from_the_trained_weights_is_refused_before_the_first_step(tokenizer, tmp_path):
+    policy = tiny_policy(tokenizer)
+    assert isinstance(policy, TrainablePolicy)
+    # The module trained is not the one the hf policy generates with, and hf takes no new weights.
+    with pytest.raises(UntrainablePolicyError, match="policy 'hf:tiny' neither shares the trained module nor has update_weights"):
+        train(tiny_config(tmp_path), real_pivots(), policy=policy, model=tiny_policy(tokenizer, seed=1).model,
+              env_id=make_env)
+    assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_beta_above_zero_measures_the_kl_to_the_frozen_reference(tokenizer, tmp_path):
