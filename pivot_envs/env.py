@@ -277,8 +277,9 @@ def fresh_copy(value: Any) -> Any:
     """A deep copy of plain data (a pivot's observation), so callers may edit what they are given.
 
     A pickle round trip: on the bundled tool-use pivots (12 messages and 14 tool schemas on
-    average) it took 0.20 ms per observation against 0.63 ms for copy.deepcopy, 0.56 ms for a
-    JSON round trip and 0.30 ms for a recursive copy of the dicts and lists.
+    average, 20 KB of JSON) about 0.3 ms per observation on a 2-core box, 2.1x faster than
+    copy.deepcopy, 2x faster than a JSON round trip, 1.1-1.5x faster than a recursive copy of
+    the dicts and lists.
     """
     return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
 
