@@ -113,13 +113,18 @@ def _find_command(action: Any) -> Command:
             return _from_call(str(action.get("name", "")), action.get("arguments"))
         calls = action.get("tool_calls") or []
         if calls:
+            if not isinstance(calls, list):
+                return Command(None, "unparseable", f"tool_calls must be a list, got {type(calls).__name__}")
             if len(calls) > 1:
                 return Command(None, "multiple_commands", f"{len(calls)} tool calls; the action must be one command")
-            function = calls[0].get("function", calls[0]) if isinstance(calls[0], dict) else {}
+            function = calls[0].get("function", calls[0]) if isinstance(calls[0], dict) else None
+            if not isinstance(function, dict):
+                return Command(None, "unparseable", "a tool call must be an object with a 'function' object")
             return _from_call(str(function.get("name", "")), function.get("arguments"))
         content = action.get("content")
         if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+            content = "".join(part["text"] for part in content
+                              if isinstance(part, dict) and isinstance(part.get("text"), str))
         return _from_text(content if isinstance(content, str) else "")
     if isinstance(action, str):
         return _from_text(action)
