@@ -52,13 +52,22 @@ class GRPOConfig:
     """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 6 and Algorithm 1)."""
 
     policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH or hf:smollm2)")
-    batch_pivots: int = option(4, "B: pivots sampled per step (Algorithm 1, line 6)")
-    group_size: int = option(8, "G: actions sampled per pivot, the group of Eq. 1 (Algorithm 1, line 8)")
-    learning_rate: float = option(1e-6, "AdamW learning rate")
+    batch_pivots: int = option(
+        4, "B: pivots sampled per step (Algorithm 1, line 6). The paper's SWE-Bench run used 64 (its appendix: "
+        "64 prompts x 16 generations, a batch of 1024); 4 fits one GPU, and a CPU"
+    )
+    group_size: int = option(
+        8, "G: actions sampled per pivot, the group of Eq. 1 (Algorithm 1, line 8). The paper's SWE-Bench run used "
+        "16; 8 halves the sampling per pivot"
+    )
+    learning_rate: float = option(1e-6, "AdamW learning rate (the paper gives none; 1e-6 is TRL's GRPO default)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     epsilon_low: float = option(0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 6)")
     epsilon_high: float = option(0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 6; DAPO raises it)")
-    beta: float = option(0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 6); 0 loads no reference")
+    beta: float = option(
+        0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 6; the paper gives no value); 0, TRL's "
+        "default, loads no reference"
+    )
     iterations: int = option(1, "optimizer steps per sampled batch (mu); >1 makes w_i differ from 1")
     temperature: float = option(1.0, "sampling temperature of the G actions; logprobs are taken at the same temperature")
     top_p: float = option(1.0, "nucleus sampling threshold of the G actions")
@@ -86,6 +95,19 @@ class GRPOConfig:
     num_envs: int = option(4, "envs scoring actions concurrently (threads)")
     out: str = option("runs/grpo", "output directory: metrics.jsonl, checkpoints/, final/")
     resume: bool = option(False, "continue from the latest checkpoint in --out")
+
+    def __post_init__(self) -> None:
+        from pivot_envs.config import at_least, between
+
+        at_least(self, 1, "batch_pivots", "iterations", "max_new_tokens", "steps", "eval_pivots", "num_envs",
+                 "lora_rank", "lora_alpha")
+        at_least(self, 2, "group_size")  # a group of one has no baseline (Eq. 1): no update, ever
+        at_least(self, 0, "weight_decay", "beta", "epsilon_high", "std_epsilon", "max_grad_norm", "tokens_per_pass",
+                 "checkpoint_every", "eval_every")
+        between(self, "learning_rate", 0, 1, open_low=True)
+        between(self, "epsilon_low", 0, 1)
+        between(self, "top_p", 0, 1, open_low=True)
+        between(self, "temperature", 0, float("inf"), open_low=True, open_high=True)  # logprobs divide by it
 
 
 @dataclass

@@ -32,6 +32,12 @@ def error_of(capsys, argv: list[str], status: int = 2) -> str:
     return err[-1]
 
 
+def _grpo(**values):
+    from pivot_envs.adapters.grpo import GRPOConfig
+
+    return GRPOConfig(**values)
+
+
 # -- validation --------------------------------------------------------------------------------------
 
 
@@ -44,6 +50,9 @@ def error_of(capsys, argv: list[str], status: int = 2) -> str:
         (lambda: ProfileConfig(top_p=0.0), "ProfileConfig.top_p = 0.0: must be in (0, 1]"),
         (lambda: EvalConfig(batch_size=0), "EvalConfig.batch_size = 0: must be >= 1"),
         (lambda: EvalConfig(greedy=False, samples=0), "EvalConfig: nothing to evaluate: greedy is off and samples is 0"),
+        (lambda: _grpo(group_size=1), "GRPOConfig.group_size = 1: must be >= 2"),
+        (lambda: _grpo(learning_rate=0.0), "GRPOConfig.learning_rate = 0.0: must be in (0, 1]"),
+        (lambda: _grpo(beta=-0.1), "GRPOConfig.beta = -0.1: must be >= 0"),
     ],
 )
 def test_a_setting_out_of_range_names_the_field_and_the_allowed_range(make, message) -> None:
