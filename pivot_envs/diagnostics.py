@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pivot_envs.chat import text_of
 from pivot_envs.config import option
+from pivot_envs.extract import FilterConfig
 from pivot_envs.pivot import Pivot
 
 # Rewards are binary in the paper (Eq. 2, Eq. 5); a sample counts as a success at >= 0.5 so that
@@ -229,7 +230,7 @@ def plot(diagnostics: Diagnostics, out_dir: str | os.PathLike[str]) -> list[Path
 class DiagnosticsConfig:
     """Options of `pivotrl stats`."""
 
-    lambda_diff: float = option(0.6, "lambda_diff (paper Eq. 4) at which to count the D_adv size")
+    lambda_diff: float = option(FilterConfig.lambda_diff, "lambda_diff (paper Eq. 4) at which to count the D_adv size (pivotrl filter's default)")
     bins: int = option(10, "number of equal bins over [0, 1] in the reward-mean histogram")
 
     def __post_init__(self) -> None:

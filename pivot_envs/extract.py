@@ -53,7 +53,10 @@ class FilterConfig:
         "adv: D_adv of paper Eq. 4 (profile var > 0 and mean < lambda_diff); cand: keep every candidate",
         choices=FILTER_MODES,
     )
-    lambda_diff: float = option(0.6, "difficulty threshold lambda_diff of paper Eq. 4: keep mean reward < this")
+    lambda_diff: float = option(
+        0.6, "difficulty threshold lambda_diff of paper Eq. 4: keep mean reward < this (the paper gives no value; "
+        "pivotrl stats counts D_adv at the same one)"
+    )
     dedup: bool = option(False, "drop near-duplicate expert actions, keeping the first (see --dedup-by)")
     dedup_by: str = option(
         "action",
