@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from . import cgroups
 from .available import docker_available
 
 LABEL = "pivot-envs"
@@ -73,8 +74,8 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
     """Remove sandboxes left by processes that are gone (all of them with `all_owners`).
 
     Docker: labelled containers and snapshot images (and the base image with `include_base`);
-    bubblewrap: the sandboxes still running and the temporary directories of dead processes.
-    Returns what was removed.
+    bubblewrap: the sandboxes still running, the temporary directories and the cgroups of dead
+    processes. Returns what was removed.
     """
     removed = {"containers": 0, "images": 0, "directories": 0}
     if docker_available():
@@ -103,6 +104,7 @@ def gc(include_base: bool = False, all_owners: bool = False) -> dict[str, int]:
         if all_owners or not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
             shutil.rmtree(path, ignore_errors=True)
             removed["directories"] += 1
+    removed["cgroups"] = cgroups.remove_stale() if os.geteuid() == 0 else 0
     return removed
 
 
