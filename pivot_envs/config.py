@@ -149,27 +149,24 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"--config {path}: {getattr(error, 'strerror', None) or error}") from None
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise MissingExtraError(f"--config {path}", "yaml", "yaml") from None
+        parse, errors = (lambda text: yaml.safe_load(text) or {}), (ValueError, yaml.YAMLError)
+    elif suffix == ".json":
+        parse, errors = json.loads, (ValueError,)
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
+        parse, errors = tomllib.loads, (ValueError,)
     try:
-        if suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - Python 3.10
-                import tomli as tomllib
-            values = tomllib.loads(text)
-        elif suffix == ".json":
-            values = json.loads(text)
-        else:
-            try:
-                import yaml
-            except ImportError:
-                raise MissingExtraError(f"--config {path}", "yaml", "yaml") from None
-            values = yaml.safe_load(text) or {}
-    except (ValueError, ImportError) as error:
-        if isinstance(error, MissingExtraError):
-            raise
-        raise ConfigError(f"--config {path}: {error}") from None
-    except Exception as error:  # yaml's own errors (YAMLError) carry the line and column
-        raise ConfigError(f"--config {path}: {error}") from None
+        values = parse(text)
+    except errors as error:  # each parser's message carries the line and column; one line of it
+        raise ConfigError(f"--config {path}: {' '.join(str(error).split())}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"--config {path}: expected a table of settings, got {type(values).__name__}")
     return values
@@ -197,6 +194,10 @@ def _check_type(where: str, value: Any, annotation: Any) -> None:
     raise ConfigError(f"{where} = {value!r}: must be {names}")
 
 
+# Options a config file does not hold: help, the file itself, and the CLI's own verbosity counts.
+SKIPPED = {"help", "config", "print_config", "verbose_after", "quiet_after"}
+
+
 def apply_config_file(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> None:
     """Make a config file's `values` the defaults of `parser`'s options (flags still override
     them). Keys may use dashes or underscores; an unknown key is an UnknownOptionError with a
@@ -222,9 +223,6 @@ def apply_config_file(parser: argparse.ArgumentParser, values: Mapping[str, Any]
             known = [*configs, *plain, *(_fields(next(iter(configs.values()))) if len(configs) == 1 else ())]
             raise UnknownOptionError(f"setting in {path}", str(key), known)
     parser.set_defaults(**options, **{dest: _merge(parser, dest, table) for dest, table in tables.items()})
-
-
-SKIPPED = {"help", "config", "print_config", "verbose_after", "quiet_after"}
 
 
 def _fields(config_cls: type) -> dict[str, dataclasses.Field]:

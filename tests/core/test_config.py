@@ -152,3 +152,13 @@ def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, c
     path.write_text(first)
     assert main(["run", "--config", str(path), "--print-config"]) == 0
     assert capsys.readouterr().out == first
+
+
+@pytest.mark.parametrize(("name", "text", "detail"), [("f.toml", "a = \n", "Invalid value (at line 1, column 5)"),
+                                                      ("f.yaml", "a: [1,\n", "line 2, column 1")])
+def test_a_config_file_that_does_not_parse_is_one_line_naming_it(tmp_path: Path, capsys, name, text, detail) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"pivotrl filter: error: --config {path}: ") and detail in err
