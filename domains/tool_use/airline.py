@@ -9,6 +9,15 @@ State is layered: the shared `AirlineDatabase` (read-only, loaded once), a pivot
 writes of the expert's earlier calls, replayed once per pivot) and a sample layer (the writes of
 one sampled action). A write copies only the one record it changes into the top layer, so a
 sample never sees another sample's writes and no step copies the whole database.
+
+Where a tau-bench behaviour makes one call's cost grow without bound, it is bounded here:
+- `cancel_reservation` of a reservation already cancelled returns it unchanged. tau-bench
+  appends the negation of every payment-history entry on each call, refunds included, so the
+  history doubles per call (the refunds of refunds sum to zero: no money moves either way);
+  18 parallel cancels made a 29 MB observation, 50 exhausted the machine's memory.
+- `calculate` refuses an expression longer than 1,000 characters (the longest recorded is 197):
+  parsing a 1 MB sum took 1.7 s and 200 MB.
+Every verdict on the bundled pivots and every replayed output is unchanged by either.
 """
 
 from __future__ import annotations
@@ -292,9 +301,13 @@ def book_reservation(
 
 
 def cancel_reservation(state: State, reservation_id: str) -> dict[str, Any]:
-    reservation = state.get_mut("reservations", reservation_id)
-    if reservation is None:
+    current = state.get("reservations", reservation_id)
+    if current is None:
         raise ToolError("reservation not found")
+    if current.get("status") == "cancelled":
+        # tau-bench would refund the refunds again, doubling the history per call (module docstring).
+        return current
+    reservation = state.get_mut("reservations", reservation_id)
     refunds = [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]]
     reservation["payment_history"].extend(refunds)
     reservation["status"] = "cancelled"
@@ -338,15 +351,16 @@ def update_reservation_flights(
         raise ToolError("reservation not found")
     travellers = len(current["passengers"])
     new_flights = clone(flights)
+    # The first current segment of each (flight, date): a lookup, so the cost is linear in the legs.
+    current_legs: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for segment in current["flights"]:
+        current_legs.setdefault((segment["flight_number"], segment["date"]), segment)
     total = 0
     for leg in new_flights:
         number, date = leg["flight_number"], leg["date"]
         # A segment kept in the same cabin keeps the price it was bought at (policy: "their
         # prices will not be updated based on the current price").
-        kept = next(
-            (f for f in current["flights"] if f["flight_number"] == number and f["date"] == date),
-            None,
-        )
+        kept = current_legs.get((number, date))
         if kept is not None and cabin == current["cabin"]:
             leg["price"], leg["origin"], leg["destination"] = kept["price"], kept["origin"], kept["destination"]
         else:
@@ -400,6 +414,8 @@ _OPERATORS: dict[type, Callable[..., Any]] = {
     ast.UAdd: operator.pos,
 }
 _CALCULATOR_CHARACTERS = frozenset("0123456789+-*/(). ")
+# Longer expressions are refused before parsing (module docstring); the longest recorded is 197.
+MAX_EXPRESSION_CHARS = 1000
 
 
 def _evaluate(node: ast.AST) -> float:
@@ -417,6 +433,8 @@ def _evaluate(node: ast.AST) -> float:
 def calculate(state: State, expression: str) -> str:
     if not isinstance(expression, str) or not set(expression) <= _CALCULATOR_CHARACTERS:
         raise ToolError("invalid characters in expression")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ToolError(f"expression too long: {len(expression)} characters, at most {MAX_EXPRESSION_CHARS}")
     try:
         return str(round(float(_evaluate(ast.parse(expression, mode="eval"))), 2))
     except (SyntaxError, ArithmeticError, RecursionError, ValueError, MemoryError) as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import gymnasium as gym
 from hypothesis import given, settings
@@ -208,3 +209,39 @@ def test_env_steps_with_arbitrary_calls_on_the_airline_backend_never_raise(call_
     for pivot in (call_pivots[0], call_pivots[-1]):
         reward, info, _ = step(env, pivot, {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]})
         assert 0.0 <= reward <= 1.0 and info["valid"]
+
+
+# -- bounded cost (module docstring of airline.py) -------------------------------------------
+
+
+def test_a_second_cancel_of_one_reservation_appends_no_refunds():
+    state = State(bundled_database()).child()
+    reservation_id = next(
+        key for key, r in bundled_database().tables["reservations"].items() if r.get("status") != "cancelled"
+    )
+    paid = state.get("reservations", reservation_id)["payment_history"]
+    once = json.loads(call_tool(state, "cancel_reservation", {"reservation_id": reservation_id}))
+    twice = json.loads(call_tool(state, "cancel_reservation", {"reservation_id": reservation_id}))
+    # The first cancel is tau-bench's: one refund per payment; the second leaves the record as it is.
+    assert once["payment_history"] == paid + [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in paid]
+    assert twice == once and once["status"] == "cancelled"
+
+
+def test_the_calculator_refuses_an_expression_longer_than_1000_characters():
+    state = State(bundled_database())
+    assert call_tool(state, "calculate", {"expression": "1+" * 499 + "1"}) == "500.0"
+    refused = call_tool(state, "calculate", {"expression": "1+" * 500 + "1"})
+    assert refused == "Error: expression too long: 1001 characters, at most 1000"
+
+
+def test_changing_a_reservation_to_ten_thousand_legs_twice_takes_linear_time():
+    # Each new leg used to scan every current leg: 11 s for the second call (52 s at 20,000 legs).
+    state = State(bundled_database()).child()
+    for date in ("2024-05-16", "2024-05-17"):
+        arguments = {
+            "reservation_id": "VAAOXJ", "cabin": "economy", "payment_id": "credit_card_1052991",
+            "flights": [{"flight_number": "HAT001", "date": date}] * 10000,
+        }
+        start = time.perf_counter()
+        output = call_tool(state, "update_reservation_flights", arguments)
+        assert time.perf_counter() - start < 3 and json.loads(output)["flights"][-1]["date"] == date
