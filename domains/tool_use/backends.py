@@ -7,21 +7,30 @@
   is rebuilt once (cached) by replaying the expert's earlier calls found in the pivot's
   messages; each sampled turn runs on its own copy-on-write layer over it.
 - `http`: POST `{"name", "arguments", "pivot_id"}` to a tool server; the reply is JSON
-  `{"output": ...}` (or any body, used as the output text). A server that cannot be reached
-  or answers 5xx after the retries raises InfrastructureError (the sample is invalid, not 0).
+  `{"output": ...}` (or any body, used as the output text). See `HttpBackend` for what counts
+  as the server's failure (the sample is invalid) and what as a result.
+
+`run(pivot, calls, deadline=...)`: a backend whose `run` takes a `deadline` keyword (a
+`time.monotonic()` instant, the end of the step's tool time) is given one and must raise
+InfrastructureError rather than run past it; the env also checks every backend's time after it
+returns (see `limits.ToolUseLimits.step_timeout_s`).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_database, call_tool
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, at_least, between, option
 from pivot_envs.env import InfrastructureError
 
 if TYPE_CHECKING:
@@ -147,13 +156,18 @@ class AirlineBackend:
     def prepare(self, pivot: Pivot) -> None:
         self.pivot_state(pivot)
 
-    def run(self, pivot: Pivot, calls: list[Call]) -> list[str]:
-        return self.run_in(self.pivot_state(pivot).child(), calls)
-
-    @staticmethod
-    def run_in(state: State, calls: list[Call]) -> list[str]:
-        """Execute calls in order on a given (sample) state; its writes stay in that state."""
-        return [call_tool(state, name, arguments) for name, arguments in calls]
+    def run(self, pivot: Pivot, calls: list[Call], deadline: float | None = None) -> list[str]:
+        """Execute a turn's calls on a fresh layer over the pivot's state; stop at `deadline` (InfrastructureError)."""
+        state = self.pivot_state(pivot).child()
+        outputs = []
+        for index, (name, arguments) in enumerate(calls):
+            # Each call's work is bounded (limits module); the deadline is checked between calls.
+            if deadline is not None and time.monotonic() > deadline:
+                raise InfrastructureError(
+                    f"pivot {pivot.id}: the step's tool deadline passed after {index} of {len(calls)} airline calls"
+                )
+            outputs.append(call_tool(state, name, arguments))
+        return outputs
 
     def effect(self, pivot: Pivot, name: str, arguments: Any) -> Effect:
         """Execute one call from the pivot's state on a throw-away layer."""
@@ -183,61 +197,186 @@ class HttpBackendConfig:
     """Options of the HTTP tool backend."""
 
     url: str = option("", "the tool server's URL; each call is POSTed there as JSON {name, arguments, pivot_id}")
-    timeout_s: float = option(10.0, "seconds to wait for the server (connect and read) per attempt")
-    retries: int = option(2, "extra attempts after a connection error, a timeout or a 5xx answer")
+    timeout_s: float = option(
+        10.0,
+        "seconds one attempt may take in all: connect, send, and the whole reply (a server trickling bytes is cut off)",
+    )
+    retries: int = option(2, "extra attempts after a connection error, a timeout, a reply cut short or a 5xx answer")
     backoff_s: float = option(0.5, "wait before retry n is backoff_s * 2**(n-1) seconds")
+    max_response_bytes: int = option(
+        1 << 20, "reading a reply stops past this many bytes; what was read is the output, marked as cut"
+    )
+
+    def __post_init__(self) -> None:
+        between(self, "timeout_s", 0, float("inf"), open_low=True, open_high=True)
+        at_least(self, 0, "retries", "backoff_s")
+        at_least(self, 1, "max_response_bytes")
+
+
+class _Timeout(Exception):
+    """An attempt passed its deadline."""
+
+
+@dataclass
+class _Reply:
+    status: int
+    body: bytes
+    cut: bool  # the reply went on past max_response_bytes; body holds the first max_response_bytes
 
 
 class HttpBackend:
-    """Executes calls on a user's tool server over HTTP (the server owns the state)."""
+    """Executes calls on a user's tool server over HTTP (the server owns the state).
+
+    Each attempt has one wall-clock deadline, `timeout_s` (or what is left of the step's tool
+    time, if less), for connecting, sending and reading the whole reply; a watchdog shuts the
+    socket when it passes, so a server trickling bytes cannot hold a step. What the server's
+    behaviour counts as:
+
+    - unreachable, a timeout, a reply cut short, or 5xx, after the retries: the server failed,
+      InfrastructureError (the sample is invalid, not scored 0); the step's deadline ends the
+      retries at once;
+    - 4xx: the tool's answer to the call ("Error: HTTP 404: ..."), a normal result; other
+      non-2xx answers likewise (redirects are not followed);
+    - a reply past `max_response_bytes`: reading stops there and the text read so far is the
+      result with a marker (the server answered; its answer is too long to keep);
+    - JSON nested too deeply to decode: the result "Error: ... nested too deeply ...", not a
+      RecursionError; arguments nested too deeply to encode likewise, and nothing is sent.
+
+    Connections go straight to the URL's host (no proxy), one per attempt.
+    """
 
     name = "http"
 
     def __init__(self, config: HttpBackendConfig | None = None, **options: Any) -> None:
         self.config = config or HttpBackendConfig(**options)
         if not self.config.url:
-            raise ValueError("the http tool backend needs a url: backend_config={'url': 'http://host:port/path'}")
-        self._session = None
+            raise ConfigError("the http tool backend needs a url: backend_config={'url': 'http://host:port/path'}")
+        parts = urllib.parse.urlsplit(self.config.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"the http tool backend's url must be http(s)://host[:port]/path, got {self.config.url!r}")
+        self._parts = parts
 
     def prepare(self, pivot: Pivot) -> None:
         return None
 
-    def _post(self, payload: dict[str, Any]) -> str:
-        import requests
+    def _exchange(self, body: bytes, deadline: float) -> _Reply:
+        """One POST, all of it (connect, send, reply) before `deadline`; raises _Timeout past it."""
+        parts, limit = self._parts, self.config.max_response_bytes
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Timeout
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        # host[:port] as written ("[::1]:8000" keeps its brackets), without any user:password@.
+        connection = kind(parts.netloc.rpartition("@")[2], timeout=remaining)
+        fired = threading.Event()
+        # The socket, held here: getresponse() hands it to the response and may clear connection.sock.
+        opened: list[socket.socket] = []
+        response = None
 
-        if self._session is None:
-            self._session = requests.Session()
-        url, config = self.config.url, self.config
-        problem = ""
+        def shut() -> None:
+            fired.set()
+            for sock in opened:
+                # The plain socket's shutdown (also under TLS) wakes a read blocked in another thread.
+                try:
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(remaining, shut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            connection.connect()
+            opened.append(connection.sock)
+            if fired.is_set():  # the watchdog fired while connecting, before there was a socket to shut
+                raise _Timeout
+            path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+            connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = response.read1(min(1 << 16, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            short = not fired.is_set() and size <= limit and bool(response.length)
+        except (OSError, http.client.HTTPException):
+            if fired.is_set():
+                raise _Timeout from None
+            raise
+        finally:
+            watchdog.cancel()
+            if response is not None:
+                response.close()
+            connection.close()
+        if fired.is_set():
+            raise _Timeout
+        if short:
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        body_read = b"".join(chunks)
+        return _Reply(response.status, body_read[:limit], size > limit)
+
+    def _post(self, pivot: Pivot, name: str, arguments: Any, deadline: float | None) -> str:
+        config, url = self.config, self.config.url
+        try:
+            body = json.dumps({"name": name, "arguments": arguments, "pivot_id": pivot.id}).encode()
+        except RecursionError:
+            return f"Error: the arguments of {name} are nested too deeply to send"
+        problem, tried = "", 0
         for attempt in range(config.retries + 1):
             if attempt:
-                time.sleep(config.backoff_s * 2 ** (attempt - 1))
+                pause = config.backoff_s * 2 ** (attempt - 1)
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    problem = f"{problem}; the step's tool deadline leaves no time to retry"
+                    break
+                time.sleep(pause)
+            tried += 1
+            attempt_deadline = time.monotonic() + config.timeout_s
+            by_step = deadline is not None and deadline < attempt_deadline
             try:
-                response = self._session.post(url, json=payload, timeout=(config.timeout_s, config.timeout_s))
-            except requests.RequestException as error:
+                reply = self._exchange(body, deadline if by_step else attempt_deadline)
+            except _Timeout:
+                if by_step:
+                    problem = "no complete reply before the step's tool deadline (ToolUseLimits.step_timeout_s)"
+                    break
+                problem = f"no complete reply within timeout_s={config.timeout_s} s"
+                continue
+            except (OSError, http.client.HTTPException) as error:
                 problem = f"{type(error).__name__}: {error}"
                 continue
-            if response.status_code >= 500:
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
+            if reply.status >= 500:
+                problem = f"HTTP {reply.status}: {reply.body[:200].decode('utf-8', 'replace')}"
                 continue
-            if response.status_code >= 400:
-                # The server refused this call (unknown tool, bad arguments): the tool's answer.
-                return f"Error: HTTP {response.status_code}: {response.text[:500]}"
-            try:
-                body = response.json()
-            except ValueError:
-                return response.text
-            output = body.get("output", body) if isinstance(body, dict) else body
-            return output if isinstance(output, str) else json.dumps(output)
+            return _output_of(reply, config.max_response_bytes)
         raise InfrastructureError(
-            f"tool server {url} failed for {payload['name']!r} after {config.retries + 1} attempt(s): {problem}"
+            f"pivot {pivot.id}: tool server {url} failed for {name!r} after {tried} attempt(s): {problem}"
         )
 
-    def run(self, pivot: Pivot, calls: list[Call]) -> list[str]:
-        return [self._post({"name": name, "arguments": arguments, "pivot_id": pivot.id}) for name, arguments in calls]
+    def run(self, pivot: Pivot, calls: list[Call], deadline: float | None = None) -> list[str]:
+        """POST each call in order; InfrastructureError when the server fails or `deadline` passes."""
+        return [self._post(pivot, name, arguments, deadline) for name, arguments in calls]
 
     def equivalence(self, pivot: Pivot) -> Equivalence | None:
         return None
+
+
+def _output_of(reply: _Reply, limit: int) -> str:
+    """The tool output a (non-5xx) reply stands for."""
+    text = reply.body.decode("utf-8", "replace")
+    if reply.cut:
+        return f"{text}\n[... the reply went on past max_response_bytes={limit}; reading stopped there ...]"
+    if reply.status >= 300:
+        # The server refused this call (unknown tool, bad arguments): the tool's answer.
+        return f"Error: HTTP {reply.status}: {text[:500]}"
+    try:
+        body = json.loads(text)
+        output = body.get("output", body) if isinstance(body, dict) else body
+        return output if isinstance(output, str) else json.dumps(output)
+    except ValueError:
+        return text
+    except RecursionError:
+        return "Error: the tool server's reply is JSON nested too deeply to decode"
 
 
 BACKENDS = ("recorded", "tau-airline", "http")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import time
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -13,10 +15,11 @@ from pivot_envs.domains.tool_use.backends import (
     HttpBackend,
     RecordedBackend,
 )
+from pivot_envs.domains.tool_use.limits import ToolUseLimits, bounded_outputs
 from pivot_envs.domains.tool_use.parser import arguments_of, parse_action
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
-from pivot_envs.env import Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.pivot import Pivot, iter_pivots
 
 PIVOTS_RESOURCE = ("data", "airline_pivots.jsonl.gz")
@@ -29,11 +32,20 @@ def bundled_pivots() -> tuple[Pivot, ...]:
     return tuple(iter_pivots(str(path)))
 
 
+@cache
+def _takes_deadline(kind: type) -> bool:
+    """Whether a backend class's `run` accepts the step's `deadline` keyword."""
+    try:
+        return "deadline" in inspect.signature(kind.run).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 class ToolUseEnv(PivotEnv):
     """A single-step env whose action is a whole assistant turn: tool call(s), a message, or both.
 
     gym.make("pivot/tool-use-v0", pivots=None, verifier="functional", verifier_config=None,
-             backend=None, backend_config=None)
+             backend=None, backend_config=None, limits=None)
 
     pivots:          a pivot file (or any trajectory format `pivot_envs.formats` reads), a list
                      of pivots; None for the bundled tau-bench airline sample.
@@ -42,10 +54,14 @@ class ToolUseEnv(PivotEnv):
     backend:         "recorded", "tau-airline", "http", or a Backend object; None picks each
                      pivot's `context["backend"]`, else "recorded".
     backend_config:  options of the http backend (HttpBackendConfig fields: url, timeout_s, ...).
+    limits:          per-step bounds (ToolUseLimits or a dict of its fields: max_calls,
+                     output_bytes, observation_bytes, step_timeout_s); see the limits module.
 
     step(action) returns the observation with the tool result messages (role "tool", carrying
     the call's tool_call_id) appended after the parsed action; info["output"] is the tool output
-    (a list for several calls). Unparseable actions score 0 with category "unparseable".
+    (a list for several calls), cut to the limits. Unparseable actions score 0 with category
+    "unparseable"; a turn with more calls than the limit scores 0 as "too_many_tool_calls" and
+    runs nothing (info["parsed"] is None for both).
     """
 
     domain = "tool-use"
@@ -59,9 +75,11 @@ class ToolUseEnv(PivotEnv):
         verifier_config: dict[str, Any] | None = None,
         backend: str | Backend | None = None,
         backend_config: dict[str, Any] | None = None,
+        limits: ToolUseLimits | dict[str, Any] | None = None,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(pivots, verifier, verifier_config, render_mode)
+        self.limits = ToolUseLimits.of(limits)
         self.strict_verifier = CachedStrictVerifier()
         # The recorded backend matches sampled calls to expert calls by the functional rules.
         self.functional = self.verifier if isinstance(self.verifier, FunctionalVerifier) else FunctionalVerifier()
@@ -76,7 +94,19 @@ class ToolUseEnv(PivotEnv):
         return list(bundled_pivots())
 
     def parse(self, action: Any) -> ParsedAction:
-        return parse_action(action)
+        parsed = parse_action(action)
+        calls = len((parsed.message or {}).get("tool_calls") or ())
+        allowed = self.calls_allowed(self.pivot)
+        if calls > allowed:
+            # Refused before execution: the action's fault, scored 0 (valid), nothing runs.
+            detail = f"the turn makes {calls} tool calls; at most {allowed} run in one turn (ToolUseLimits.max_calls)"
+            return ParsedAction(None, "too_many_tool_calls", detail)
+        return parsed
+
+    def calls_allowed(self, pivot: Pivot | None) -> int:
+        """The most tool calls one turn may make at `pivot`: max_calls, or the expert turn's count if higher."""
+        expert_calls = pivot.expert.get("tool_calls") if pivot is not None else None
+        return max(self.limits.max_calls, len(expert_calls) if isinstance(expert_calls, list) else 0)
 
     def backend_for(self, pivot: Pivot) -> Backend:
         """The backend that executes calls at this pivot (the env's choice, else the pivot's)."""
@@ -109,7 +139,18 @@ class ToolUseEnv(PivotEnv):
         for call in raw_calls:
             ids.append(call["id"])
             calls.append((call["function"]["name"], arguments_of(call)[0]))
-        outputs = backend.run(pivot, calls)
+        seconds = self.limits.step_timeout_s
+        deadline = time.monotonic() + seconds
+        if _takes_deadline(type(backend)):
+            outputs = backend.run(pivot, calls, deadline=deadline)
+        else:
+            outputs = backend.run(pivot, calls)
+        if time.monotonic() > deadline:
+            raise InfrastructureError(
+                f"pivot {pivot.id}: the {backend.name} backend took longer than the step's tool deadline "
+                f"of {seconds} s (ToolUseLimits.step_timeout_s)"
+            )
+        outputs = bounded_outputs(list(outputs)[: len(calls)], self.limits)
         messages = [
             {"role": "tool", "tool_call_id": call_id, "name": name, "content": output}
             for call_id, (name, _), output in zip(ids, calls, outputs)

@@ -1,16 +1,14 @@
-"""pivot/tool-use-v0 as a gymnasium env: the contract, the bundled sample, pivot files, HTTP tools."""
+"""pivot/tool-use-v0 as a gymnasium env: the contract, the bundled sample, pivot files, user backends."""
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.tool_use import DOMAIN, ToolUseEnv
-from pivot_envs.domains.tool_use.backends import UNAVAILABLE, HttpBackend
+from pivot_envs.domains.tool_use.backends import UNAVAILABLE
 from tool_use_helpers import hermes, step
 
 import pivot_envs  # noqa: F401
@@ -83,109 +81,35 @@ def test_an_unknown_backend_is_refused_by_name():
         gym.make("pivot/tool-use-v0", backend="sql")
 
 
-class _ToolServer(BaseHTTPRequestHandler):
-    calls: list = []
-    fail_next = 0
-
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).calls.append(body)
-        if type(self).fail_next:
-            type(self).fail_next -= 1
-            self.send_response(503)
-            self.end_headers()
-            return
-        if body["name"] == "nope":
-            self.send_response(404)
-            self.end_headers()
-            self.wfile.write(b"no such tool")
-            return
-        reply = json.dumps({"output": {"echo": body["arguments"], "pivot": body["pivot_id"]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def tool_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ToolServer)
-    _ToolServer.calls, _ToolServer.fail_next = [], 0
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/call"
-    server.shutdown()
-    server.server_close()
-
-
-def test_the_http_backend_posts_each_call_and_returns_the_servers_output(tool_server, call_pivots):
-    env = gym.make("pivot/tool-use-v0", backend="http", backend_config={"url": tool_server}).unwrapped
-    pivot = call_pivots[0]
-    reward, info, observation = step(env, pivot, pivot.expert)
-    arguments = json.loads(pivot.expert["tool_calls"][0]["function"]["arguments"])
-    assert reward == 1.0 and json.loads(info["output"]) == {"echo": arguments, "pivot": pivot.id}
-    assert _ToolServer.calls[-1]["name"] == pivot.expert["tool_calls"][0]["function"]["name"]
-    assert observation["messages"][-1]["content"] == info["output"]
-    # A refusal (4xx) is the tool's answer, not an infrastructure failure.
-    _, info, _ = step(env, pivot, hermes("nope", {}))
-    assert info["valid"] and info["output"].startswith("Error: HTTP 404")
-
-
-def test_the_http_backend_retries_5xx_then_marks_the_sample_invalid(tool_server, call_pivots):
-    env = gym.make(
-        "pivot/tool-use-v0", backend="http", backend_config={"url": tool_server, "retries": 2, "backoff_s": 0.01}
-    ).unwrapped
-    _ToolServer.fail_next = 2
-    reward, info, _ = step(env, call_pivots[0], call_pivots[0].expert)
-    assert reward == 1.0 and info["valid"] and len(_ToolServer.calls) == 3
-    _ToolServer.fail_next = 10
-    reward, info, _ = step(env, call_pivots[0], call_pivots[0].expert)
-    assert (info["valid"], info["category"]) == (False, "infrastructure_error")
-    assert tool_server in info["detail"] and "503" in info["detail"]
-
-
-def test_an_unreachable_tool_server_is_an_infrastructure_error_naming_the_url(call_pivots):
-    url = "http://127.0.0.1:9/call"  # the discard port: nothing listens there
-    env = gym.make("pivot/tool-use-v0", backend="http", backend_config={"url": url, "retries": 0, "timeout_s": 2}).unwrapped
-    reward, info, _ = step(env, call_pivots[0], call_pivots[0].expert)
-    assert (reward, info["valid"], info["category"]) == (0.0, False, "infrastructure_error")
-    assert url in info["detail"]
-
-
-def test_the_http_backend_needs_a_url():
-    with pytest.raises(ValueError, match="needs a url"):
-        HttpBackend()
-
-
 def test_the_env_works_under_make_vec(pivots):
     envs = gym.make_vec("pivot/tool-use-v0", num_envs=2, vectorization_mode="sync")
     _, infos = envs.reset(options={"index": 0})
     assert list(infos["pivot_id"]) == [pivots[0].id] * 2
     _, rewards, terminated, _, infos = envs.step((pivots[0].expert, "I like turtles."))
     assert list(rewards) == [1.0, 0.0] and all(terminated)
-    assert list(infos["category"]) == ["correct", "message_content_different"]
+    # Same-step autoreset: the scored step's infos are final_info, the new episode's are infos.
+    assert list(infos["final_info"]["category"]) == ["correct", "message_content_different"]
     envs.close()
 
 
-def test_the_verifier_and_http_options_become_cli_flags():
-    import argparse
-
+def test_the_verifier_http_and_limit_options_become_cli_flags():
     from pivot_envs.domains.tool_use.backends import HttpBackendConfig
+    from pivot_envs.domains.tool_use.limits import ToolUseLimits
     from pivot_envs.domains.tool_use.verifier import FunctionalConfig
 
-    from pivot_envs.config import add_options, from_args
+    from pivot_envs.config import add_config, command_parser
 
-    parser = argparse.ArgumentParser()
-    add_options(parser, FunctionalConfig)
-    add_options(parser, HttpBackendConfig)
-    args = parser.parse_args(["--mode", "f1", "--text-threshold", "0.7", "--unordered-arrays", "flights", "--url", "http://h/x"])
-    config = from_args(FunctionalConfig, args)
-    assert (config.mode, config.text_threshold, config.unordered_arrays) == ("f1", 0.7, ("flights",))
-    assert from_args(HttpBackendConfig, args).url == "http://h/x"
+    parser = command_parser(prog="tool-use")
+    add_config(parser, FunctionalConfig, "verifier")
+    add_config(parser, HttpBackendConfig, "http")
+    add_config(parser, ToolUseLimits, "limits")
+    args = parser.parse_args(
+        ["--mode", "f1", "--text-threshold", "0.7", "--unordered-arrays", "flights", "--url", "http://h/x",
+         "--max-response-bytes", "4096", "--max-calls", "4", "--step-timeout-s", "2.5"]
+    )
+    assert (args.verifier.mode, args.verifier.text_threshold, args.verifier.unordered_arrays) == ("f1", 0.7, ("flights",))
+    assert (args.http.url, args.http.max_response_bytes) == ("http://h/x", 4096)
+    assert (args.limits.max_calls, args.limits.step_timeout_s, args.limits.output_bytes) == (4, 2.5, 32768)
 
 
 class _WeatherBackend:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import tracemalloc
 
 
 def hermes(name: str, arguments: dict) -> str:
@@ -27,3 +29,33 @@ def step(env, pivot, action):
     observation, reward, terminated, truncated, info = env.step(action)
     assert terminated and not truncated
     return reward, info, observation
+
+
+def hermes_turn(calls: list[tuple[str, dict]]) -> str:
+    """A Hermes-style completion making several calls, one block each."""
+    return "".join(hermes(name, arguments) for name, arguments in calls)
+
+
+def measured(function, *args):
+    """(result, wall seconds, peak memory traced by tracemalloc in bytes) of one call."""
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        result = function(*args)
+    finally:
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        if not tracing:
+            tracemalloc.stop()
+    return result, seconds, peak
+
+
+def appended_tool_bytes(observation, pivot) -> list[int]:
+    """The UTF-8 size of each tool result a step appended after the pivot's messages and the action."""
+    appended = observation["messages"][len(pivot.messages) + 1 :]
+    assert all(m["role"] == "tool" for m in appended)
+    return [len(m["content"].encode()) for m in appended]
