@@ -184,12 +184,12 @@ def completed(path: str | os.PathLike[str]) -> dict[str, tuple[int, dict[str, An
     return _read_output(path)[0]
 
 
-def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dict[str, Any]]], list[int]]:
-    """(done, failed) of an output file: `completed`'s ids, and the line numbers of the rows none
-    of whose samples was valid (to profile again)."""
+def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dict[str, Any]]], dict[str, int]]:
+    """(done, failed) of an output file: `completed`'s ids, and the ids and line numbers of the
+    rows none of whose samples was valid (to profile again)."""
     path = Path(path)
     if not path.exists():
-        return {}, []
+        return {}, {}
     with path.open("rb+") as handle:
         data = handle.read()
         end = data.rfind(b"\n") + 1
@@ -198,7 +198,7 @@ def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dic
             handle.flush()
             os.fsync(handle.fileno())
     done: dict[str, tuple[int, dict[str, Any]]] = {}
-    failed: list[int] = []
+    failed: dict[str, int] = {}
     # Split at b"\n" only: str.splitlines would also split inside a sampled action holding U+2028 or U+0085.
     for number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
         if not line.strip():
@@ -208,7 +208,7 @@ def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dic
             profiled = record.get("profile") or {}
             valid = profiled.get("valid") or []
             if valid and not any(valid):
-                failed.append(number)
+                failed[str(record["id"])] = number
                 continue
             done[str(record["id"])] = (number, profiled.get("settings") or {})
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
@@ -328,10 +328,7 @@ def profile(
             raise
         run.moved_aside = f"{out}.stale"
         Path(out).replace(run.moved_aside)
-        done, failed = {}, []
-    if failed:  # their candidates are profiled again below, each written once
-        _drop_lines(out, failed)
-        run.redone = len(failed)
+        done, failed = {}, {}
     todo: list[Pivot] = []
     seen: set[str] = set()
     for pivot in pivots:
@@ -342,6 +339,10 @@ def profile(
             run.skipped += 1
         else:
             todo.append(pivot)
+    redone = [failed[pivot.id] for pivot in todo if pivot.id in failed]
+    if redone:  # rows without a valid sample: dropped, their candidates profiled again and written once
+        _drop_lines(out, redone)
+        run.redone = len(redone)
     if not todo:
         return run
     if isinstance(policy, str):
