@@ -9,6 +9,8 @@ plugin (lazily: a domain's module is imported by `gym.make`). It imports no heav
     env = gym.make("pivot/tool-use-v0")
 """
 
+import importlib
+
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv
 from pivot_envs.pivot import (
     Pivot,
@@ -37,6 +39,7 @@ __all__ = [
     "StrictVerifier",
     "Verdict",
     "Verifier",
+    "check_pivot_env",
     "iter_pivots",
     "read_pivots",
     "register_domains",
@@ -44,3 +47,12 @@ __all__ = [
 ]
 
 ENV_IDS = register_domains()
+
+# Imported on first use, so `import pivot_envs` loads no more than before.
+_LAZY = {"check_pivot_env": "pivot_envs.checker"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

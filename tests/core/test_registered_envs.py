@@ -1,8 +1,9 @@
-"""Every registered env honours the gymnasium contract: check_env, make_vec (sync and async), seeding,
-a spec that round-trips through JSON."""
+"""Every registered env honours the gymnasium contract and the pivot contract (check_pivot_env, which
+runs check_env), make_vec (sync and async), seeding, a spec that round-trips through JSON."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
@@ -10,9 +11,9 @@ import textwrap
 import gymnasium as gym
 import pytest
 from gymnasium.envs.registration import EnvSpec
-from gymnasium.utils.env_checker import check_env
 
 import pivot_envs
+from pivot_envs import PivotEnv, check_pivot_env
 
 BUNDLED = ["pivot/tool-use-v0", "pivot/terminal-v0"]
 
@@ -33,14 +34,45 @@ def test_the_bundled_domains_are_registered() -> None:
     assert set(BUNDLED) <= set(pivot_envs.ENV_IDS)
 
 
+def break_tool_use(env: PivotEnv) -> bool | None:
+    """Point the tool backend at a port nothing listens on (the connection is refused); a message
+    turn calls no tool, so there is nothing to break."""
+    from pivot_envs.domains.tool_use.backends import HttpBackend
+
+    if not env.pivot.expert.get("tool_calls"):
+        return False
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env.backend = HttpBackend(url=f"http://127.0.0.1:{port}/tools", retries=0)
+    return None
+
+
+def break_terminal(env: PivotEnv) -> None:
+    env.sandbox.close()  # the fork the step would run in is gone
+
+
+BREAKERS = {"pivot/tool-use-v0": break_tool_use, "pivot/terminal-v0": break_terminal}
+
+
+def quick_kwargs(env_id: str) -> dict:
+    """The terminal env on bubblewrap where it works (a third of Docker's time here)."""
+    if env_id == "pivot/terminal-v0":
+        from pivot_envs.sandboxes.available import bwrap_available
+
+        return {"sandbox": "bwrap"} if bwrap_available() else {}
+    return {}
+
+
 @pytest.mark.parametrize("env_id", BUNDLED)
-def test_every_registered_env_passes_check_env(env_id: str) -> None:
+def test_every_registered_env_passes_check_pivot_env(env_id: str) -> None:
     needs_parts(env_id)
-    env = gym.make(env_id)
+    env = gym.make(env_id, **quick_kwargs(env_id))
     try:
-        check_env(env.unwrapped, skip_render_check=True)
+        report = check_pivot_env(env, pivots=3, break_infrastructure=BREAKERS[env_id])
     finally:
         env.close()
+    assert "gymnasium_check_env" in report.passed and "infrastructure_failure_invalid" in report.passed, report
 
 
 @pytest.mark.parametrize("env_id", BUNDLED)
