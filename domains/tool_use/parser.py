@@ -68,6 +68,10 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
         raise _Unparseable(f"tool call {index} ({name}): arguments must be a JSON object")
     name = name.strip()
     text = _encode(arguments)
+    try:
+        f"{name}{text}".encode()
+    except UnicodeEncodeError:  # a lone surrogate: not text, so no tool could receive it
+        raise _Unparseable(f"tool call {index} ({name!r}): its name or arguments are not valid Unicode text") from None
     if len(_DECODED) >= _DECODED_MAX:
         _DECODED.clear()
     _DECODED[id(text)] = (text, arguments)
@@ -184,7 +188,10 @@ def parse_message(message: dict[str, Any]) -> dict[str, Any]:
         raise _Unparseable(f"an action must be an assistant message, got role {role!r}")
     content = message.get("content")
     if isinstance(content, list):  # content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        texts = [part.get("text", "") for part in content if isinstance(part, dict)]
+        if not all(isinstance(text, str) for text in texts):
+            raise _Unparseable("a content part's text must be a string")
+        content = "".join(texts)
     if content is not None and not isinstance(content, str):
         raise _Unparseable(f"message content must be text, got {type(content).__name__}")
     raw_calls = message.get("tool_calls") or []
