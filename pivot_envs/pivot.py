@@ -28,7 +28,8 @@ class Profile:
     """Offline profile of a candidate under a frozen reference policy (paper Eq. 3).
 
     `rewards` are functional rewards, `strict_rewards` the exact-match ones, one per sample;
-    `valid[i]` is False where the infrastructure (not the action) failed. `mean` and `var`
+    `valid[i]` is False where the infrastructure (not the action) failed, and `errors[i]` says why
+    ('' for a valid sample; the list is empty when every sample is valid). `mean` and `var`
     are over the valid samples only (population variance, as in Eq. 3). `settings` are what the
     profile was sampled under (reference policy, K, temperature, ...; see `profile.ProfileConfig`).
     """
@@ -43,6 +44,7 @@ class Profile:
     valid: list[bool] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
     @classmethod
     def from_samples(
@@ -55,6 +57,7 @@ class Profile:
         valid: list[bool] | None = None,
         actions: list[str] | None = None,
         settings: dict[str, Any] | None = None,
+        errors: list[str] | None = None,
     ) -> Profile:
         """Build a profile, computing mean and variance over the valid samples."""
         valid = list(valid) if valid is not None else [True] * len(rewards)
@@ -72,6 +75,7 @@ class Profile:
             valid=valid,
             actions=list(actions or []),
             settings=dict(settings or {}),
+            errors=list(errors or []),
         )
 
     @property

@@ -438,10 +438,10 @@ class _Recorder:
             valid=[r["valid"] for r in results],
             actions=[_action_text(c) for c in group] if self.config.keep_actions else None,
             settings=self.settings,
+            # Each invalid sample's cause ('' for a valid one; none when every sample is valid).
+            errors=[r["error"] for r in results] if not all(r["valid"] for r in results) else [],
         )
         record = replace(pivot, profile=profiled).to_dict()
-        # Each invalid sample's cause ('' for a valid one; none when every sample is valid).
-        record["profile"]["errors"] = [r["error"] for r in results] if not all(profiled.valid) else []
         self.writer.write(record)
         run = self.run
         run.profiled += 1

@@ -485,3 +485,12 @@ def test_pivotrl_profile_names_the_mismatch_before_loading_the_policy(tmp_path: 
     assert "pivotrl profile: error:" in error and "profiled.jsonl:1: profiled with other settings" in error
     assert "reference: 'scripted' there, 'hf:/no/such/checkpoint' now" in error and "--restart" in error
     assert out.read_bytes() == before  # nothing was loaded, nothing written
+
+
+
+def test_the_causes_of_invalid_samples_survive_reading_the_profiled_file_back(tmp_path: Path):
+    profile = Profile.from_samples([1.0, 0.0], valid=[True, False], errors=["", "ConnectionError: refused"])
+    assert profile.n_valid == 1 and profile.mean == 1.0
+    path = tmp_path / "profiled.jsonl"
+    write_pivots([replace(airline_pivots(1)[0], profile=profile)], path)
+    assert read_pivots(path)[0].profile.errors == ["", "ConnectionError: refused"]
