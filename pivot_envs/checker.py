@@ -117,7 +117,7 @@ class PivotEnvCheckError(PivotEnvsError, AssertionError):
 
 def check_pivot_env(
     env: gym.Env,
-    pivots: int | Sequence[str] = 3,
+    pivots: int | str | Sequence[str] = 3,
     *,
     seed: int = 0,
     break_infrastructure: BreakInfrastructure | None = None,
@@ -126,7 +126,7 @@ def check_pivot_env(
 ) -> PivotEnvReport:
     """Check that `env` (a PivotEnv, or gym.make's wrapper of one) keeps the pivot contract.
 
-    pivots:                how many pivots to check (spread evenly over env.pivots), or their ids.
+    pivots:                how many pivots to check (spread evenly over env.pivots), or their id(s).
     seed:                  the seed of the determinism check and of the random junk text.
     break_infrastructure:  called with the PivotEnv after a reset, it makes the next step's
                            infrastructure fail (close the sandbox, point the tool backend at a
@@ -171,12 +171,14 @@ def check_pivot_env(
     return report
 
 
-def _chosen_pivots(env: PivotEnv, pivots: int | Sequence[str]) -> list[Pivot]:
+def _chosen_pivots(env: PivotEnv, pivots: int | str | Sequence[str]) -> list[Pivot]:
     if isinstance(pivots, int):
         if pivots < 1:
             raise ValueError(f"check_pivot_env: pivots must be at least 1, got {pivots}")
         count = min(pivots, len(env.pivots))
         return [env.pivots[i] for i in sorted({round(x) for x in np.linspace(0, len(env.pivots) - 1, count)})]
+    if isinstance(pivots, str):
+        pivots = [pivots]
     by_id = {pivot.id: pivot for pivot in env.pivots}
     for pivot_id in pivots:
         if pivot_id not in by_id:

@@ -278,7 +278,9 @@ def test_a_failure_raises_an_assertion_error_holding_the_report() -> None:
 
 
 def test_pivots_may_be_named_and_an_unknown_id_gets_a_did_you_mean() -> None:
-    assert check(WeatherEnv(), pivots=["sum/t0"]).pivots == ["sum/t0"]
+    assert check(WeatherEnv(), pivots=["sum/t0", "weather/t1"]).pivots == ["sum/t0", "weather/t1"]
+    assert check(WeatherEnv(), pivots="sum/t0").pivots == ["sum/t0"]
+    assert check(WeatherEnv(), pivots=10).pivots == [p.id for p in PIVOTS]  # no more than there are
     with pytest.raises(UnknownNameError, match="did you mean 'sum/t0'"):
         check_pivot_env(WeatherEnv(), pivots=["sum/t1"])
 
