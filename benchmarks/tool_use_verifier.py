@@ -160,8 +160,13 @@ def throughput(actions, repeats: int) -> dict:
             loads(body)
 
     results = {"floor_json_loads": cpu_rate(floor, len(bodies), repeats)}
-    for label, backend in (("verify_only_recorded", "recorded"), ("with_execution_tau_airline", "tau-airline")):
+    measures = (("verify_only_recorded", "recorded", True), ("with_execution_tau_airline", "tau-airline", True),
+                # As the profiler, evaluation and trainer step (EnvPool): no copies of the prefix.
+                ("verify_only_recorded_no_copies", "recorded", False),
+                ("with_execution_tau_airline_no_copies", "tau-airline", False))
+    for label, backend, copies in measures:
         env = gym.make("pivot/tool-use-v0", backend=backend)
+        env.unwrapped.copy_observations = copies
         pairs = [(index, text) for index, _, _, text in actions]
 
         def run(env=env, pairs=pairs):
@@ -204,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:28s} {c['n']:5d} {c['functional']:13d} {c['strict']:9d}")
     print()
     print(f"{'throughput (1 core)':32s} {'steps/s CPU':>12s} {'steps/s wall':>13s} {'vs floor':>9s} {'target':>8s}")
-    targets = {"floor_json_loads": None, "verify_only_recorded": 20000, "with_execution_tau_airline": 5000}
+    targets = {"floor_json_loads": None, "verify_only_recorded": None, "with_execution_tau_airline": None,
+               "verify_only_recorded_no_copies": 20000, "with_execution_tau_airline_no_copies": 5000}
     for label, (cpu, wall) in speed.items():
-        target = targets[label]
+        target = targets.get(label)
         print(f"{label:32s} {cpu:12,.0f} {wall:13,.0f} {cpu / floor_cpu:9.3f} {target or '-':>8}")
 
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -73,6 +73,9 @@ class EnvPool:
             env = self._idle.get_nowait()
         except queue.Empty:
             env = self.make_env()
+            inner = getattr(env, "unwrapped", env)
+            if hasattr(inner, "copy_observations"):  # the pool reads rewards and infos, never observations
+                inner.copy_observations = False
             self._envs.append(env)
         try:
             env.reset(options={"pivot": pivot_id})

@@ -302,3 +302,17 @@ def test_a_message_dict_not_in_chat_form_is_unparseable_in_the_base_env(action: 
     _, reward, _, _, info = env.step(action)
     assert (reward, info["valid"], info["category"]) == (0.0, True, "unparseable") and info["parsed"] is None
     assert info["detail"]
+
+
+def test_a_caller_that_opts_out_of_copies_gets_the_pivots_own_messages_and_the_same_verdicts():
+    copying = gym.make("pivot/tool-use-v0").unwrapped
+    sharing = gym.make("pivot/tool-use-v0").unwrapped
+    sharing.copy_observations = False
+    for index in (0, 5, 17):
+        first, _ = copying.reset(options={"index": index})
+        second, _ = sharing.reset(options={"index": index})
+        assert first == second and first["tools"] is not copying.pivot.tools
+        assert second["tools"] is sharing.pivot.tools and second["messages"][0] is sharing.pivot.messages[0]
+        expert = copying.pivot.expert
+        outcome_copying, outcome_sharing = copying.step(expert), sharing.step(expert)
+        assert outcome_copying[0] == outcome_sharing[0] and outcome_copying[1:4] == outcome_sharing[1:4] == (1.0, True, False)
