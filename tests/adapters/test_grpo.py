@@ -257,9 +257,13 @@ def test_resuming_from_a_checkpoint_continues_the_run_as_if_it_had_not_stopped(t
         assert [r[key] for r in first.history + resumed.history] == pytest.approx([r[key] for r in straight.history],
                                                                                   rel=1e-5, abs=1e-6), key
     assert [r["reward_mean"] for r in first.history + resumed.history] == [r["reward_mean"] for r in straight.history]
+    # The weights end where the straight run's do, to a thousandth of how far its four steps moved them
+    # (elementwise equality is too strict: AdamW turns rounding noise in a near-zero gradient into a full step).
+    initial, straight_weights = tiny_policy(tokenizer).model.state_dict(), straight_policy.model.state_dict()
     resumed_weights = resumed_policy.model.state_dict()
-    for key, value in straight_policy.model.state_dict().items():
-        assert torch.allclose(resumed_weights[key], value, rtol=1e-4, atol=1e-6), key
+    moved = math.sqrt(sum(float(((straight_weights[k] - initial[k]) ** 2).sum()) for k in initial))
+    apart = math.sqrt(sum(float(((resumed_weights[k] - straight_weights[k]) ** 2).sum()) for k in initial))
+    assert moved > 0 and apart < 1e-3 * moved, (apart, moved)
     assert [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
