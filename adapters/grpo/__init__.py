@@ -1,4 +1,4 @@
-"""The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom.
+"""The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom (`pivotrl` runs it all).
 
 Beside it, each with one job: `shared_prefix` (log pi(a_i | s) of a group's actions with the
 prefix run once), `checkpoints` (checkpoints, resume and metrics.jsonl), `plot` (the reward
@@ -35,6 +35,10 @@ from pivot_envs.adapters.grpo.shared_prefix import (
 from pivot_envs.adapters.grpo.trainer import (
     Group,
     GRPOConfig,
+    NoPivotsError,
+    PivotRLConfig,
+    PivotRLResult,
+    Selection,
     TrainResult,
     build_group,
     clipped_loss,
@@ -42,6 +46,8 @@ from pivot_envs.adapters.grpo.trainer import (
     pack_groups,
     padded_tokens,
     pass_budget,
+    pivotrl,
+    select_pivots,
     train,
     update,
 )
@@ -51,6 +57,10 @@ __all__ = [
     "GRPOConfig",
     "Group",
     "MetricsLog",
+    "NoPivotsError",
+    "PivotRLConfig",
+    "PivotRLResult",
+    "Selection",
     "TrainResult",
     "TrainablePolicy",
     "UntrainablePolicyError",
@@ -65,10 +75,12 @@ __all__ = [
     "pack_groups",
     "padded_tokens",
     "pass_budget",
+    "pivotrl",
     "plot_metrics",
     "refuse_earlier_run",
     "right_pad",
     "save_checkpoint",
+    "select_pivots",
     "sequence_logprobs",
     "sync_weights",
     "token_entropy",

@@ -1,18 +1,22 @@
-"""The bundled GRPO trainer: PivotRL's Algorithm 1, top to bottom.
+"""PivotRL's Algorithm 1, top to bottom: the bundled GRPO trainer at pivots.
 
-Read it in order: the config (`GRPOConfig`), the math the loop uses (the group advantage of
-Eq. 1, the clipped objective of Eq. 6 with its importance weight, Eq. 7, and the k3 estimate of
-the KL to the frozen reference pi_0), the update, then `train`: the set-up, and per step (lines
-5-14) sample B pivots, sample G actions at each, score them through the envs (r_func, Eq. 5),
-normalise the rewards per group, update, log, evaluate, checkpoint.
+Read it in order: the configs (`GRPOConfig`, `PivotRLConfig`); lines 1-4, selecting the pivots
+(`select_pivots`: extract D_cand, profile it under the frozen reference pi_0, keep D_adv); the
+math the loop uses (the group advantage, Eq. 1; the clipped objective, Eq. 6, with its
+importance weight, Eq. 7, and the k3 estimate of its KL to pi_0); the update; then lines 5-14,
+the loop (`train`): per step sample B pivots, sample G actions at each, score them through the
+envs (r_func, Eq. 5), normalise the rewards per group, update, log, evaluate, checkpoint.
+`pivotrl` runs the whole of it.
 
-Equations are the paper's (../shared/docs, the LaTeX source), numbered as everywhere in this
-project and named by their LaTeX label: Eq. 1 group_adv, Eq. 5 func_reward, Eq. 6 pivotrl_obj,
-Eq. 7 importance_weight. Algorithm 1's lines are numbered as the paper prints them (1: Require).
+Equations are the paper's (the LaTeX source under ../shared/docs), numbered as everywhere in
+this project and named by their LaTeX label: Eq. 1 group_adv, Eq. 3 profile_stats, Eq. 4 dadv,
+Eq. 5 func_reward, Eq. 6 pivotrl_obj, Eq. 7 importance_weight; D_cand is eq:cand. Algorithm 1's
+lines are numbered as the paper prints them (line 1: Require).
 
-Beside it: `shared_prefix` (log pi(a_i | s) with a group's prefix run once), `checkpoints`
-(checkpoints, resume and metrics.jsonl) and `plot` (the reward curve).
-The tokens trained on are the tokens sampled: `Completion.prompt_token_ids + token_ids`.
+Beside it, each with one job: `shared_prefix` (log pi(a_i | s) with a group's prefix run once),
+`checkpoints` (checkpoints, resume and metrics.jsonl), `plot` (the reward curve) and `policy`
+(`TrainablePolicy`: what the loop needs from a policy backend). The tokens trained on are the
+tokens sampled: `Completion.prompt_token_ids + token_ids`.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +43,12 @@ from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, train
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
 from pivot_envs.config import option, progress_disabled
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.evaluate import EvalConfig, evaluate
-from pivot_envs.pivot import Pivot
-from pivot_envs.policy import SamplingParams
+from pivot_envs.extract import ExtractConfig, FilterConfig, dedup_pivots, extract_pivots, filter_pivots
+from pivot_envs.pivot import Pivot, read_pivots, write_pivots
+from pivot_envs.policy import SamplingParams, load_policy
+from pivot_envs.profile import ProfileConfig, ProfileRun, profile
 from pivot_envs.scoring import EnvPool, resolve_env
 
 logger = logging.getLogger(__name__)
@@ -121,7 +128,94 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-# -- Eq. 1: group-normalised advantages -----------------------------------------------------------
+@dataclass
+class PivotRLConfig:
+    """Algorithm 1's settings: one config per step, composed, never repeated (the Require line's G,
+    lambda_diff, K and the rest live in them). The GRPO run writes to OUT/train, whatever `train.out` says."""
+
+    out: str = option("runs/pivotrl", "output directory: candidates.jsonl, profiled.jsonl, pivots.jsonl, train/")
+    extract: ExtractConfig = field(default_factory=ExtractConfig, metadata={"help": "line 2: D_cand from trajectories"})
+    profile: ProfileConfig = field(default_factory=ProfileConfig, metadata={"help": "line 3: profiling (Eq. 3)"})
+    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "line 4: D_pivot = D_adv (Eq. 4)"})
+    train: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "lines 5-14: GRPO at the pivots"})
+
+
+class NoPivotsError(PivotEnvsError, ValueError):
+    """Line 4 kept no pivot: every profiled candidate was uniformly solved, uniformly failed or too easy."""
+
+
+@dataclass
+class Selection:
+    """What lines 1-4 made: D_cand, its profiles under pi_0, and D_pivot (the pivots `train` samples from)."""
+
+    candidates: list[Pivot]
+    profiled: list[Pivot]
+    pivots: list[Pivot]
+    profile_run: ProfileRun
+
+
+@dataclass
+class PivotRLResult:
+    """A whole run of Algorithm 1: the pivots selected (lines 1-4) and the GRPO run at them (lines 5-14)."""
+
+    selection: Selection
+    training: TrainResult
+
+
+# -- Algorithm 1, lines 1-4: the pivots -----------------------------------------------------------
+
+
+def select_pivots(
+    source: Iterable[Any],
+    reference: TrainablePolicy | str,
+    config: PivotRLConfig,
+    env_id: str | None = None,
+    reference_name: str | None = None,
+) -> Selection:
+    """D_pivot from expert trajectories: extract D_cand, profile it under the frozen reference pi_0, keep D_adv.
+
+    source:    expert trajectories (D_sft, `Trajectory` records: `pivot_envs.formats` reads them),
+               or candidates already extracted (`Pivot` records, taken into D_cand as they are).
+    reference: pi_0, a Policy or a policy spec; profiling samples K actions from it per candidate.
+    env_id:    the env that scores actions (default: `config.profile.env`, else pivot/<domain>-v0).
+    reference_name: pi_0's name as profiles record it, when the policy object's weights changed in
+               memory (a warm-up); see `pivot_envs.profile.profile`.
+    Writes candidates.jsonl, profiled.jsonl (resumable: candidates profiled with the same settings
+    are not profiled again) and pivots.jsonl into `config.out`. Raises NoPivotsError when D_pivot
+    is empty, with the profiles' figures.
+    """
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # line 1 (Require): D_sft, pi_0, the verifier V (the env's reward), G and lambda_diff (config)
+    items = list(source)
+    given = [item for item in items if isinstance(item, Pivot)]
+    trajectories = [item for item in items if not isinstance(item, Pivot)]
+    # line 2: extract the turns D_cand = {(s_t, a*_t)} of every trajectory (eq:cand)
+    candidates = given + list(extract_pivots(trajectories, config.extract))
+    if not candidates:
+        raise NoPivotsError(f"no candidate: the {len(items)} records given hold no assistant turn with a prefix")
+    write_pivots(candidates, out / "candidates.jsonl", desc="writing candidates")
+    # line 3: profile each s in D_cand with K samples of pi_0: mean and variance of r_func (Eq. 3)
+    profiling = replace(config.profile, env=env_id or config.profile.env)
+    run = profile(candidates, reference, out / "profiled.jsonl", profiling, reference=reference_name)
+    wanted = {pivot.id for pivot in candidates}
+    profiled = [pivot for pivot in read_pivots(out / "profiled.jsonl") if pivot.id in wanted]
+    # line 4: D_pivot <- D_adv = {var > 0 and mean < lambda_diff} (Eq. 4), near-duplicates dropped when asked
+    pivots = filter_pivots(profiled, lambda_diff=config.filter.lambda_diff, mode=config.filter.mode)
+    if config.filter.dedup:
+        pivots = dedup_pivots(pivots, by=config.filter.dedup_by)
+    if not pivots:
+        mixed = sum(1 for p in profiled if p.profile is not None and p.profile.var > 0)
+        raise NoPivotsError(
+            f"no pivot to train on: of {len(profiled)} profiled candidates (K={profiling.k}), {mixed} had mixed "
+            f"rewards (var > 0) and none of them a mean below lambda_diff={config.filter.lambda_diff}; raise K "
+            "or lambda_diff, or start from a stronger reference policy"
+        )
+    write_pivots(pivots, out / "pivots.jsonl")
+    return Selection(candidates, profiled, pivots, run)
+
+
+# -- Eq. 1 (group_adv): the group-normalised advantage of Algorithm 1, line 11 ------------------
 
 
 def group_advantages(
@@ -151,11 +245,12 @@ def group_advantages(
             out.append(0.0)
             continue
         baseline = (mean * n - r) / (n - 1) if leave_one_out else mean
+        # Eq. 1: A_i = (r_i - mean_j r_j) / (std_j r_j + eps_std), population std over the valid samples
         out.append((r - baseline) / (std + std_epsilon) if scale_by_std else r - baseline)
     return out
 
 
-# -- Eq. 6: the clipped, importance-weighted objective with the k3 KL ------------------------------
+# -- Eq. 6 (pivotrl_obj): the clipped objective, with Eq. 7's weight and the k3 KL: line 13's loss -------
 
 
 def clipped_loss(
@@ -177,13 +272,16 @@ def clipped_loss(
     """
     import torch
 
+    # Eq. 7 (importance_weight): w_i = pi_theta(a_i | s) / pi_theta_old(a_i | s), per token
     ratio = torch.exp(logprobs - old_logprobs)
     advantage = advantages.unsqueeze(1)
+    # Eq. 6: min(w_i A_i, clip(w_i, 1 - eps_low, 1 + eps_high) A_i), negated to minimise
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantage
     per_token = -torch.min(unclipped, clipped)
     stats = {"clipped": float(((clipped < unclipped) & mask).sum())}
     if beta > 0.0:
+        # Eq. 6's D_KL = beta KL(pi_theta || pi_0), estimated per token by k3 (Schulman)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + beta * kl
@@ -218,7 +316,7 @@ def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[
     return Group(pivot_id, list(completions[0].prompt_token_ids), [t for t, _ in kept], [a for _, a in kept])
 
 
-# -- setup helpers: LoRA, the frozen reference -------------------------------------
+# -- setup helpers: LoRA, the frozen reference pi_0 ----------------------------------------------
 
 
 def _with_lora(model: Any, config: GRPOConfig) -> Any:
@@ -250,7 +348,7 @@ def _reference_logprobs(model: Any, reference: Any, groups: Sequence[Group], con
             return groups_logprobs(model, pairs, config.temperature)[0]
 
 
-# -- the update: Eq. 6 over the batch, token-level aggregation -----------------------------------------
+# -- Algorithm 1, line 13: update theta with Eq. 6 over the batch, token-level aggregation -------------
 
 
 def padded_tokens(groups: Sequence[Group]) -> int:
@@ -325,7 +423,7 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
     return totals
 
 
-# -- Algorithm 1, lines 5-15 ---------------------------------------------------------------------------
+# -- Algorithm 1, lines 5-14: the loop ----------------------------------------------------------------
 
 
 def train(
@@ -337,11 +435,11 @@ def train(
     model: Any = None,
     **env_kwargs: Any,
 ) -> TrainResult:
-    """Train `policy` with GRPO at `pivots` (D_pivot); returns where the run's outputs are.
+    """Algorithm 1, lines 5-14: train `policy` with GRPO at `pivots` (D_pivot); returns where the run's outputs are.
 
-    policy:  a Policy with a trainable `.model` (hf); loaded from `config.policy` when None. A
-             backend that generates with other weights (vllm) gets them through `update_weights`;
-             then pass the trainable `model`.
+    policy:  a TrainablePolicy with a trainable `.model` (hf); loaded from `config.policy` when
+             None. A backend that generates with other weights (vllm) gets them through
+             `update_weights`; then pass the trainable `model`.
     env_id:  the env scoring actions (an id, or a factory of envs holding the pivots); by default
              `pivot/<domain>-v0` of the pivots' domain, built with `env_kwargs`.
     heldout: pivots for the turn accuracy logged every `config.eval_every` steps.
@@ -366,8 +464,6 @@ def train(
 
     # -- setup: policy, trainable module (LoRA optional), frozen reference, optimizer, envs
     if policy is None:
-        from pivot_envs.policy import load_policy
-
         policy = load_policy(config.policy)
     model = trainable_module(policy, model)
     if config.lora:
@@ -391,12 +487,14 @@ def train(
     bar = tqdm(total=config.steps, initial=start, unit="step", desc="GRPO", file=sys.stderr, disable=progress_disabled())
 
     try:
+        # line 5: for k = 1, ..., K_train (line 14 ends it)
         for step in range(start + 1, config.steps + 1):
             began = time.perf_counter()
             # line 6: sample a minibatch of B pivots from D_pivot
             chosen = sampler.choice(len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False)
             batch = [pivots[int(i)] for i in chosen]
 
+            # line 7: for each s_b (lines 8-11 run batched over the B pivots)
             # line 8: G actions at each pivot from pi_theta_old (seeded per step: a resumed run samples the same)
             sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seed=config.seed * 1_000_003 + step)
             completions = policy.generate([pivot.observation for pivot in batch], config.group_size, sampling)
@@ -421,7 +519,7 @@ def train(
                 if built.actions:
                     groups.append(built)
 
-            # line 13: update theta with the objective of Eq. 6, then hand the weights to the generator
+            # line 12 ends the per-pivot loop; line 13: update theta with Eq. 6, then hand the weights to the generator
             stats = update(model, reference, optimizer, groups, config) if groups else {}
             if groups:
                 sync_weights(policy, model)
@@ -473,3 +571,40 @@ def train(
     final = out / "final"
     save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
     return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history)
+
+
+# -- Algorithm 1, lines 1-14 ----------------------------------------------------------------------
+
+
+def pivotrl(
+    source: Iterable[Any],
+    policy: TrainablePolicy | str,
+    config: PivotRLConfig | None = None,
+    env_id: str | None = None,
+    heldout: Sequence[Pivot] | None = None,
+    reference_name: str | None = None,
+) -> PivotRLResult:
+    """PivotRL end to end, in the paper's order: select the pivots under pi_0 (lines 1-4), then train at them (5-14).
+
+    source:  expert trajectories, or candidates already extracted (see `select_pivots`).
+    policy:  pi_0 and the initial pi_theta (a TrainablePolicy or a spec such as hf:smollm2): it is
+             profiled before any update, so the profiles are the frozen reference's.
+    env_id:  the env that scores actions in profiling and training alike (default:
+             `config.profile.env`, else pivot/<domain>-v0), built with `config.profile.env_kwargs`.
+    heldout: pivots for the turn accuracy logged every `config.train.eval_every` steps.
+    Writes candidates.jsonl, profiled.jsonl and pivots.jsonl into `config.out`, the GRPO run into
+    `config.out`/train; raises NoPivotsError when line 4 keeps no pivot.
+    """
+    config = config or PivotRLConfig()
+    if isinstance(policy, str):
+        policy = load_policy(policy)
+    selection = select_pivots(source, policy, config, env_id, reference_name)
+    training = train(
+        replace(config.train, out=str(Path(config.out) / "train")),
+        selection.pivots,
+        policy=policy,
+        env_id=env_id or config.profile.env,
+        heldout=heldout,
+        **config.profile.env_kwargs,
+    )
+    return PivotRLResult(selection, training)

@@ -16,6 +16,8 @@ from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env
 from pivot_envs.adapters.grpo import (  # noqa: E402
     Group,
     GRPOConfig,
+    NoPivotsError,
+    PivotRLConfig,
     TrainablePolicy,
     UntrainablePolicyError,
     action_logprobs,
@@ -26,12 +28,15 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     pack_groups,
     padded_tokens,
     pass_budget,
+    pivotrl,
     plot_metrics,
+    select_pivots,
     train,
     update,
 )
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
 
+from pivot_envs.pivot import read_pivots  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
 
 
@@ -323,6 +328,60 @@ def test_lora_trains_only_the_adapters_and_the_policy_generates_with_them(tokeni
     assert (result.final / "adapter_model.safetensors").is_file()
     with torch.no_grad():
         assert not torch.allclose(policy.model(probe).logits, logits_before)  # what the policy generates with moved
+
+
+@pytest.fixture(scope="module")
+def has_letter_env_id():
+    """An env id whose env holds the pivots it is given and scores with the has-letter verifier."""
+    import gymnasium as gym
+
+    name = "test/echo-has-letter-v0"
+    if name not in gym.registry:
+        gym.register(name, entry_point=lambda pivots=None: EchoEnv(pivots, verifier=HasLetterVerifier()))
+    return name
+
+
+def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_the_pivots(tokenizer, tmp_path,
+                                                                                          has_letter_env_id):
+    from pivot_envs.extract import ExtractConfig, FilterConfig
+    from pivot_envs.profile import ProfileConfig, profile
+    from pivot_envs.trajectory import Trajectory
+
+    experts = real_pivots()[:8]
+    trajectories = [Trajectory(id=f"expert-{i}", messages=[*p.messages, p.expert], tools=p.tools)
+                    for i, p in enumerate(experts)]
+    profiling = ProfileConfig(k=4, max_new_tokens=2, seed=0, batch_pivots=4, env_workers=2, progress=False)
+    config = PivotRLConfig(out=str(tmp_path / "run"), extract=ExtractConfig(domain="echo"), profile=profiling,
+                           filter=FilterConfig(lambda_diff=0.6),
+                           train=tiny_config(tmp_path / "ignored", steps=2, max_new_tokens=2, checkpoint_every=0))
+    result = pivotrl(trajectories, tiny_policy(tokenizer), config, env_id=has_letter_env_id)
+    selection = result.selection
+
+    # line 2: one candidate per assistant turn after a prefix; each expert turn is the last of its trajectory
+    turns = [sum(m["role"] == "assistant" for m in t.messages) for t in trajectories]
+    assert {f"expert-{i}/t{n - 1}" for i, n in enumerate(turns)} <= {p.id for p in selection.candidates}
+    # line 3: every candidate profiled with K samples of pi_0, before any update: a fresh copy of the
+    # initial model profiles them the same
+    assert [p.id for p in selection.profiled] == [p.id for p in selection.candidates]
+    assert all(p.profile.k == 4 and len(p.profile.rewards) == 4 for p in selection.profiled)
+    profile(selection.candidates, tiny_policy(tokenizer), tmp_path / "again.jsonl",
+            ProfileConfig(**{**vars(profiling), "env": has_letter_env_id}))
+    again = {p.id: p.profile.rewards for p in read_pivots(tmp_path / "again.jsonl")}
+    assert {p.id: p.profile.rewards for p in selection.profiled} == again
+    # line 4: D_pivot is D_adv (var > 0, mean < lambda_diff): here the candidates with mean 0.75 go
+    kept = [p.id for p in selection.profiled if p.profile.var > 0 and p.profile.mean < 0.6]
+    assert [p.id for p in selection.pivots] == kept and 0 < len(kept) < len(selection.profiled)
+    assert [p.id for p in read_pivots(tmp_path / "run" / "pivots.jsonl")] == kept
+    # lines 5-14: the GRPO run at those pivots, in OUT/train
+    assert result.training.out == tmp_path / "run" / "train" and [r["step"] for r in result.training.history] == [1, 2]
+    assert not (tmp_path / "ignored").exists()
+
+    # A threshold nothing is under keeps no pivot: refused with the profiles' figures (reused, not redone).
+    with pytest.raises(NoPivotsError, match=rf"of {len(selection.profiled)} profiled candidates \(K=4\), "
+                                            rf"{sum(p.profile.var > 0 for p in selection.profiled)} had mixed"):
+        select_pivots(selection.candidates, tiny_policy(tokenizer, seed=5),
+                      PivotRLConfig(out=config.out, profile=profiling, filter=FilterConfig(lambda_diff=0.0)),
+                      env_id=has_letter_env_id, reference_name="hf:tiny")
 
 
 @pytest.fixture(scope="module")
