@@ -23,6 +23,10 @@ class UnknownNameError(PivotEnvsError, ValueError):
         super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.choices)}")
 
 
+class PivotSetError(PivotEnvsError, ValueError):
+    """A set of pivots that cannot be used as given (duplicate ids, no domain to pick an env by)."""
+
+
 class MissingExtraError(PivotEnvsError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.config import ConfigError, at_least, between, option
-from pivot_envs.errors import PivotEnvsError
+from pivot_envs.errors import PivotEnvsError, PivotSetError
 from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
 from pivot_envs.scoring import EnvPool, resolve_env
@@ -106,6 +106,10 @@ def _type_name(value: Any) -> str:
 
 class ProfileMismatchError(PivotEnvsError, ValueError):
     """The output holds profiles made with other settings than this run's."""
+
+
+class PolicyOutputError(PivotEnvsError, RuntimeError):
+    """A policy returned another number of completions than it was asked for."""
 
 
 class EnvFailureError(PivotEnvsError, RuntimeError):
@@ -256,7 +260,7 @@ def env_id_for(pivot: Pivot, config: ProfileConfig) -> str:
     if config.env:
         return config.env
     if not pivot.domain:
-        raise ValueError(f"pivot {pivot.id}: no domain recorded; pass an env id (--env)")
+        raise PivotSetError(f"pivot {pivot.id}: no domain recorded; pass an env id (--env)")
     return f"pivot/{pivot.domain}-v0"
 
 
@@ -333,7 +337,7 @@ def profile(
     seen: set[str] = set()
     for pivot in pivots:
         if pivot.id in seen:
-            raise ValueError(f"pivot id {pivot.id!r} appears twice in the input: ids must be unique")
+            raise PivotSetError(f"pivot id {pivot.id!r} appears twice in the input: ids must be unique")
         seen.add(pivot.id)
         if pivot.id in done:
             run.skipped += 1
@@ -376,7 +380,7 @@ def profile(
                     recorder.finish(pending)  # keep what was sampled
                     raise
                 if len(groups) != len(batch) or any(len(g) != config.k for g in groups):
-                    raise RuntimeError(
+                    raise PolicyOutputError(
                         f"policy {policy.name} returned {[len(g) for g in groups]} completions for "
                         f"{len(batch)} chats x {config.k}"
                     )

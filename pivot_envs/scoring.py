@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
 
 EnvFactory = Callable[[], Any]
@@ -40,7 +41,7 @@ def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwa
     if env is None:
         domains = sorted({pivot.domain for pivot in pivots})
         if len(domains) != 1 or not domains[0]:
-            raise ValueError(f"cannot tell which env scores these pivots (domains {domains}): pass an env id")
+            raise PivotSetError(f"cannot tell which env scores these pivots (domains {domains}): pass an env id")
         env = f"pivot/{domains[0]}-v0"
     env_id, kept = env, list(pivots)
 

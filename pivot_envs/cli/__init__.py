@@ -48,6 +48,7 @@ DECLARED = {
     "export": "pivot_envs.cli.export",
     "extract": "pivot_envs.cli.extract",
     "filter": "pivot_envs.cli.filter",
+    "new-domain": "pivot_envs.cli.new_domain",
     "profile": "pivot_envs.cli.profile",
     "run": "pivot_envs.adapters.cli_run",
     "sandbox": "pivot_envs.domains.terminal.cli",

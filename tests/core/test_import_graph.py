@@ -17,7 +17,7 @@ PLUGINS = ("pivot_envs.domains", "pivot_envs.adapters")
 # A CLI command that still imports a domain by name (inside the command): the CLI rewrite under
 # way moves such commands behind an entry-point group (run and train already went to the
 # adapters). Delete the entry when the module no longer needs it; no other core module may join.
-KNOWN_PLUGIN_IMPORTS = {"pivot_envs.cli.sandbox"}
+KNOWN_PLUGIN_IMPORTS: set[str] = set()
 
 
 def _folders(root: Path) -> dict[str, Path]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pivot_envs.adapters.cli_run import Signal
+
 from pivot_envs.cli import main
-from pivot_envs.cli.run import Signal
 from pivot_envs.pivot import Pivot, Profile, read_pivots
 
 
