@@ -74,7 +74,7 @@ docker_answers() { docker info >/dev/null 2>&1; }
 
 start_dockerd() {
   if [[ -d /run/systemd/system ]]; then
-    systemctl start docker
+    systemctl start docker && docker_answers
     return
   fi
   # No init system runs services here (a container, a CI job): dockerd in its own session, logged.
@@ -117,7 +117,7 @@ step_docker() {
 }
 
 # Prints four lines: the root filesystem's path, whether it is complete (1/0), the Docker image's tag,
-# and whether Docker has it ("has", "missing", or "no-daemon" when none answers). Reads only.
+# and whether Docker has it ("has", "missing", or "no-daemon" when none answers). Builds nothing.
 image_state() {
   "$VENV/bin/python" - <<'EOF'
 from pivot_envs.domains.terminal import image
