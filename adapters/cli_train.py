@@ -1,4 +1,4 @@
-"""`pivotrl train`: GRPO at pivots with the bundled trainer (paper Algorithm 1, lines 5-15).
+"""`pivotrl train`: GRPO at pivots with the bundled trainer (paper Algorithm 1, lines 5-14).
 
 An adapter's command: the entry point `train` of the group `pivot_envs.commands` names this module.
 """
