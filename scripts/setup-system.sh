@@ -121,7 +121,7 @@ step_docker() {
 image_state() {
   "$VENV/bin/python" - <<'EOF'
 from pivot_envs.domains.terminal import image
-from pivot_envs.domains.terminal.backends import docker_available
+from pivot_envs.sandboxes.available import docker_available
 
 config = image.ImageConfig()
 rootfs = image.rootfs_path(config)
@@ -139,11 +139,15 @@ step_image() {
     say "image: $pivotrl is not installed yet (make setup installs it); then: $pivotrl sandbox build-image"
     return
   fi
-  local state rootfs ready tag docker
-  if ! state=$(image_state 2>&1); then
-    say "image: cannot read the terminal base image's state: ${state##*$'\n'}"
+  local state rootfs ready tag docker errors
+  errors=$(mktemp)
+  # Only stdout is the state: a warning on stderr must not be read as a path.
+  if ! state=$(image_state 2>"$errors"); then
+    say "image: cannot read the terminal base image's state: $(tail -n 1 "$errors")"
+    rm -f "$errors"
     return
   fi
+  rm -f "$errors"
   { read -r rootfs; read -r ready; read -r tag; read -r docker; } <<<"$state"
   if ((ready)) && [[ $docker == has ]]; then
     say "image: ready ($rootfs, Docker image $tag)"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from pivot_envs.domains.terminal import image
-from pivot_envs.domains.terminal.backends import docker_available
+from pivot_envs.sandboxes.available import docker_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "setup-system.sh"
