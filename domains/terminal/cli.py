@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pivot_envs.config import add_config, command_parser, option
 
 NAME = "sandbox"
-HELP = "build the terminal sandbox base image (build-image) or remove leftover sandboxes (gc)"
+HELP = "Build the terminal sandbox base image (build-image) or remove leftover sandboxes (gc)."
 
 
 @dataclass

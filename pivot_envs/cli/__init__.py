@@ -40,29 +40,11 @@ from pivot_envs.errors import PivotEnvsError
 
 PROG = "pivotrl"
 GROUP = "pivot_envs.commands"
-# The commands pyproject.toml declares in GROUP, read only when the installed pivot-envs declares
-# none (an editable install made before the group existed); a reinstall makes this unused.
-DECLARED = {
-    "domains": "pivot_envs.cli.domains",
-    "eval": "pivot_envs.cli.eval",
-    "export": "pivot_envs.cli.export",
-    "extract": "pivot_envs.cli.extract",
-    "filter": "pivot_envs.cli.filter",
-    "new-domain": "pivot_envs.cli.new_domain",
-    "profile": "pivot_envs.cli.profile",
-    "run": "pivot_envs.adapters.cli_run",
-    "sandbox": "pivot_envs.domains.terminal.cli",
-    "split": "pivot_envs.cli.split",
-    "stats": "pivot_envs.cli.stats",
-    "train": "pivot_envs.adapters.cli_train",
-}
 
 
 def command_entry_points() -> dict[str, metadata.EntryPoint]:
     """The installed commands by name (entry-point group `pivot_envs.commands`)."""
     found = {entry_point.name: entry_point for entry_point in metadata.entry_points(group=GROUP)}
-    if not any(getattr(entry_point.dist, "name", "") == "pivot-envs" for entry_point in found.values()):
-        found.update({name: metadata.EntryPoint(name, value, GROUP) for name, value in DECLARED.items()})
     return dict(sorted(found.items()))
 
 
