@@ -56,6 +56,8 @@ def backend_of(nodeid: str) -> str:
         return "tool-use"
     if "/terminal/" in path:
         return "terminal"
+    if "/sandboxes/" in path:
+        return "sandboxes"
     return "core"
 
 
