@@ -99,7 +99,7 @@ class SpecKwargs(dict):
     Under gymnasium's own default (next-step autoreset) every second vector step of a one-step
     env is spent on a reset that scores nothing (reward 0, no category), and nothing warns.
     gym.make_vec reads its vectorizer's options as `spec.kwargs.pop("vector_kwargs", <the
-    caller's vector_kwargs>)` (gymnasium 1.0 to 1.4, sync and async alike); this dict answers that
+    caller's vector_kwargs>)` (gymnasium 1.4, the lowest we admit, sync and async alike); this dict answers that
     pop with the caller's options over `autoreset_mode=PivotEnv.metadata["autoreset_mode"]`, so a
     caller's own choice (autoreset_mode, shared_memory, ...) still wins. Otherwise a plain dict.
     """

@@ -66,16 +66,6 @@ def resolve_sandbox(kind: str) -> str:
     raise SandboxError(INSTALL_HELP + no_sdk)
 
 
-def displayable(text: str) -> str:
-    """`text` with every lone surrogate (a file name's undecodable byte, kept by surrogateescape)
-    replaced by U+FFFD, so `info` and the observation can be JSON-encoded."""
-    try:
-        raw = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate surrogateescape did not make
-        raw = text.encode("utf-8", "replace")
-    return raw.decode("utf-8", "replace")
-
-
 def bundled_pivots() -> list[Pivot]:
     """The domain's bundled pivots (generated from data/tasks.toml)."""
     path = resources.files("pivot_envs.domains.terminal") / "data" / "pivots.jsonl"
@@ -172,11 +162,10 @@ class TerminalEnv(PivotEnv):
             self.sandbox.close()
             self.sandbox = None
         changes = file_changes(state.before, result.files) if result.files is not None else []
-        result.output = displayable(result.output)
         reply = result.output + ("\n[timed out]" if result.timed_out else "") + f"\n[exit code {result.exit_code}]"
         call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
-        output = {**result.to_dict(), "files_changed": [{"path": displayable(change.path), "kind": change.kind}
-                                                        for change in changes]}
+        # Undecodable bytes (lone surrogates) in paths and output become U+FFFD in PivotEnv.step.
+        output = {**result.to_dict(), "files_changed": [{"path": change.path, "kind": change.kind} for change in changes]}
         return Outcome(
             messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
             output=output,

@@ -22,7 +22,7 @@ def needs_parts(env_id: str) -> None:
     """Skip (a failure under CI) when the env's sandbox is missing on this machine."""
     if env_id == "pivot/terminal-v0":
         from pivot_envs.domains.terminal import image
-        from pivot_envs.domains.terminal.backends import bwrap_available, docker_available
+        from pivot_envs.sandboxes.available import bwrap_available, docker_available
 
         if not image.rootfs_ready(image.rootfs_path()):
             pytest.skip("the terminal base root filesystem is not built: run `sudo pivotrl sandbox build-image`")
