@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+logger = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "pivot-envs-"
 # What a sandbox's cgroup also holds besides the commands: bwrap's init, the command server and
@@ -80,7 +82,15 @@ def _v1_parents() -> tuple[Path, Path] | None:
 
 @functools.lru_cache(maxsize=1)
 def hierarchy() -> Hierarchy | str:
-    """The hierarchy sandbox cgroups are made in, or why there is none (probed once per process)."""
+    """The hierarchy sandbox cgroups are made in, or why there is none (probed, and a missing one
+    logged, once per process)."""
+    found = _probe()
+    if isinstance(found, str):
+        logger.info("bubblewrap sandboxes without a cgroup: %s", found)
+    return found
+
+
+def _probe() -> Hierarchy | str:
     if os.geteuid() != 0:
         return "not running as root: limits are rlimits only (per process memory, per user processes)"
     try:

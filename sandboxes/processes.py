@@ -52,17 +52,10 @@ def hard_limits(limits: SandboxLimits) -> list[str]:
     return ["prlimit", f"--fsize={file_bytes}:{file_bytes}", f"--as={memory_bytes}:{memory_bytes}", "--"]
 
 
-_CGROUP_WARNED: list[str] = []
-
-
 def sandbox_cgroup(limits: SandboxLimits) -> SandboxCgroup | None:
     """A cgroup bounding the whole sandbox's memory and processes, or None where none can be made
-    (not root, no writable hierarchy: the rlimits stay the limits; said once per process)."""
-    reason = cgroups.hierarchy()
-    if isinstance(reason, str):
-        if not _CGROUP_WARNED:
-            _CGROUP_WARNED.append(reason)
-            logger.info("bubblewrap sandboxes without a cgroup: %s", reason)
+    (not root, no writable hierarchy: the rlimits stay the limits; cgroups.hierarchy logs why, once)."""
+    if not cgroups.available():
         return None
     try:
         return SandboxCgroup(limits.memory_mb << 20, limits.processes + cgroups.INFRASTRUCTURE_PROCESSES)
