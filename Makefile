@@ -14,7 +14,7 @@ SETUP_SYSTEM := PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup-system.sh
 system:
 	@$(SETUP_SYSTEM) packages docker
 
-$(STAMP): pyproject.toml setup.py | system
+$(STAMP): pyproject.toml | system
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.

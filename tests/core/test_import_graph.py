@@ -1,8 +1,8 @@
 """The import graph, read from the source with ast (nothing is imported): the core never names a
 domain or an adapter, and no two modules import each other.
 
-Modules are every .py file of `pivot_envs/` and of the top-level folders setup.py maps into the
-`pivot_envs` namespace (`domains/` -> `pivot_envs.domains`, ...). An import at module level
+Modules are every .py file of `pivot_envs/` and of the top-level folders pyproject.toml's
+`[tool.setuptools] package-dir` maps into the `pivot_envs` namespace (`domains/` -> `pivot_envs.domains`, ...). An import at module level
 (class bodies and `if TYPE_CHECKING:` blocks included: a type-only import still ties two modules'
 definitions together) runs when the module is imported; an import inside a function runs later.
 """
@@ -10,7 +10,13 @@ definitions together) runs when the module is imported; an import inside a funct
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ("pivot_envs.domains", "pivot_envs.adapters")
@@ -21,11 +27,9 @@ KNOWN_PLUGIN_IMPORTS: set[str] = set()
 
 
 def _folders(root: Path) -> dict[str, Path]:
-    """Import name -> folder: `pivot_envs` and the folders setup.py's MAPPED puts in its namespace."""
-    mapped: dict[str, str] = {}
-    for node in ast.parse((root / "setup.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MAPPED" for t in node.targets):
-            mapped = ast.literal_eval(node.value)
+    """Import name -> folder, as pyproject.toml's `[tool.setuptools] package-dir` maps them."""
+    with open(root / "pyproject.toml", "rb") as file:
+        mapped = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
     return {"pivot_envs": root / "pivot_envs", **{name: root / folder for name, folder in mapped.items()}}
 
 
@@ -122,7 +126,7 @@ def test_the_core_has_no_import_cycle_even_through_imports_inside_functions() ->
 
 
 def test_the_graph_finds_cycles_through_type_checking_imports_and_functions(tmp_path: Path) -> None:
-    (tmp_path / "setup.py").write_text('MAPPED = {"pivot_envs.domains": "domains"}\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = { "pivot_envs.domains" = "domains" }\n')
     core, domain = tmp_path / "pivot_envs", tmp_path / "domains" / "demo"
     core.mkdir()
     domain.mkdir(parents=True)
