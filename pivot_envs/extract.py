@@ -205,7 +205,7 @@ def _clone(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def filter_pivots(pivots: Iterable[Pivot], lambda_diff: float = 0.6, mode: str = "adv") -> list[Pivot]:
+def filter_pivots(pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, mode: str = "adv") -> list[Pivot]:
     """D_adv (paper Eq. 4): profiled variance > 0 and mean < lambda_diff; `mode="cand"` keeps all (D_cand).
 
     Raises ValueError naming the first pivot without a profile in "adv" mode.

@@ -14,10 +14,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.errors import PivotSetError
+from pivot_envs.errors import PivotEnvsError, PivotSetError
 from pivot_envs.pivot import Pivot
 
 EnvFactory = Callable[[], Any]
+
+
+class EnvScoringError(PivotEnvsError, RuntimeError):
+    """An env raised one of the library's errors out of reset or step (its restore's infrastructure
+    failed: a sandbox, a tool backend); the env's error is chained."""
 
 
 @dataclass
@@ -81,7 +86,10 @@ class EnvPool:
         try:
             env.reset(options={"pivot": pivot_id})
             _, reward, _, _, info = env.step(action)
+        except PivotEnvsError as error:
+            raise EnvScoringError(f"pivot {pivot_id}: the env failed on an action: {error}") from error
         except Exception as error:
+            # Anything else breaks the env contract (step never raises; reset is given pivots the env holds): a bug.
             raise RuntimeError(f"pivot {pivot_id}: the env failed on an action: {error!r}") from error
         finally:
             self._idle.put(env)

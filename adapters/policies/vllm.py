@@ -24,7 +24,12 @@ from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
 
+from pivot_envs.errors import MissingExtraError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
+
+
+class VLLMMissingError(MissingExtraError, RuntimeError):
+    """vllm is not installed (a RuntimeError too, as it was before it had a type)."""
 
 
 class VLLMPolicy:
@@ -51,8 +56,10 @@ class VLLMPolicy:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
-        except ImportError as error:
-            raise RuntimeError(f"the vllm backend needs the vllm package (pip install 'pivot-envs[vllm]'): {error}") from None
+        except ModuleNotFoundError as error:
+            if error.name != "vllm":  # vllm is there but one of its own imports is not: its traceback says which
+                raise
+            raise VLLMMissingError("the vllm backend", "vllm", "vllm") from None
 
         if path == "smollm2":
             from pivot_envs.adapters import smollm2

@@ -20,6 +20,7 @@ from typing import Any
 
 from pivot_envs.sandboxes import CommandResult
 
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot, write_pivots
 
 from .parse import BASH_TOOL, canonical_message
@@ -30,6 +31,14 @@ SYSTEM_PROMPT = (
     "time: answer with exactly one bash command, as a call to the `bash` tool or in one ```bash code block. "
     "The command's output and exit code come back as the tool's reply."
 )
+
+
+class TaskFileError(PivotEnvsError, ValueError):
+    """A task definition file that cannot be read as tasks; the message names the file and the task."""
+
+
+class TaskError(PivotEnvsError, RuntimeError):
+    """A task that cannot be replayed: its setup failed, or its expert's commands do not pass its check."""
 
 
 @dataclass
@@ -69,7 +78,7 @@ def tasks_file() -> Path:
 
 
 def load_tasks(path: str | Path | None = None) -> list[Task]:
-    """Read task definitions (TOML, `[[task]]` tables); errors name the file and the task."""
+    """Read task definitions (TOML, `[[task]]` tables); a bad task raises TaskFileError naming the file and the task."""
     import tomllib
 
     path = Path(path or tasks_file())
@@ -78,20 +87,23 @@ def load_tasks(path: str | Path | None = None) -> list[Task]:
     for index, raw in enumerate(data.get("task", [])):
         missing = [key for key in ("id", "instruction", "expert", "check") if key not in raw]
         if missing:
-            raise ValueError(f"{path}: task #{index} ({raw.get('id', '?')}) lacks {', '.join(missing)}")
+            raise TaskFileError(f"{path}: task #{index} ({raw.get('id', '?')}) lacks {', '.join(missing)}")
         if raw["id"] in seen:
-            raise ValueError(f"{path}: task id {raw['id']!r} is defined twice")
+            raise TaskFileError(f"{path}: task id {raw['id']!r} is defined twice")
         seen.add(raw["id"])
         expert = raw["expert"]
         if not isinstance(expert, list) or not expert or not all(isinstance(c, str) and c.strip() for c in expert):
-            raise ValueError(f"{path}: task {raw['id']!r}: 'expert' must be a non-empty list of commands")
+            raise TaskFileError(f"{path}: task {raw['id']!r}: 'expert' must be a non-empty list of commands")
         tasks.append(Task(raw["id"], raw["instruction"], raw.get("setup", "").strip(), expert, raw["check"],
                           raw.get("workdir", "/app"), raw.get("image", BASE_IMAGE)))
     return tasks
 
 
 def run_task(backend: Any, task: Task) -> TaskRun:
-    """Replay `task` in a fresh sandbox of `backend`: setup, check (expected to fail), expert commands, check."""
+    """Replay `task` in a fresh sandbox of `backend`: setup, check (expected to fail), expert commands, check.
+
+    Raises TaskError when the setup fails; a check that fails after the expert is in the TaskRun (`solved`).
+    """
     if backend.name == "bwrap":
         sandbox = backend.create(task.workdir)
     else:
@@ -103,7 +115,7 @@ def run_task(backend: Any, task: Task) -> TaskRun:
         if task.setup:
             setup = sandbox.run(task.setup, timeout=60)
             if not setup.ok:
-                raise RuntimeError(f"task {task.id}: setup failed (exit {setup.exit_code}): {setup.output[-500:]}")
+                raise TaskError(f"task {task.id}: setup failed (exit {setup.exit_code}): {setup.output[-500:]}")
         run.check_before = _check(sandbox, task)
         for command in task.expert:
             run.results.append(sandbox.run(command))
@@ -144,7 +156,7 @@ def task_pivots(run: TaskRun) -> list[Pivot]:
 
 
 def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None = None) -> int:
-    """Replay every task and write their pivots to `out`; raises if a task's expert does not solve it."""
+    """Replay every task and write their pivots to `out`; raises TaskError if a task's expert does not solve it."""
     from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
     from pivot_envs.sandboxes.docker_backend import DockerBackend
 
@@ -158,7 +170,7 @@ def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None =
         for task in tasks or load_tasks():
             run = run_task(backend, task)
             if not run.solved:
-                raise RuntimeError(f"task {task.id}: the expert's trajectory does not pass the check: "
+                raise TaskError(f"task {task.id}: the expert's trajectory does not pass the check: "
                                    f"{run.check_after.output if run.check_after else ''}")
             pivots.extend(task_pivots(run))
     finally:

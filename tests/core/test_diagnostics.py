@@ -82,3 +82,16 @@ def test_report_table_shows_the_paper_statistics(profiled: list[Pivot]) -> None:
     assert "miss rate P[strict=0|func=1]" in text and "(3/6)" in text
     assert re.search(r"^D_adv at lambda_diff=0.6 +1 of 4$", text, re.MULTILINE)
     assert "mean in [0.75, 1.00]" in text and "mean in [0.00, 0.25)" in text
+
+
+def test_diagnose_and_filter_count_d_adv_at_the_filter_configs_lambda_diff() -> None:
+    from pivot_envs.extract import FilterConfig, filter_pivots
+
+    # Mixed candidates with means on both sides of any lambda_diff in (0.25, 0.75]: the number is written once.
+    pivots = [_pivot(f"m/t{i}", MESSAGE, profile=Profile.from_samples(rewards))
+              for i, rewards in enumerate(([1, 0, 0, 0], [1, 1, 1, 0]))]
+    default = FilterConfig().lambda_diff
+    expected = [p.id for p in pivots if p.profile.mean < default]
+    assert [p.id for p in filter_pivots(pivots)] == expected and len(expected) == 1
+    diagnostics = diagnose(pivots)
+    assert diagnostics.lambda_diff == default and diagnostics.adv_count == len(expected)
