@@ -103,7 +103,9 @@ class PivotEnv(gym.Env):
         if not self.pivots:
             raise ValueError(f"{type(self).__name__}: the pivot set is empty")
         self._by_id = {pivot.id: i for i, pivot in enumerate(self.pivots)}
-        self.verifier: Verifier = self._make_verifier(verifier or self.default_verifier, verifier_config or {})
+        self.verifier: Verifier = self._make_verifier(
+            verifier or self.default_verifier, verifier_config or {}
+        )
         self.strict_verifier = StrictVerifier()
         self.observation_space = Chat()
         self.action_space = Completion()
@@ -127,7 +129,9 @@ class PivotEnv(gym.Env):
             return ParsedAction({"role": "assistant", **{k: v for k, v in action.items() if k != "role"}})
         if isinstance(action, str):
             return ParsedAction({"role": "assistant", "content": action})
-        return ParsedAction(None, "unparseable", f"an action must be text or a message dict, got {type(action).__name__}")
+        return ParsedAction(
+            None, "unparseable", f"an action must be text or a message dict, got {type(action).__name__}"
+        )
 
     def restore(self, pivot: Pivot) -> None:
         """Restore the state at `pivot` (nothing to do for pure chat domains)."""
@@ -143,7 +147,9 @@ class PivotEnv(gym.Env):
         options = options or {}
         if "pivot" in options:
             if options["pivot"] not in self._by_id:
-                raise KeyError(f"unknown pivot id {options['pivot']!r} ({len(self.pivots)} pivots in this env)")
+                raise KeyError(
+                    f"unknown pivot id {options['pivot']!r} ({len(self.pivots)} pivots in this env)"
+                )
             index = self._by_id[options["pivot"]]
         elif "index" in options:
             index = int(options["index"])
@@ -164,11 +170,17 @@ class PivotEnv(gym.Env):
         self._stepped = True
         parsed, outcome, verdict, strict = self._judge(pivot, action)
         if parsed.message is None:
-            shown = {"role": "assistant", "content": json_safe(action) if isinstance(action, str) else action_text(action)}
+            shown = {
+                "role": "assistant",
+                "content": json_safe(action) if isinstance(action, str) else action_text(action),
+            }
         else:
             shown = json_safe(parsed.message)
         prefix = self._fresh_observation(pivot)
-        observation = {"messages": [*prefix["messages"], shown, *json_safe(outcome.messages)], "tools": prefix["tools"]}
+        observation = {
+            "messages": [*prefix["messages"], shown, *json_safe(outcome.messages)],
+            "tools": prefix["tools"],
+        }
         # Each part is made JSON-safe once: info["parsed"] is the message the observation shows.
         info = {
             "pivot_id": json_safe(pivot.id),
@@ -180,7 +192,11 @@ class PivotEnv(gym.Env):
             "output": json_safe(outcome.output),
         }
         # What render() shows, kept as text: nothing a caller edits in what step returned.
-        self._last = {"action": str(shown.get("content"))[:200], "reward": verdict.reward, "category": info["category"]}
+        self._last = {
+            "action": str(shown.get("content"))[:200],
+            "reward": verdict.reward,
+            "category": info["category"],
+        }
         return observation, float(verdict.reward), True, False, info
 
     def _fresh_observation(self, pivot: Pivot) -> dict[str, Any]:
@@ -223,7 +239,12 @@ class PivotEnv(gym.Env):
             return parsed, outcome, replace(verdict, reward=float(verdict.reward)), strict
         except RecursionError:
             detail = f"the action is nested too deeply to {stage}"
-            return ParsedAction(None, "unparseable", detail), Outcome(), Verdict(0.0, "unparseable", detail), 0.0
+            return (
+                ParsedAction(None, "unparseable", detail),
+                Outcome(),
+                Verdict(0.0, "unparseable", detail),
+                0.0,
+            )
         except Exception as error:
             detail = f"pivot {pivot.id}: {type(self).__name__}.{stage} raised {type(error).__name__}: {_text_of(error)}"
             logger.warning("%s (an env bug; the sample is marked invalid)", detail, exc_info=error)
@@ -264,7 +285,9 @@ def message_problem(message: dict[str, Any]) -> str:
     content that is not text, content parts or None; tool calls that are not a list of
     {"function": {"name": text, "arguments": JSON text or a JSON object}}."""
     content = message.get("content")
-    parts_ok = isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content)
+    parts_ok = isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content
+    )
     if not (content is None or isinstance(content, str) or parts_ok):
         return f"a message's content must be text, content parts or None, got {type(content).__name__}"
     calls = message.get("tool_calls")

@@ -135,12 +135,16 @@ def test_every_vector_step_scores_every_sub_env(mode: str) -> None:
 
 
 def test_a_callers_own_vector_kwargs_win_over_the_default_autoreset() -> None:
-    envs = gym.make_vec(TOOL_USE, num_envs=2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": "NextStep"})
+    envs = gym.make_vec(
+        TOOL_USE, num_envs=2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": "NextStep"}
+    )
     try:
         assert envs.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
     finally:
         envs.close()
-    envs = gym.make_vec(TOOL_USE, num_envs=2, vectorization_mode="async", vector_kwargs={"shared_memory": False})
+    envs = gym.make_vec(
+        TOOL_USE, num_envs=2, vectorization_mode="async", vector_kwargs={"shared_memory": False}
+    )
     try:
         assert envs.shared_memory is False and envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
     finally:
@@ -159,7 +163,12 @@ def test_a_vector_env_spec_round_trips_through_json_with_its_autoreset_mode() ->
 
 
 def test_the_async_vector_env_carries_a_prefix_holding_a_lone_surrogate() -> None:
-    pivot = Pivot(id="odd/1", domain="echo", messages=[{"role": "user", "content": "a \ud800 b"}], expert={"role": "assistant", "content": "ok"})
+    pivot = Pivot(
+        id="odd/1",
+        domain="echo",
+        messages=[{"role": "user", "content": "a \ud800 b"}],
+        expert={"role": "assistant", "content": "ok"},
+    )
     envs = gym.make_vec(ECHO_ID, num_envs=2, vectorization_mode="async", pivots=[pivot])
     try:
         observations, _ = envs.reset(seed=0)
@@ -175,7 +184,9 @@ def test_the_async_vector_env_carries_a_prefix_holding_a_lone_surrogate() -> Non
 DEEP_ACTIONS = {
     "a dict": nested(10_000),
     "content": {"content": nested(10_000)},
-    "tool-call arguments": {"tool_calls": [{"type": "function", "function": {"name": "x", "arguments": nested(10_000)}}]},
+    "tool-call arguments": {
+        "tool_calls": [{"type": "function", "function": {"name": "x", "arguments": nested(10_000)}}]
+    },
     "a list": [nested(10_000)],
 }
 
@@ -244,7 +255,10 @@ def test_a_lone_surrogate_in_an_action_leaves_info_and_observation_utf8_encodabl
     observation, reward, _, _, info = env.step({"content": "a \ud800 b", "tool_calls": [call]})
     assert reward == 0.0 and info["valid"] and info["category"] == "not_exact_match"
     assert info["parsed"]["content"] == "a \ufffd b"
-    assert info["parsed"]["tool_calls"][0]["id"] == "\ufffd" and info["parsed"]["tool_calls"][0]["function"]["name"] == "f\ufffd"
+    assert (
+        info["parsed"]["tool_calls"][0]["id"] == "\ufffd"
+        and info["parsed"]["tool_calls"][0]["function"]["name"] == "f\ufffd"
+    )
     json.dumps(info, ensure_ascii=False).encode("utf-8")
     json.dumps(observation, ensure_ascii=False).encode("utf-8")
 
@@ -270,7 +284,12 @@ def test_values_json_cannot_hold_are_converted_in_info() -> None:
     env.reset(options={"index": 0})
     output = env.step("anything")[4]["output"]
     assert json.loads(json.dumps(output)) == json.loads(json.dumps(output))  # encodable, plain data
-    assert (output["tuple"], output["numpy"], output["array"], output["set"]) == ([1, 2], 7, [0, 1, 2], ["only"])
+    assert (output["tuple"], output["numpy"], output["array"], output["set"]) == (
+        [1, 2],
+        7,
+        [0, 1, 2],
+        ["only"],
+    )
     assert output["bytes"] == "café \ufffd" and output[2] == "an int key" and output["('a', 1)"]
     assert output["object"].startswith("<object object at")
     assert len(json.dumps(output["deep"])) < 2_000  # cut at 64 levels, shown as bounded text
@@ -278,7 +297,15 @@ def test_values_json_cannot_hold_are_converted_in_info() -> None:
 
 def test_a_malformed_action_scores_zero_as_valid_not_as_an_env_error() -> None:
     env = tool_use_env()
-    for action in (None, 3.5, b"bytes", ["a", "list"], {"tool_calls": "nope"}, {"tool_calls": [None]}, object()):
+    for action in (
+        None,
+        3.5,
+        b"bytes",
+        ["a", "list"],
+        {"tool_calls": "nope"},
+        {"tool_calls": [None]},
+        object(),
+    ):
         env.reset(options={"index": 0})
         _, reward, _, _, info = env.step(action)
         assert (reward, info["valid"]) == (0.0, True) and info["category"] == "unparseable", (action, info)
@@ -295,7 +322,14 @@ def test_a_malformed_action_scores_zero_as_valid_not_as_an_env_error() -> None:
         {"tool_calls": [{"function": {"name": "f", "arguments": {"a": b"not JSON"}}}]},
         {"tool_calls": [{"function": {"name": "f", "arguments": [1, 2]}}]},
     ],
-    ids=["bytes content", "non-text part", "tool_calls not a list", "nameless call", "non-JSON arguments", "list arguments"],
+    ids=[
+        "bytes content",
+        "non-text part",
+        "tool_calls not a list",
+        "nameless call",
+        "non-JSON arguments",
+        "list arguments",
+    ],
 )
 def test_a_message_dict_not_in_chat_form_is_unparseable_in_the_base_env(action: dict) -> None:
     env = EchoEnv()
@@ -316,4 +350,8 @@ def test_a_caller_that_opts_out_of_copies_gets_the_pivots_own_messages_and_the_s
         assert second["tools"] is sharing.pivot.tools and second["messages"][0] is sharing.pivot.messages[0]
         expert = copying.pivot.expert
         outcome_copying, outcome_sharing = copying.step(expert), sharing.step(expert)
-        assert outcome_copying[0] == outcome_sharing[0] and outcome_copying[1:4] == outcome_sharing[1:4] == (1.0, True, False)
+        assert outcome_copying[0] == outcome_sharing[0] and outcome_copying[1:4] == outcome_sharing[1:4] == (
+            1.0,
+            True,
+            False,
+        )

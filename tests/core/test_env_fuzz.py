@@ -20,8 +20,13 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True)
 # Any text, text holding a lone surrogate (what a broken decoder hands over), and syntax characters.
 odd_text = (
     st.text(max_size=40)
-    | st.builds(lambda a, s, b: a + s + b, st.text(max_size=10), st.characters(categories=["Cs"]), st.text(max_size=10))
-    | st.text(st.sampled_from("\x00\n\t{}[]\"<>/"), max_size=20)
+    | st.builds(
+        lambda a, s, b: a + s + b,
+        st.text(max_size=10),
+        st.characters(categories=["Cs"]),
+        st.text(max_size=10),
+    )
+    | st.text(st.sampled_from('\x00\n\t{}[]"<>/'), max_size=20)
 )
 odd_scalars = st.one_of(
     st.none(),
@@ -30,14 +35,18 @@ odd_scalars = st.one_of(
     st.floats(),
     odd_text,
     st.binary(max_size=20),
-    st.sampled_from([object(), np.int64(3), np.float32(0.5), np.bool_(True), np.arange(3), float("nan"), ...]),
+    st.sampled_from(
+        [object(), np.int64(3), np.float32(0.5), np.bool_(True), np.arange(3), float("nan"), ...]
+    ),
     st.text(max_size=1).map(lambda c: c * 200_000),  # a huge string
 )
 odd_values = st.recursive(
     odd_scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.tuples(inner, inner)
-    | st.dictionaries(odd_text | st.integers() | st.tuples(st.integers()), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(odd_text | st.integers() | st.tuples(st.integers()), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 plain_json = st.recursive(
@@ -47,14 +56,25 @@ plain_json = st.recursive(
 )
 tool_calls = st.lists(
     st.fixed_dictionaries(
-        {"function": st.fixed_dictionaries({"name": odd_text | odd_scalars, "arguments": odd_text | odd_values})},
+        {
+            "function": st.fixed_dictionaries(
+                {"name": odd_text | odd_scalars, "arguments": odd_text | odd_values}
+            )
+        },
         optional={"id": odd_text, "type": st.just("function")},
     ),
     max_size=3,
 )
-content_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3)
+content_parts = st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
+)
 messages = st.fixed_dictionaries(
-    {}, optional={"role": odd_text, "content": odd_text | content_parts | odd_values, "tool_calls": tool_calls | odd_values}
+    {},
+    optional={
+        "role": odd_text,
+        "content": odd_text | content_parts | odd_values,
+        "tool_calls": tool_calls | odd_values,
+    },
 )
 hermes = st.builds(
     lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}",
