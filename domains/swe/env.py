@@ -1,0 +1,257 @@
+"""SweEnv: `pivot/swe-v0`, the next coding-agent tool call at a pivot, run in a real repository.
+
+reset() restores the pivot's prefix state: the task's repository (bug applied, committed) plus the
+expert's earlier tool calls, built once per pivot, checked against the tree hash the pivot records
+and snapshotted (prefix.PrefixCache), then forked for this sample. step() parses the one tool call
+(bash, str_replace_editor, submit), runs it in the fork with the sandbox's limits, and scores it
+(default: the `effect` verifier, which compares with the expert's call run from the same state).
+
+A pivot whose context says `"executable": false` (an external trace whose repository image is not
+here, see external.py) runs nothing: its step is scored without execution (`effect` falls back to
+the `nemo` level) and `info["executed"]` is False, with `info["output"]["reason"]`. A stale pivot
+(its tree hash differs from the rebuilt prefix's) is not scored: valid=False, the reason in
+info["detail"].
+
+Making the env is cheap: the sandbox backend is chosen, and the base image built when missing, on
+the first reset that needs a sandbox. Closing the env removes every sandbox and snapshot it made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from pivot_envs.sandboxes import SandboxError, SandboxLimits
+
+from pivot_envs.config import option
+from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.errors import UnknownNameError
+from pivot_envs.pivot import Pivot, read_pivots
+from pivot_envs.verifiers import StrictVerifier, Verifier
+
+from .parse import call_of, canonical_call, parse_action
+from .tools import HARNESSES, default_tools, execute_call
+from .verifier import EffectVerifier, KindVerifier, NameVerifier, NemoVerifier
+
+SANDBOXES = ("auto", "docker", "bwrap")
+# A test run of the bundled repository takes seconds; the terminal domain's 10 s is too tight.
+DEFAULT_LIMITS = {"timeout": 30.0}
+
+
+@dataclass
+class SweConfig:
+    """Options of `pivot/swe-v0` (keyword arguments of gym.make, besides pivots, verifier and limits)."""
+
+    sandbox: str = option(
+        "auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES
+    )
+    harness: str | None = option(
+        None,
+        "shell harness: persistent (one session, OpenHands) or fresh (bash -c per call, "
+        "mini-swe-agent); default: each pivot's context['harness'], else persistent",
+    )
+    prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
+    warm_pool: int = option(2, "forks made ahead per snapshot")
+    build_image: bool = option(
+        True, "build the base root filesystem/image when it is missing (needs root and debootstrap)"
+    )
+
+
+def bundled_pivots() -> list[Pivot]:
+    """The domain's bundled pivots (more-itertools tasks; data/pivots.jsonl)."""
+    path = resources.files("pivot_envs.domains.swe") / "data" / "pivots.jsonl"
+    with resources.as_file(path) as file:
+        return read_pivots(file)
+
+
+def executable(pivot: Pivot) -> bool:
+    """Whether the pivot's actions can run (False for external traces without their repository)."""
+    return pivot.context.get("executable", True) is not False
+
+
+class SweEnv(PivotEnv):
+    """The SWE domain's env (see the module docstring)."""
+
+    domain = "swe"
+    default_verifier = "effect"
+    verifiers = {
+        "strict": StrictVerifier,
+        "name": NameVerifier,
+        "kind": KindVerifier,
+        "nemo": NemoVerifier,
+        "effect": EffectVerifier,
+    }
+
+    def __init__(
+        self,
+        pivots: PivotSource = None,
+        verifier: str | Verifier | None = None,
+        verifier_config: dict[str, Any] | None = None,
+        render_mode: str | None = None,
+        sandbox: str = "auto",
+        harness: str | None = None,
+        limits: SandboxLimits | dict[str, Any] | None = None,
+        prefix_cache: int = 16,
+        warm_pool: int = 2,
+        build_image: bool = True,
+    ) -> None:
+        if sandbox not in SANDBOXES:
+            raise UnknownNameError("sandbox", sandbox, SANDBOXES)
+        if harness is not None and harness not in HARNESSES:
+            raise UnknownNameError("harness", harness, HARNESSES)
+        super().__init__(pivots, verifier, verifier_config, render_mode)
+        # Expert and parsed actions share one canonical form; pivots without tools get the harness's.
+        self.pivots = [self._canonical(pivot) for pivot in self.pivots]
+        self.config = SweConfig(sandbox, harness, prefix_cache, warm_pool, build_image)
+        if isinstance(limits, SandboxLimits):
+            self.limits = limits
+        else:
+            self.limits = SandboxLimits(**{**DEFAULT_LIMITS, **(limits or {})})
+        self._sandbox_kind: str | None = None
+        self.backend: Any = None
+        self.prefixes: Any = None
+        self.sandbox: Any = None
+        self._state: Any = None
+
+    @property
+    def sandbox_kind(self) -> str:
+        """'docker' or 'bwrap': chosen on first use (see the terminal domain's `resolve_sandbox`)."""
+        if self._sandbox_kind is None:
+            from pivot_envs.domains.terminal.env import resolve_sandbox
+
+            self._sandbox_kind = resolve_sandbox(self.config.sandbox)
+        return self._sandbox_kind
+
+    @staticmethod
+    def _canonical(pivot: Pivot) -> Pivot:
+        changes: dict[str, Any] = {}
+        if not pivot.tools:
+            changes["tools"] = default_tools()
+        if pivot.expert.get("tool_calls") and len(pivot.expert["tool_calls"]) == 1:
+            changes["expert"] = canonical_call(*call_of(pivot.expert))
+        return dataclasses.replace(pivot, **changes) if changes else pivot
+
+    # -- domain hooks ------------------------------------------------------------------------------
+
+    def default_pivots(self) -> list[Pivot]:
+        return bundled_pivots()
+
+    def parse(self, action: Any) -> ParsedAction:
+        return parse_action(action)
+
+    def restore(self, pivot: Pivot) -> None:
+        self._close_fork()
+        self._state = None
+        if not executable(pivot):
+            return
+        self._ensure_backend()
+        self._state = self.prefixes.get(pivot)
+        if self._state.replayable:
+            try:
+                self.sandbox = self.backend.fork(self._state.snapshot)
+            except SandboxError as error:
+                self._state = dataclasses.replace(
+                    self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}"
+                )
+
+    def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
+        name, arguments = call_of(action)
+        call_id = action["tool_calls"][0].get("id", "call_0")
+        if not executable(pivot):
+            reason = str(
+                pivot.context.get("not_executable_reason") or "the pivot's repository is not available here"
+            )
+            text = f"[not executed: {reason}]"
+            return Outcome(
+                messages=[{"role": "tool", "tool_call_id": call_id, "content": text}],
+                output={"executed": False, "reason": reason},
+                data={"executed": False, "reason": reason},
+            )
+        state = self._state
+        if state is None or not state.replayable or self.sandbox is None:
+            raise InfrastructureError(
+                state.reason if state is not None else f"pivot {pivot.id}: no prefix state"
+            )
+        from .repo import resolve_repo
+
+        repo = resolve_repo(pivot.context)
+        harness = self.prefixes.harness_of(pivot)
+        try:
+            if isinstance(self.verifier, EffectVerifier):
+                self.prefixes.expert_effect(pivot, state)
+            result = execute_call(self.sandbox, name, arguments, harness=harness, workdir=repo.workdir)
+        except SandboxError as error:
+            raise InfrastructureError(f"pivot {pivot.id}: {error}") from error
+        output = {
+            "executed": True,
+            "tool": name,
+            "kind": result.kind,
+            "error": result.error,
+            "exit_code": result.exit_code,
+            "text": result.text,
+        }
+        return Outcome(
+            messages=[{"role": "tool", "tool_call_id": call_id, "content": result.text}],
+            output=output,
+            data={
+                "executed": True,
+                "result": result,
+                "state": state,
+                "sandbox": self.sandbox,
+                "repo": repo,
+                "workdir": repo.workdir,
+                "timeout": self.limits.timeout,
+            },
+        )
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        try:
+            observation, reward, terminated, truncated, info = super().step(action)
+        finally:
+            # One sample per fork: the verifier has read what it needs; drop it now, not at the next reset.
+            self._close_fork()
+        output = info.get("output")
+        info["executed"] = bool(output.get("executed")) if isinstance(output, dict) else False
+        return observation, reward, terminated, truncated, info
+
+    # -- sandbox management ------------------------------------------------------------------------
+
+    def _close_fork(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+
+    def _ensure_backend(self) -> None:
+        """Choose the backend and make it, with the base image, on first use."""
+        if self.backend is not None:
+            return
+        from pivot_envs.domains.terminal import image
+        from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+        from pivot_envs.sandboxes.docker_backend import DockerBackend
+
+        from .prefix import PrefixCache
+
+        kind = self.sandbox_kind
+        rootfs = image.base_rootfs(build=self.config.build_image)
+        if kind == "docker":
+            image.import_image(rootfs, image.image_tag())
+            self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
+        else:
+            self.backend = BwrapBackend(rootfs, self.limits, warm_pool=self.config.warm_pool)
+        verify_effects = isinstance(self.verifier, EffectVerifier)
+        self.prefixes = PrefixCache(
+            self.backend, self.config.harness, self.config.prefix_cache, verify_effects
+        )
+
+    def close(self) -> None:
+        """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
+        self._close_fork()
+        if self.prefixes is not None:
+            self.prefixes.clear()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+            self.prefixes = None
+        super().close()

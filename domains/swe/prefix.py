@@ -1,0 +1,230 @@
+"""Prefix states of SWE pivots: the repository after the task's start state and the expert's earlier
+tool calls, built once per pivot, verified by its tree hash and snapshotted.
+
+Two levels, each built once and kept in a bounded LRU cache:
+
+- the task's start state (the repository with the bug applied and committed, the pinned test
+  environment exported in the shell), per (repository, bug): every pivot of a task forks it;
+- the pivot's prefix state: a fork of the start state where the prefix's tool calls are replayed
+  with the same tools and harness (bash, str_replace_editor), then checked against the pivot's
+  `context["tree_hash"]`. A mismatch means the pivot is stale (its repository or tools changed
+  since it was recorded): the state is marked not replayable, and every step there is
+  valid=False with the reason, never scored against the wrong files.
+
+With the prefix, the expert's own next call is run once from a fork (the reference the effect
+verifier compares samples against): its ToolResult and, for an edit, its hunks, AST digests and
+the task's test results after it; at a submit, whether the FAIL_TO_PASS tests pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivot_envs.sandboxes import SandboxError, Snapshot
+
+from pivot_envs.pivot import Pivot
+
+from .effects import EditEffect, edit_effect, test_results
+from .parse import call_of
+from .tools import ToolResult, execute_call, tree_hash
+
+SETUP_TIMEOUT = 120.0
+
+
+@dataclass
+class PrefixState:
+    """A built prefix: its snapshot, manifest and tree hash, and the expert call's effect there."""
+
+    key: str
+    replayable: bool
+    reason: str = ""
+    snapshot: Snapshot | None = None
+    before: dict[str, str] = field(default_factory=dict)
+    tree_hash: str = ""
+    expert: ToolResult | None = None
+    expert_edit: EditEffect | None = None
+    expert_tests: dict[str, bool] = field(default_factory=dict)
+    expert_done: bool = False
+
+
+def task_of(pivot: Pivot) -> dict[str, Any]:
+    """The pivot's task record (`context["task"]`, an empty dict when there is none)."""
+    task = pivot.context.get("task")
+    return task if isinstance(task, dict) else {}
+
+
+def task_tests(pivot: Pivot) -> tuple[list[str], list[str]]:
+    """The task's FAIL_TO_PASS and PASS_TO_PASS test ids."""
+    task = task_of(pivot)
+    return [str(t) for t in task.get("fail_to_pass") or []], [str(t) for t in task.get("pass_to_pass") or []]
+
+
+def prefix_calls(pivot: Pivot) -> list[tuple[str, Any]]:
+    """The (name, arguments) of every tool call of the prefix's assistant turns, in order."""
+    calls = []
+    for message in pivot.messages:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", call) if isinstance(call, dict) else {}
+                calls.append(call_of({"tool_calls": [{"function": function}]}))
+    return calls
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class PrefixCache:
+    """Builds start and prefix states on demand; keeps at most `capacity` of each (LRU).
+
+    `builds` counts prefix builds (G resets at one pivot: one build, G forks); `starts` start-state builds.
+    """
+
+    def __init__(
+        self, backend: Any, harness: str | None, capacity: int = 16, verify_effects: bool = True
+    ) -> None:
+        self.backend = backend
+        self.harness = harness
+        self.capacity = max(1, capacity)
+        self.builds = 0
+        self.starts = 0
+        self._states: OrderedDict[str, PrefixState] = OrderedDict()
+        self._starts: OrderedDict[str, Snapshot] = OrderedDict()
+
+    def harness_of(self, pivot: Pivot) -> str:
+        """The pivot's shell harness: the env's choice, else the pivot's `context["harness"]`, else persistent."""
+        return self.harness or str(pivot.context.get("harness") or "persistent")
+
+    def key(self, pivot: Pivot) -> str:
+        """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's."""
+        from .repo import resolve_repo
+
+        return _digest(
+            [
+                resolve_repo(pivot.context).to_dict(),
+                task_of(pivot).get("bug_patch"),
+                self.harness_of(pivot),
+                prefix_calls(pivot),
+                pivot.expert.get("tool_calls"),
+                pivot.context.get("tree_hash"),
+            ]
+        )
+
+    def get(self, pivot: Pivot) -> PrefixState:
+        """The prefix state of `pivot`, built now if it is not cached."""
+        key = self.key(pivot)
+        if key in self._states:
+            self._states.move_to_end(key)
+            return self._states[key]
+        state = self._build(pivot, key)
+        self._states[key] = state
+        while len(self._states) > self.capacity:
+            _, old = self._states.popitem(last=False)
+            if old.snapshot is not None:
+                self.backend.release(old.snapshot)
+        return state
+
+    def _start(self, pivot: Pivot) -> Snapshot:
+        """The task's start state (built once per repository and bug)."""
+        from .repo import resolve_repo, start_sandbox
+
+        repo = resolve_repo(pivot.context)
+        bug = task_of(pivot).get("bug_patch")
+        key = _digest([repo.to_dict(), bug])
+        if key in self._starts:
+            self._starts.move_to_end(key)
+            return self._starts[key]
+        self.starts += 1
+        sandbox = start_sandbox(self.backend, repo, bug)
+        try:
+            # The pinned test environment, exported once: every later command (either harness) inherits it.
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(repo.env.items()))
+            result = sandbox.run(f"export {exports}" if exports else ":", timeout=SETUP_TIMEOUT)
+            if not result.ok:
+                raise SandboxError(f"exporting the test environment failed: {result.output[-300:]}")
+            snapshot = sandbox.snapshot()
+        finally:
+            sandbox.close()
+        self._starts[key] = snapshot
+        while len(self._starts) > self.capacity:
+            self.backend.release(self._starts.popitem(last=False)[1])
+        return snapshot
+
+    def _build(self, pivot: Pivot, key: str) -> PrefixState:
+        from .repo import RepoError, resolve_repo
+
+        self.builds += 1
+        harness = self.harness_of(pivot)
+        sandbox = None
+        try:
+            repo = resolve_repo(pivot.context)
+            workdir = repo.workdir
+            sandbox = self.backend.fork(self._start(pivot))
+            for index, (name, arguments) in enumerate(prefix_calls(pivot)):
+                result = execute_call(sandbox, name, arguments, harness=harness, workdir=workdir, files=False)
+                if result.error == "timeout":
+                    return PrefixState(
+                        key, False, f"pivot {pivot.id}: prefix call {index} ({name}) timed out"
+                    )
+            digest = tree_hash(sandbox, workdir)
+            recorded = pivot.context.get("tree_hash")
+            if recorded and recorded != digest:
+                return PrefixState(
+                    key,
+                    False,
+                    f"pivot {pivot.id} is stale: its prefix leaves the repository at tree "
+                    f"{digest[:12]}, the pivot recorded {str(recorded)[:12]}",
+                )
+            before = sandbox.run(":", files=True).files or {}
+            snapshot = sandbox.snapshot()
+        except (SandboxError, RepoError) as error:
+            return PrefixState(key, False, f"pivot {pivot.id}: {error}")
+        finally:
+            if sandbox is not None:
+                sandbox.close()
+        state = PrefixState(key, True, snapshot=snapshot, before=before, tree_hash=digest)
+        if hasattr(self.backend, "prewarm"):
+            self.backend.prewarm(snapshot)
+        return state
+
+    def expert_effect(self, pivot: Pivot, state: PrefixState) -> None:
+        """Run the expert's call once from a fork of `state` and keep what the effect verifier compares
+        against (done on the first sample that needs it; later calls do nothing)."""
+        if state.expert_done or not state.replayable or not pivot.expert.get("tool_calls"):
+            return
+        from .repo import resolve_repo
+
+        state.expert_done = True
+        repo, harness = resolve_repo(pivot.context), self.harness_of(pivot)
+        name, arguments = call_of(pivot.expert)
+        fail_to_pass, pass_to_pass = task_tests(pivot)
+        limits = self.backend.limits
+        fork = self.backend.fork(state.snapshot)
+        try:
+            state.expert = execute_call(fork, name, arguments, harness=harness, workdir=repo.workdir)
+            if state.expert.kind == "edit":
+                state.expert_edit = edit_effect(fork, repo.workdir, state.tree_hash, limits.timeout)
+                state.expert_tests = test_results(fork, repo, fail_to_pass + pass_to_pass, limits.timeout)
+            elif state.expert.kind == "submit":
+                state.expert_tests = test_results(fork, repo, fail_to_pass, limits.timeout)
+        except SandboxError:
+            state.expert = None  # the verifier then says it has no reference effect
+        finally:
+            fork.close()
+
+    def clear(self) -> None:
+        """Release every cached snapshot."""
+        for states in (self._states, self._starts):
+            while states:
+                _, item = states.popitem()
+                snapshot = item.snapshot if isinstance(item, PrefixState) else item
+                if snapshot is not None:
+                    self.backend.release(snapshot)
+
+    def __len__(self) -> int:
+        return len(self._states)

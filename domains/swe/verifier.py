@@ -1,0 +1,569 @@
+"""The SWE domain's verifiers, by level: is the sampled tool call locally acceptable at the pivot?
+
+- `name` (the paper's, appendix "SWE-Bench"): the call's tool name equals the expert's
+  (harness aliases resolved: `execute_bash` is `bash`). For a bash-only agent it says nothing:
+  every call is `bash`.
+- `kind`: the call's kind equals the expert's (search / view / edit / run / test / submit /
+  other, from the tool and its arguments: `tools.action_kind`).
+- `nemo`: NeMo-Gym's swe_pivot verifier (resources_servers/swe_pivot in NVIDIA-NeMo/Gym, its
+  README "Verification Levels"), binary mode with its defaults: level 0, the tool's category
+  (edit / bash / search / read / finish / think / planning, by tool name) matches; level 1, the
+  target matches (editor: same sub-command, same last two path components, a view_range covering
+  >= 80% of the expert's; bash: same first word, a shared path among the last three components of
+  the paths in the command, and command similarity >= 0.3); level 2, argument similarity
+  (difflib ratio over at most 2,000 characters; str_replace: the minimum of old_str's and
+  new_str's) >= 0.8. Re-implemented from that description, not copied.
+- `effect` (the default): the sampled and the expert call run from the same fork of the pivot's
+  state, and what they did is compared, by the expert call's kind:
+    * a call the tool refused (`ToolResult.error`: invalid_arguments, old_str_not_found,
+      outside_repo, timeout, ...)                                             -> 0, that category;
+    * edit: the resulting files are the same (content digests)                -> 1, "same_files";
+      every changed file is the same set and each changed .py file has the same AST
+                                                                              -> 1, "equivalent_edit";
+      the edit touches one of the expert's hunks (old-side line ranges overlapping or bordering)
+      and every FAIL_TO_PASS / PASS_TO_PASS test that passes after the expert's edit passes after
+      it (run in the sample's fork, bounded by the call timeout)              -> 1, "overlapping_edit";
+      otherwise                                                               -> 0, "no_edit" / "different_edit";
+    * test run: the sample is a test run of the same test ids (`unittest`/`pytest` arguments,
+      paths and `::` normalised to dotted ids) with the same exit status, or its output reports the
+      same count and outcome ("Ran N tests", "OK"/"FAILED")                   -> 1, "same_tests";
+    * submit: only a submit, and only where the pivot's FAIL_TO_PASS tests pass -> 1, "submitted_fixed"
+      ("submitted_unfixed", "not_submitted"); a submit where the expert does not -> 0, "premature_submit";
+    * look-around (search, view, run, other): the sample changes no file the expert's call did
+      not, and its output covers at least `overlap` (default 0.8) of the expert's output lines
+      (lines normalised: `cat -n` numbers, `path:line:` prefixes, a leading `./` or the workdir
+      dropped; at most `max_lines` lines of each compared) -> 1, "covers_expert_output"
+      ("changed_files", "different_output").
+  A pivot that was not executed (an external trace without its repository image) is scored at
+  the `nemo` level instead, and the verdict says so (extra["level"] = "nemo").
+
+The reward is binary (as in the paper); `extra` holds the comparisons.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from pivot_envs.sandboxes import SandboxError, file_changes
+
+from pivot_envs.config import option
+from pivot_envs.env import Outcome
+from pivot_envs.pivot import Pivot
+from pivot_envs.verifiers import Verdict
+
+from .effects import edit_effect, test_results
+from .parse import call_of
+from .prefix import PrefixState, task_tests
+from .tools import ToolResult, action_kind, canonical_name
+
+
+def _calls(pivot: Pivot, action: dict[str, Any]) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    """(sampled call, expert call) as (canonical name, arguments)."""
+    name, arguments = call_of(action)
+    expert_name, expert_arguments = call_of(pivot.expert) if pivot.expert.get("tool_calls") else ("", {})
+    return (canonical_name(name), arguments), (canonical_name(expert_name), expert_arguments)
+
+
+class NameVerifier:
+    """The paper's local verifier for SWE: reward 1 when the tool name is the expert's."""
+
+    name = "name"
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        (name, _), (expert, _) = _calls(pivot, action)
+        if name == expert:
+            return Verdict(1.0, "same_tool", f"the call uses the expert's tool {name!r}")
+        return Verdict(0.0, "different_tool", f"the call uses {name!r}, the expert {expert!r}")
+
+
+class KindVerifier:
+    """Reward 1 when the call is the same kind of operation as the expert's (see `tools.action_kind`)."""
+
+    name = "kind"
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        (name, arguments), (expert, expert_arguments) = _calls(pivot, action)
+        kind, expert_kind = action_kind(name, arguments), action_kind(expert, expert_arguments)
+        extra = {"kind": kind, "expert_kind": expert_kind}
+        if kind == expert_kind:
+            return Verdict(1.0, "same_kind", f"both calls are {kind}", extra=extra)
+        return Verdict(0.0, "different_kind", f"the call is {kind}, the expert's {expert_kind}", extra=extra)
+
+
+# NeMo-Gym swe_pivot's tool categories (level 0), by tool name; CamelCase forms match too.
+NEMO_CATEGORIES = {
+    "edit": (
+        "str_replace_editor",
+        "text_editor",
+        "file_editor",
+        "code_editor",
+        "edit_file",
+        "modify_file",
+        "update_file",
+        "file_edit",
+        "edit",
+        "modify",
+        "apply_patch",
+        "patch_file",
+        "apply_diff",
+        "apply_changes",
+        "write",
+        "write_file",
+        "save_file",
+        "create_file",
+    ),
+    "bash": (
+        "execute_bash",
+        "run_bash",
+        "bash_exec",
+        "shell_run",
+        "shell",
+        "bash",
+        "terminal",
+        "shell_command",
+        "shell_cmd",
+        "run_shell_cmd",
+        "exec_command",
+        "exec_cmd",
+    ),
+    "search": (
+        "grep",
+        "search_text",
+        "find_pattern",
+        "text_search",
+        "glob",
+        "find_files",
+        "file_glob",
+        "match_files",
+        "grep_files",
+        "search_files",
+        "find_in_files",
+        "code_search",
+        "list_dir",
+        "ls",
+        "show_dir",
+        "ls_dir",
+        "list_directory",
+    ),
+    "read": (
+        "read",
+        "read_file",
+        "view_file",
+        "cat_file",
+        "view",
+        "file_view",
+        "inspect",
+        "show_file",
+        "read_file_content",
+    ),
+    "finish": ("finish", "submit"),
+    "think": ("think",),
+    "planning": (
+        "task_tracker",
+        "todo_tracker",
+        "plan_tracker",
+        "todo_read",
+        "todo_write",
+        "update_plan",
+        "list_tasks",
+        "update_tasks",
+        "read_todos",
+        "write_todos",
+        "edit_plan",
+        "modify_plan",
+    ),
+}
+_CATEGORY = {
+    form: category
+    for category, names in NEMO_CATEGORIES.items()
+    for name in names
+    for form in (name, name.replace("_", ""))
+}
+_PATH = re.compile(r"(?:^|[\s='\"(])((?:/[\w.-]+)+|\.\.?/[\w./-]+|[\w.-]+/[\w./-]+)")
+SIMILARITY_CHARS = 2000
+
+
+def nemo_category(name: str) -> str:
+    """A tool name's NeMo-Gym swe_pivot category ("unknown" when it has none)."""
+    return _CATEGORY.get(name.lower(), "unknown")
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a[:SIMILARITY_CHARS], b[:SIMILARITY_CHARS], autojunk=False).ratio()
+
+
+def _tail(path: str, parts: int) -> str:
+    return "/".join(path.strip("/").split("/")[-parts:])
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _command(arguments: dict[str, Any]) -> str:
+    return str(arguments.get("command", arguments.get("cmd", ""))).strip()
+
+
+def _path_of(arguments: dict[str, Any]) -> str:
+    for key in ("path", "file", "file_path", "filename", "file_name"):
+        if key in arguments:
+            return str(arguments[key]).strip()
+    return ""
+
+
+def _target_matches(category: str, mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """NeMo-Gym swe_pivot level 1."""
+    if category == "edit":
+        command, expert_command = str(mine.get("command", "")), str(theirs.get("command", ""))
+        if command and expert_command and command != expert_command:
+            return False
+        path, expert_path = _path_of(mine), _path_of(theirs)
+        if path and expert_path and _tail(path, 2) != _tail(expert_path, 2):
+            return False
+        ranges = [mine.get("view_range"), theirs.get("view_range")]
+        if command == expert_command == "view" and all(isinstance(r, list) and len(r) == 2 for r in ranges):
+            try:
+                (start, end), (expert_start, expert_end) = [(int(a), int(b)) for a, b in ranges]
+            except (TypeError, ValueError):
+                return True
+            overlap = max(0, min(end, expert_end) - max(start, expert_start))
+            return overlap / max(1, expert_end - expert_start) >= 0.8
+        return True
+    if category == "bash":
+        command, expert_command = _command(mine), _command(theirs)
+        verb = command.split()[0].rsplit("/", 1)[-1] if command.split() else ""
+        expert_verb = expert_command.split()[0].rsplit("/", 1)[-1] if expert_command.split() else ""
+        if verb and expert_verb and verb != expert_verb:
+            return False
+        paths = {_tail(p.rstrip("/"), 3) for p in _PATH.findall(command) if len(p) > 2} - {""}
+        expert_paths = {_tail(p.rstrip("/"), 3) for p in _PATH.findall(expert_command) if len(p) > 2} - {""}
+        if paths and expert_paths and not paths & expert_paths:
+            return False
+        return not (command and expert_command) or _similarity(command, expert_command) >= 0.3
+    if category in ("search", "read"):
+        path, expert_path = _path_of(mine), _path_of(theirs)
+        return not (path and expert_path) or _tail(path, 3) == _tail(expert_path, 3)
+    return True
+
+
+def _edit_content(arguments: dict[str, Any]) -> str:
+    for key in ("patch", "diff", "content", "file_text"):
+        if key in arguments:
+            return str(arguments[key])
+    return ""
+
+
+def _argument_similarity(category: str, mine: dict[str, Any], theirs: dict[str, Any]) -> float:
+    """NeMo-Gym swe_pivot level 2."""
+    if category == "edit":
+        old, new = str(mine.get("old_str", "")), str(mine.get("new_str", ""))
+        expert_old, expert_new = str(theirs.get("old_str", "")), str(theirs.get("new_str", ""))
+        if (old or new) and (expert_old or expert_new):
+            return min(
+                _similarity(old, expert_old) if old and expert_old else float(old == expert_old),
+                _similarity(new, expert_new) if new and expert_new else float(new == expert_new),
+            )
+        content, expert_content = _edit_content(mine), _edit_content(theirs)
+        if content and expert_content:
+            return _similarity(content, expert_content)
+        return float(bool(content) == bool(expert_content))
+    if category == "bash":
+        command, expert_command = _command(mine), _command(theirs)
+        return _similarity(command, expert_command) if command and expert_command else 1.0
+    return 1.0
+
+
+class NemoVerifier:
+    """NeMo-Gym's swe_pivot levels 0-2 in binary mode (see the module docstring)."""
+
+    name = "nemo"
+
+    def __init__(
+        self, target_match: bool = True, argument_similarity: bool = True, full_credit: float = 0.8
+    ) -> None:
+        self.target_match = target_match
+        self.argument_similarity = argument_similarity
+        self.full_credit = full_credit
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        # NeMo-Gym compares the names as written (an alias is in the same category anyway).
+        name, arguments = call_of(action)
+        expert, expert_arguments = call_of(pivot.expert) if pivot.expert.get("tool_calls") else ("", {})
+        category, expert_category = nemo_category(name), nemo_category(expert)
+        extra: dict[str, Any] = {"category": category, "expert_category": expert_category}
+        if name.lower() != expert.lower() and (category != expert_category or category == "unknown"):
+            return Verdict(
+                0.0,
+                "tool_name_mismatch",
+                f"{name!r} is {category}, the expert's {expert!r} {expert_category}",
+                extra=extra,
+            )
+        mine, theirs = _arguments(arguments), _arguments(expert_arguments)
+        if self.target_match and not _target_matches(category, mine, theirs):
+            return Verdict(
+                0.0, "target_mismatch", "the call targets another file, sub-command or command", extra=extra
+            )
+        if self.argument_similarity:
+            similarity = _argument_similarity(category, mine, theirs)
+            extra["similarity"] = round(similarity, 4)
+            if similarity < self.full_credit:
+                return Verdict(
+                    0.0,
+                    "similarity_below_threshold",
+                    f"argument similarity {similarity:.2f} < {self.full_credit}",
+                    extra=extra,
+                )
+        return Verdict(1.0, "nemo_match", "same tool category, target and arguments", extra=extra)
+
+
+# -- effect --------------------------------------------------------------------------------------------
+
+_NUMBERED = re.compile(r"^\s*\d+\t")
+_GREP_LINE = re.compile(r"^([^\s:]+):\d+[:-]")
+_RAN = re.compile(r"^Ran (\d+) tests?", re.M)
+_STATUS = re.compile(r"^(OK|FAILED)\b.*$", re.M)
+_PYTEST = re.compile(r"=+ (.*(?:passed|failed|error).*?) in [\d.]+s", re.M)
+
+
+@dataclass
+class EffectConfig:
+    """Options of the effect verifier (`verifier_config=` of the env)."""
+
+    overlap: float = option(
+        0.8, "share of the expert's output lines a look-around call's output must contain"
+    )
+    max_lines: int = option(
+        2000, "output lines compared per call (the sandbox already cuts output at its limit)"
+    )
+    run_tests: bool = option(
+        True, "run the task's tests after an edit that touches the expert's hunks but is not equivalent"
+    )
+
+
+def output_lines(text: str, workdir: str, max_lines: int) -> list[str]:
+    """Output lines as compared for coverage (see the module docstring)."""
+    lines = []
+    prefix = workdir.rstrip("/") + "/"
+    for line in text.splitlines()[:max_lines]:
+        line = _NUMBERED.sub("", line).rstrip()
+        if not line.strip() or line.startswith("Here's the result of running"):
+            continue
+        line = line.removeprefix(prefix).removeprefix("./")
+        line = _GREP_LINE.sub(r"\1:", line)
+        lines.append(line.strip())
+    return lines
+
+
+def coverage(expert: list[str], sample: list[str]) -> float:
+    """Share of the expert's lines (as a multiset) that the sample's lines contain (1.0 when the expert's are empty)."""
+    if not expert:
+        return 1.0 if not sample else 0.0
+    remaining: dict[str, int] = {}
+    for line in sample:
+        remaining[line] = remaining.get(line, 0) + 1
+    found = 0
+    for line in expert:
+        if remaining.get(line, 0) > 0:
+            remaining[line] -= 1
+            found += 1
+    return found / len(expert)
+
+
+def test_ids(command: str) -> frozenset[str]:
+    """The test ids a test command names, normalised (`tests/test_x.py::C::t` -> `tests.test_x.C.t`); "*" for all."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    ids: set[str] = set()
+    for index, word in enumerate(words):
+        if word in ("unittest", "pytest", "py.test") or word.endswith("/pytest"):
+            for argument in words[index + 1 :]:
+                if argument in ("&&", "||", ";", "|"):
+                    break
+                if argument.startswith("-") or argument in ("discover",):
+                    continue
+                name = argument.replace("::", ".").removesuffix(".py").replace("/", ".").strip(".")
+                ids.add(name)
+            break
+    return frozenset(ids or {"*"})
+
+
+def test_summary(output: str) -> tuple[str, ...]:
+    """("Ran N", "OK"/"FAILED") of a unittest run, or pytest's summary line; () when there is none."""
+    ran, status, pytest = _RAN.findall(output), _STATUS.findall(output), _PYTEST.findall(output)
+    if ran and status:
+        return (f"Ran {ran[-1]}", status[-1])
+    return (pytest[-1],) if pytest else ()
+
+
+class EffectVerifier:
+    """Compares what the sampled call and the expert's did from the same state (module docstring)."""
+
+    name = "effect"
+
+    def __init__(self, overlap: float = 0.8, max_lines: int = 2000, run_tests: bool = True) -> None:
+        self.config = EffectConfig(overlap, max_lines, run_tests)
+        self.fallback = NemoVerifier()
+
+    def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
+        data = outcome.data if isinstance(outcome, Outcome) else {}
+        if not data.get("executed", False):
+            verdict = self.fallback.verify(pivot, action)
+            why = data.get("reason", "the action was not executed")
+            verdict.extra.update(level="nemo", executed=False)
+            verdict.detail = f"{verdict.detail} (scored at the nemo level: {why})"
+            return verdict
+        result: ToolResult = data["result"]
+        state: PrefixState = data["state"]
+        expert = state.expert
+        extra: dict[str, Any] = {"kind": result.kind, "expert_kind": expert.kind if expert else None}
+        if result.error is not None:
+            return Verdict(0.0, result.error, result.text[:300], extra=extra)
+        if expert is None or expert.error is not None:
+            return Verdict(
+                0.0, "no_reference", "the expert's call could not be run at this pivot", extra=extra
+            )
+        if expert.kind == "submit" or result.kind == "submit":
+            return self._submit(pivot, result, state, extra)
+        if expert.kind == "edit":
+            return self._edit(pivot, result, state, data, extra)
+        if expert.kind == "test":
+            (_, arguments), (_, expert_arguments) = _calls(pivot, action)
+            commands = (_command(_arguments(arguments)), _command(_arguments(expert_arguments)))
+            return self._test(result, expert, state, commands, extra)
+        return self._look_around(result, expert, state, data.get("workdir", "/repo"), extra)
+
+    def _submit(self, pivot: Pivot, result: ToolResult, state: PrefixState, extra: dict[str, Any]) -> Verdict:
+        if state.expert.kind != "submit":
+            return Verdict(
+                0.0, "premature_submit", "the call submits where the expert goes on working", extra=extra
+            )
+        if result.kind != "submit":
+            return Verdict(0.0, "not_submitted", "the expert submits here", extra=extra)
+        fail_to_pass, _ = task_tests(pivot)
+        extra["fail_to_pass"] = state.expert_tests
+        if fail_to_pass and all(state.expert_tests.get(test) for test in fail_to_pass):
+            return Verdict(
+                1.0, "submitted_fixed", "submitted with every FAIL_TO_PASS test passing", extra=extra
+            )
+        return Verdict(0.0, "submitted_unfixed", "submitted while a FAIL_TO_PASS test fails", extra=extra)
+
+    def _edit(
+        self,
+        pivot: Pivot,
+        result: ToolResult,
+        state: PrefixState,
+        data: dict[str, Any],
+        extra: dict[str, Any],
+    ) -> Verdict:
+        changed = {
+            c.path: (result.files or {}).get(c.path) for c in file_changes(state.before, result.files or {})
+        }
+        expert_changed = {
+            c.path: (state.expert.files or {}).get(c.path)
+            for c in file_changes(state.before, state.expert.files or {})
+        }
+        extra["files"] = sorted(changed)
+        if not changed:
+            return Verdict(0.0, "no_edit", "the expert edits here; the call changed no file", extra=extra)
+        if changed == expert_changed:
+            return Verdict(1.0, "same_files", "the resulting files are the expert's", extra=extra)
+        sandbox, repo = data["sandbox"], data["repo"]
+        timeout = data["timeout"]
+        try:
+            mine = edit_effect(sandbox, repo.workdir, state.tree_hash, timeout)
+        except SandboxError as error:
+            return Verdict(0.0, "different_edit", f"the edit could not be read back: {error}", extra=extra)
+        theirs = state.expert_edit
+        if theirs is None:
+            return Verdict(0.0, "no_reference", "the expert's edit could not be read back", extra=extra)
+        same_python = all(path.endswith(".py") for path in changed) and set(mine.ast) == set(theirs.ast)
+        if (
+            same_python
+            and set(changed) == set(expert_changed)
+            and mine.ast == theirs.ast
+            and "syntax_error" not in mine.ast.values()
+        ):
+            return Verdict(
+                1.0, "equivalent_edit", "every changed Python file has the expert's AST", extra=extra
+            )
+        if not mine.touches(theirs):
+            return Verdict(0.0, "different_edit", "the edit touches none of the expert's hunks", extra=extra)
+        if not self.config.run_tests:
+            return Verdict(
+                0.0,
+                "different_edit",
+                "touches the expert's hunks; tests not run (run_tests=False)",
+                extra=extra,
+            )
+        fail_to_pass, pass_to_pass = task_tests(pivot)
+        tests = test_results(sandbox, repo, fail_to_pass + pass_to_pass, timeout)
+        extra["tests"], extra["expert_tests"] = tests, state.expert_tests
+        worse = sorted(test for test, ok in state.expert_tests.items() if ok and not tests.get(test))
+        if worse or not state.expert_tests:
+            detail = f"touches the expert's hunks but {len(worse)} test(s) pass only after the expert's edit: {worse[:5]}"
+            return Verdict(
+                0.0, "different_edit", detail if worse else "no task tests to compare", extra=extra
+            )
+        return Verdict(
+            1.0,
+            "overlapping_edit",
+            "touches the expert's hunks and the tests are at least as good",
+            extra=extra,
+        )
+
+    def _test(
+        self,
+        result: ToolResult,
+        expert: ToolResult,
+        state: PrefixState,
+        commands: tuple[str, str],
+        extra: dict[str, Any],
+    ) -> Verdict:
+        if result.kind != "test":
+            return Verdict(
+                0.0, "not_a_test_run", f"the expert runs tests here; the call is {result.kind}", extra=extra
+            )
+        if file_changes(state.before, result.files or {}) != file_changes(state.before, expert.files or {}):
+            return Verdict(
+                0.0, "changed_files", "the test run changed other files than the expert's", extra=extra
+            )
+        mine, theirs = test_ids(commands[0]), test_ids(commands[1])
+        same_ids = mine == theirs and result.exit_code == expert.exit_code
+        summary = test_summary(result.output)
+        extra.update(tests=sorted(mine), expert_tests=sorted(theirs), summary=list(summary))
+        if same_ids or (summary and summary == test_summary(expert.output)):
+            return Verdict(
+                1.0, "same_tests", "the same tests with the same outcome as the expert's run", extra=extra
+            )
+        return Verdict(
+            0.0, "different_tests", "other tests, or another outcome, than the expert's run", extra=extra
+        )
+
+    def _look_around(
+        self, result: ToolResult, expert: ToolResult, state: PrefixState, workdir: str, extra: dict[str, Any]
+    ) -> Verdict:
+        if file_changes(state.before, result.files or {}) != file_changes(state.before, expert.files or {}):
+            return Verdict(
+                0.0, "changed_files", "the call changed files; the expert's only looked", extra=extra
+            )
+        limit = self.config.max_lines
+        share = coverage(
+            output_lines(expert.output, workdir, limit), output_lines(result.output, workdir, limit)
+        )
+        extra["coverage"] = round(share, 4)
+        if share >= self.config.overlap:
+            return Verdict(
+                1.0, "covers_expert_output", f"shows {share:.0%} of the expert's output", extra=extra
+            )
+        return Verdict(
+            0.0,
+            "different_output",
+            f"shows {share:.0%} of the expert's output (< {self.config.overlap:.0%})",
+            extra=extra,
+        )
