@@ -162,6 +162,7 @@ class SearchEnv(PivotEnv):
         self.engine_spec = engine
         self._engines: dict[str, SearchEngine] = {}
         self._replays: OrderedDict[str, Replay] = OrderedDict()
+        self._last_prefix: tuple[str, list[dict[str, Any]], Replay] | None = None
         self.engine: SearchEngine | None = None
         self.replay: Replay | None = None
         self._broken = ""
@@ -188,8 +189,10 @@ class SearchEnv(PivotEnv):
             self.replay = Replay("recorded")
             return
         try:
-            self.engine = self.engine_for(pivot)
-            self.replay = self._replay_of(pivot, self.engine)
+            engine = self.engine_for(pivot)
+            self.replay = self._replay_of(pivot, engine)
+            # A pivot recorded on another corpus runs nothing on this one.
+            self.engine = engine if self.replay.mode != "recorded" else None
         except (EngineError, CorpusError) as error:
             # Not cached: the next reset tries the engine again.
             self._broken = f"pivot {pivot.id}: the search engine failed: {error}"
@@ -267,11 +270,23 @@ class SearchEnv(PivotEnv):
         key = f"{pivot.id}\0{engine.corpus_id}"
         replay = self._replays.get(key)
         if replay is None:
-            replay = replay_prefix(pivot, engine)
+            replay = replay_prefix(pivot, engine, self._continued(pivot, engine))
             if len(self._replays) >= REPLAYS_KEPT:
                 self._replays.popitem(last=False)
             self._replays[key] = replay
+            self._last_prefix = (engine.corpus_id, pivot.messages, replay)
         return replay
+
+    def _continued(self, pivot: Pivot, engine: SearchEngine) -> tuple[int, Replay] | None:
+        """The last replay computed, when its prefix begins this pivot's (the next turn of the same
+        trajectory): this replay continues from it instead of running the shared calls again."""
+        if self._last_prefix is None:
+            return None
+        corpus_id, messages, replay = self._last_prefix
+        count = len(messages)
+        if corpus_id != engine.corpus_id or count > len(pivot.messages) or pivot.messages[:count] != messages:
+            return None
+        return count, replay
 
     def replay_report(self) -> list[dict[str, Any]]:
         """Every pivot's replay verdict: [{"pivot", "replay", "stale"?, "error"?}], in order (replays each once)."""
@@ -293,18 +308,21 @@ class SearchEnv(PivotEnv):
         return rows
 
 
-def replay_prefix(pivot: Pivot, engine: SearchEngine) -> Replay:
+def replay_prefix(pivot: Pivot, engine: SearchEngine, start: tuple[int, Replay] | None = None) -> Replay:
     """Replay the pivot's prefix calls on `engine`, comparing each output with the recorded tool
     message (matched by tool_call_id, else by position), then run the expert's calls from the
-    resulting state. A pivot recorded on another corpus (its `corpus_id` is not the engine's) is
+    resulting state. `start` = (n, replay of a prefix equal to the first n messages): continue from
+    its state. A pivot recorded on another corpus (its `corpus_id` is not the engine's) is
     "recorded" without running anything. Raises EngineError when the engine fails."""
     if pivot.context.get("corpus_id") != engine.corpus_id:
         return Replay("recorded")
     k = _recorded_k(pivot)
-    state = BrowseState()
-    stale = None
+    begin, state, stale = 0, BrowseState(), None
+    if start is not None and start[1].mode != "recorded":
+        begin, state, stale = start[0], _copy_state(start[1].state), start[1].stale
     messages = pivot.messages
-    for index, message in enumerate(messages):
+    for index in range(begin, len(messages)):
+        message = messages[index]
         if message.get("role") != "assistant" or not message.get("tool_calls"):
             continue
         recorded = _recorded_outputs(messages, index)

@@ -11,9 +11,11 @@ after normalisation (`answer.normalize_answer`), never for being a message.
 
 - `retrieval` (default): the sampled turn must be of the expert's kind (a search where the expert
   answered cannot be equivalent to the answer, nor an answer to a search: "wrong_kind"). Then
-  - a search scores 1 when its top-k results reach a target: an evidence document the expert's
-    search reached, or an evidence document not yet seen anywhere in the prefix. When the expert's
-    search reached no evidence, its top hit is the target instead (and unseen evidence still counts);
+  - a search scores 1 when its top-k results reach an evidence document not yet seen anywhere in
+    the prefix (in a result or opened). When the expert's own search reached no such document, what
+    it reached also counts: the evidence among its results, or, when it reached no evidence at all,
+    its top hit (so the expert's action always scores 1, and re-finding a document already seen
+    scores only where the expert did the same);
   - an open (get_document, browse, open) scores 1 for the document the expert opened, or an
     evidence document not yet opened in the prefix (re-reading an opened one adds nothing);
   - a find scores 1 when it finds what the expert's find found (the same tool output), or uses
@@ -188,9 +190,12 @@ def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
             return Verdict(1.0, "same_passages")
         return Verdict(0.0, "other_passages", "the find found other passages than the expert's")
     if kind == "search":
-        targets = (_docids(expert) & reach.evidence) | (reach.evidence - set(reach.prefix.seen))
-        if not _docids(expert) & reach.evidence:
-            targets |= {result.docids[0] for result in expert if result.docids}
+        targets = reach.evidence - set(reach.prefix.seen)
+        if not _docids(expert) & targets:
+            # The expert's search found nothing new: equivalence is reaching what it reached.
+            targets |= (_docids(expert) & reach.evidence) or {
+                result.docids[0] for result in expert if result.docids
+            }
         if reached & targets:
             return Verdict(1.0, "evidence_reached", f"reached {sorted(reached & targets)[:5]}")
         return Verdict(

@@ -1,0 +1,174 @@
+"""The search verifier's levels on real steps (bundled engine), and answer normalisation.
+
+Pivots (conftest): verdi/t0 searches "La traviata opera composer", t1 opens La_traviata, t2
+searches "Giuseppe Verdi", t3 opens Giuseppe_Verdi, t4 answers Busseto; the evidence is
+La_traviata and Giuseppe_Verdi.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import gymnasium as gym
+import pytest
+from pivot_envs.domains.search.answer import answer_matches, extract_answer, normalize_answer
+from pivot_envs.domains.search.corpus import read_corpus
+from pivot_envs.domains.search.env import bundled_pivots
+from pivot_envs.domains.search.verifier import SearchVerifier, turn_kind
+
+from pivot_envs.errors import UnknownNameError
+
+
+def call(name: str, **arguments) -> dict:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": name, "arguments": json.dumps(arguments)}}],
+    }
+
+
+@pytest.fixture(scope="module")
+def envs(search_pivots):
+    made = {
+        level: gym.make("pivot/search-v0", pivots=search_pivots, verifier=level)
+        for level in ("retrieval", "args", "name", "strict")
+    }
+    yield made
+    for env in made.values():
+        env.close()
+
+
+def score(env, pivot_id: str, action) -> tuple[float, dict]:
+    env.reset(options={"pivot": pivot_id})
+    _, reward, _, _, info = env.step(action)
+    return reward, info
+
+
+def test_a_paraphrased_query_reaching_the_same_evidence_scores_one_under_retrieval_and_zero_under_args(envs):
+    paraphrase = call("search", query="who composed the opera La traviata")
+    reward, info = score(envs["retrieval"], "verdi/t0", paraphrase)
+    assert (reward, info["category"], info["strict_reward"]) == (1.0, "evidence_reached", 0.0)
+    assert score(envs["args"], "verdi/t0", paraphrase)[1]["category"] == "other_arguments"
+    assert score(envs["args"], "verdi/t0", paraphrase)[0] == 0.0
+
+
+def test_a_search_reaching_unseen_evidence_another_way_scores_one(envs):
+    # "Busseto" finds Giuseppe_Verdi, evidence nothing in the prefix has shown yet.
+    assert score(envs["retrieval"], "verdi/t0", call("search", query="Busseto"))[0] == 1.0
+
+
+def test_a_search_that_only_finds_evidence_already_seen_scores_zero(envs):
+    # At t2 La_traviata was found and read; the expert now looks for Verdi.
+    reward, info = score(envs["retrieval"], "verdi/t2", call("search", query="traviata"))
+    assert (reward, info["category"]) == (0.0, "evidence_missed")
+
+
+def test_a_search_missing_the_evidence_scores_zero(envs):
+    reward, info = score(envs["retrieval"], "verdi/t0", call("search", query="Pierre Curie wife"))
+    assert (reward, info["category"], info["valid"]) == (0.0, "evidence_missed", True)
+
+
+def test_opening_the_experts_document_or_unopened_evidence_scores_one_and_rereading_scores_zero(envs):
+    assert score(envs["retrieval"], "verdi/t1", call("get_document", docid="La_traviata"))[0] == 1.0
+    # Other evidence not yet opened: a step forward too, whatever the expert chose.
+    assert score(envs["retrieval"], "verdi/t1", call("get_document", docid="Giuseppe_Verdi"))[0] == 1.0
+    # The same document by its url, through the NeMo-Gym spelling of the open tool.
+    url = "https://en.wikipedia.org/wiki/La_traviata"
+    assert score(envs["retrieval"], "verdi/t1", call("browse", urls=[url], goal="who wrote it"))[0] == 1.0
+    reward, info = score(envs["retrieval"], "verdi/t3", call("get_document", docid="La_traviata"))
+    assert (reward, info["category"]) == (0.0, "other_document")
+    assert score(envs["retrieval"], "verdi/t1", call("get_document", docid="Opera"))[0] == 0.0
+
+
+def test_a_step_of_another_kind_than_the_experts_scores_zero(envs):
+    reward, info = score(envs["retrieval"], "verdi/t0", "Answer: Busseto")
+    assert (reward, info["category"]) == (0.0, "wrong_kind")
+    assert "answered where the expert searched" in info["detail"]
+    reward, info = score(envs["retrieval"], "verdi/t4", call("search", query="Busseto"))
+    assert (reward, info["category"]) == (0.0, "wrong_kind")
+    reward, info = score(envs["retrieval"], "verdi/t0", call("get_document", docid="Giuseppe_Verdi"))
+    assert (reward, info["category"]) == (0.0, "wrong_kind")
+
+
+def test_answers_score_one_only_on_a_normalised_match_with_the_answer_or_an_alias(envs):
+    for text in (
+        "Answer: Busseto",
+        "answer:  the BUSSETO.",
+        "Explanation: near Parma.\nExact Answer: Busseto\nConfidence: 90%",
+        "Answer: Busseto, Italy",
+        "Busseto",
+    ):
+        assert score(envs["retrieval"], "verdi/t4", text)[0] == 1.0, text
+    for text in ("Answer: Parma", "Answer: Busseto or Parma", "I think it is a small town.", "Answer:"):
+        reward, info = score(envs["retrieval"], "verdi/t4", text)
+        assert (reward, info["category"]) == (0.0, "wrong_answer"), text
+
+
+def test_a_message_never_scores_for_being_a_message_at_any_level(envs):
+    for level in ("retrieval", "args", "name"):
+        assert score(envs[level], "verdi/t4", "Answer: Parma")[0] == 0.0
+        assert score(envs[level], "verdi/t4", "Answer: Busseto")[0] == 1.0
+
+
+def test_the_args_level_ignores_case_whitespace_and_key_order_but_not_words(envs):
+    same = call("search", query="  la TRAVIATA   opera composer ")
+    assert score(envs["args"], "verdi/t0", same)[0] == 1.0
+    assert score(envs["args"], "verdi/t0", call("search", query="La traviata composer"))[0] == 0.0
+
+
+def test_the_name_level_accepts_any_call_of_the_experts_tool(envs):
+    assert score(envs["name"], "verdi/t0", call("search", query="Pierre Curie wife"))[0] == 1.0
+    assert score(envs["name"], "verdi/t0", call("get_document", docid="La_traviata"))[0] == 0.0
+
+
+def test_the_strict_reward_is_reported_beside_every_level(envs, by_id):
+    for level in ("retrieval", "args", "name"):
+        assert score(envs[level], "verdi/t2", by_id["verdi/t2"].expert)[1]["strict_reward"] == 1.0
+        assert (
+            score(envs[level], "verdi/t2", call("search", query="giuseppe  verdi"))[1]["strict_reward"] == 0.0
+        )
+    assert score(envs["strict"], "verdi/t2", call("search", query="giuseppe  verdi"))[0] == 0.0
+
+
+def test_query_stuffing_with_unrelated_keywords_never_scores_on_the_bundled_pivots():
+    """The documented rate: 32 random title words (the most a query may hold) reach none of the
+    191 bundled search pivots' targets (0 of 191); a 50-word query is refused as too long."""
+    pivots = [p for p in bundled_pivots() if turn_kind(p.expert) == "search"]
+    words = sorted({w.lower() for d in read_corpus() for w in re.findall(r"[A-Za-z]{5,}", d.title)})
+    rng = random.Random(0)
+    env = gym.make("pivot/search-v0", pivots=pivots)
+    scored = 0.0
+    for pivot in pivots:
+        scored += score(env, pivot.id, call("search", query=" ".join(rng.sample(words, 32))))[0]
+    assert scored / len(pivots) <= 0.02, f"{scored:.0f} of {len(pivots)} stuffed queries scored"
+    reward, info = score(env, pivots[0].id, call("search", query=" ".join(rng.sample(words, 50))))
+    assert (reward, info["category"]) == (0.0, "query_too_long")
+    env.close()
+
+
+def test_an_unknown_level_is_refused_by_name():
+    with pytest.raises(UnknownNameError, match="did you mean 'retrieval'"):
+        SearchVerifier("retreival")
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("Explanation: x\nExact Answer: Russell David Lyons\nConfidence: 80%", "Russell David Lyons"),
+        ("The answer: 1943. Final Answer: 1944", "1944"),
+        ("Answer:\nTrolltunga", "Trolltunga"),
+        ("so it is \\boxed{42}", "42"),
+        ("  just this  ", "just this"),
+    ],
+)
+def test_the_answer_is_taken_after_the_last_label_or_is_the_whole_message(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_normalisation_folds_case_accents_punctuation_articles_and_spaces():
+    assert normalize_answer("  The Gödel Prize!  ") == "godel prize"
+    assert normalize_answer("Jean-Paul") == "jeanpaul"  # SQuAD drops punctuation, it does not split on it
+    assert answer_matches("Answer: an apple", ["Apple"]) and not answer_matches("Answer: ...", ["..."])
+    assert normalize_answer("x" * 1_000_000) == "x" * 2000  # a 1 MB answer is cut, not scanned
