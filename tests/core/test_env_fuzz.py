@@ -107,6 +107,22 @@ def test_json_safe_leaves_plain_json_as_it_is(value: object) -> None:
     assert json_safe(value) == value
 
 
+def containers(value: object) -> list[object]:
+    """Every dict and list inside `value`, itself included."""
+    if isinstance(value, dict):
+        return [value, *(c for item in value.values() for c in containers(item))]
+    if isinstance(value, (list, tuple)):
+        return ([value] if isinstance(value, list) else []) + [c for item in value for c in containers(item)]
+    return []
+
+
+@FUZZ
+@given(plain_json | odd_values)
+def test_json_safe_shares_no_dict_or_list_with_its_input(value: object) -> None:
+    made = json_safe(value)
+    assert not {id(c) for c in containers(made)} & {id(c) for c in containers(value)}
+
+
 def test_json_safe_keeps_non_finite_floats_that_json_dumps_accepts() -> None:
     assert math.isnan(json_safe(float("nan"))) and json_safe([float("inf")]) == [float("inf")]
 
