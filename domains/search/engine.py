@@ -51,7 +51,8 @@ MAX_QUERY_CHARS = 1000
 MAX_K = 50
 TITLE_WEIGHT = 5.0
 SNIPPET_TOKENS = 32
-COMMON_FRACTION = 0.1  # a word in more than this share of the documents is not scored
+COMMON_FRACTION = 0.1  # a word in more than this share of the documents is not scored...
+COMMON_MIN_DOCUMENTS = 200  # ...when it is also in more than this many (small corpora keep every word)
 MAX_POSTINGS = 2000  # at most this many (document, word) matches are scored per query: bounds its time
 MAX_MEMO_TERMS = 100_000
 TOKENIZER = "porter unicode61 remove_diacritics 2"
@@ -292,13 +293,15 @@ class FtsEngine:
 
     def scored_terms(self, terms: list[str]) -> list[str]:
         """The words of a query that are scored, in query order: words absent from the index are
-        left out, and so are common ones (in more than COMMON_FRACTION of the documents) unless
+        left out, and so are common ones (in more than COMMON_FRACTION of the documents and more
+        than COMMON_MIN_DOCUMENTS) unless
         every word is common, when the rarest stays; then, rarest first, words are kept while the
         documents they are in add up to at most MAX_POSTINGS (none is kept when the rarest alone is
         in more: such a query finds nothing)."""
         counts = {term: self._frequency(term) for term in terms}
         present = [term for term in terms if counts[term]]
-        common = [term for term in present if counts[term] > COMMON_FRACTION * self.documents]
+        threshold = max(COMMON_FRACTION * self.documents, COMMON_MIN_DOCUMENTS)
+        common = [term for term in present if counts[term] > threshold]
         by_rarity = sorted(present, key=lambda term: counts[term])  # stable: ties keep query order
         if len(common) < len(present):
             by_rarity = [term for term in by_rarity if term not in common]
