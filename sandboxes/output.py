@@ -6,6 +6,11 @@ from __future__ import annotations
 import re
 import secrets
 
+# Re-exported: the runner and the `pivot_envs.sandbox` alias import them from here.
+from pivot_envs.text import cut_marker, join_cut
+
+__all__ = ["cut_marker", "join_cut", "new_marker", "strip_ansi"]
+
 _ANSI = re.compile(
     r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC ... BEL/ST (titles, hyperlinks)
     r"|\x1b\[[0-?]*[ -/]*[@-~]"  # CSI (colours, cursor movement)
@@ -21,19 +26,6 @@ def strip_ansi(text: str) -> str:
     return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in text.split("\n"))
 
 
-def cut_marker(cut: int) -> str:
-    """The line that replaces the middle of an over-long output."""
-    return f"\n[... {cut} bytes of output cut ...]\n"
-
-
 def new_marker() -> str:
     """A random per-session marker command output cannot guess (runner headers, shell prompts)."""
     return "PIVOT" + secrets.token_hex(8)
-
-
-def join_cut(body: bytes, cut: int, limit: int) -> str:
-    """The kept output (head and tail halves of `limit` bytes) decoded, with the marker of the `cut` bytes between."""
-    if not cut:
-        return body.decode("utf-8", "replace")
-    half = limit // 2
-    return body[:half].decode("utf-8", "replace") + cut_marker(cut) + body[half:].decode("utf-8", "replace")

@@ -23,9 +23,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from pivot_envs.sandboxes.output import join_cut
-
 from pivot_envs.config import UnknownOptionError, at_least, between, option
+from pivot_envs.text import join_cut
 
 
 @dataclass
