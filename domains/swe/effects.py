@@ -116,7 +116,7 @@ def edit_effect(sandbox: Any, workdir: str, base_tree: str, timeout: float) -> E
     return effect
 
 
-def test_results(sandbox: Any, repo: Any, tests: list[str], timeout: float) -> dict[str, bool]:
+def task_test_results(sandbox: Any, repo: Any, tests: list[str], timeout: float) -> dict[str, bool]:
     """Whether each of `tests` passes in the sandbox's workspace (a test that does not report: fails).
 
     `repo` is the task's RepoSpec: unittest repositories run every id in one process; any other

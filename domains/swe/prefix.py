@@ -29,7 +29,7 @@ from pivot_envs.sandboxes import SandboxError, Snapshot
 
 from pivot_envs.pivot import Pivot
 
-from .effects import EditEffect, edit_effect, test_results
+from .effects import EditEffect, edit_effect, task_test_results
 from .parse import call_of
 from .tools import ToolResult, execute_call, tree_hash
 
@@ -209,9 +209,11 @@ class PrefixCache:
             state.expert = execute_call(fork, name, arguments, harness=harness, workdir=repo.workdir)
             if state.expert.kind == "edit":
                 state.expert_edit = edit_effect(fork, repo.workdir, state.tree_hash, limits.timeout)
-                state.expert_tests = test_results(fork, repo, fail_to_pass + pass_to_pass, limits.timeout)
+                state.expert_tests = task_test_results(
+                    fork, repo, fail_to_pass + pass_to_pass, limits.timeout
+                )
             elif state.expert.kind == "submit":
-                state.expert_tests = test_results(fork, repo, fail_to_pass, limits.timeout)
+                state.expert_tests = task_test_results(fork, repo, fail_to_pass, limits.timeout)
         except SandboxError:
             state.expert = None  # the verifier then says it has no reference effect
         finally:

@@ -55,7 +55,7 @@ from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
 from pivot_envs.verifiers import Verdict
 
-from .effects import edit_effect, test_results
+from .effects import edit_effect, task_test_results
 from .parse import call_of
 from .prefix import PrefixState, task_tests
 from .tools import ToolResult, action_kind, canonical_name
@@ -373,7 +373,7 @@ def coverage(expert: list[str], sample: list[str]) -> float:
     return found / len(expert)
 
 
-def test_ids(command: str) -> frozenset[str]:
+def named_tests(command: str) -> frozenset[str]:
     """The test ids a test command names, normalised (`tests/test_x.py::C::t` -> `tests.test_x.C.t`); "*" for all."""
     try:
         words = shlex.split(command)
@@ -383,17 +383,20 @@ def test_ids(command: str) -> frozenset[str]:
     for index, word in enumerate(words):
         if word in ("unittest", "pytest", "py.test") or word.endswith("/pytest"):
             for argument in words[index + 1 :]:
-                if argument in ("&&", "||", ";", "|"):
-                    break
+                if any(mark in argument for mark in "<>|;&"):
+                    break  # the command goes on past the test runner's arguments
                 if argument.startswith("-") or argument in ("discover",):
                     continue
-                name = argument.replace("::", ".").removesuffix(".py").replace("/", ".").strip(".")
+                path, _, rest = argument.partition("::")
+                name = ".".join(
+                    [path.removesuffix(".py").replace("/", ".").strip("."), *filter(None, rest.split("::"))]
+                )
                 ids.add(name)
             break
     return frozenset(ids or {"*"})
 
 
-def test_summary(output: str) -> tuple[str, ...]:
+def run_summary(output: str) -> tuple[str, ...]:
     """("Ran N", "OK"/"FAILED") of a unittest run, or pytest's summary line; () when there is none."""
     ran, status, pytest = _RAN.findall(output), _STATUS.findall(output), _PYTEST.findall(output)
     if ran and status:
@@ -502,7 +505,7 @@ class EffectVerifier:
                 extra=extra,
             )
         fail_to_pass, pass_to_pass = task_tests(pivot)
-        tests = test_results(sandbox, repo, fail_to_pass + pass_to_pass, timeout)
+        tests = task_test_results(sandbox, repo, fail_to_pass + pass_to_pass, timeout)
         extra["tests"], extra["expert_tests"] = tests, state.expert_tests
         worse = sorted(test for test, ok in state.expert_tests.items() if ok and not tests.get(test))
         if worse or not state.expert_tests:
@@ -533,11 +536,11 @@ class EffectVerifier:
             return Verdict(
                 0.0, "changed_files", "the test run changed other files than the expert's", extra=extra
             )
-        mine, theirs = test_ids(commands[0]), test_ids(commands[1])
+        mine, theirs = named_tests(commands[0]), named_tests(commands[1])
         same_ids = mine == theirs and result.exit_code == expert.exit_code
-        summary = test_summary(result.output)
+        summary = run_summary(result.output)
         extra.update(tests=sorted(mine), expert_tests=sorted(theirs), summary=list(summary))
-        if same_ids or (summary and summary == test_summary(expert.output)):
+        if same_ids or (summary and summary == run_summary(expert.output)):
             return Verdict(
                 1.0, "same_tests", "the same tests with the same outcome as the expert's run", extra=extra
             )
