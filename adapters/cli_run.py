@@ -3,11 +3,12 @@
 An adapter's command (it trains with adapters.grpo and adapters.sft): the entry point `run` of
 the group `pivot_envs.commands` names this module.
 
-Extract candidates (D_cand), split held-out pivots by trajectory, profile a slice with the frozen
-reference policy (paper Eq. 3), keep the pivots (D_adv, Eq. 4), evaluate, train with GRPO at the
-pivots (Algorithm 1), evaluate again, and write a report. With no arguments it runs the bundled
-tool-use pivots with SmolLM2-135M on the CPU in about nine minutes, after an SFT warm-up on
-expert turns (adapters.sft) without which that model never succeeds; options scale it up.
+Extract candidates, split held-out pivots by trajectory, warm the policy up with SFT on expert
+turns (adapters.sft; without it SmolLM2-135M never succeeds), evaluate it, run Algorithm 1 on a
+sample of the training candidates with one call of `grpo.pivotrl` (profile under the frozen
+reference, Eq. 3; keep D_adv, Eq. 4; train with GRPO at the pivots), evaluate again, and write a
+report. With no arguments it runs the bundled tool-use pivots with SmolLM2-135M on the CPU in
+about ten minutes; options scale it up.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.adapters.grpo import GRPOConfig
+from pivot_envs.adapters.grpo import GRPOConfig, PivotRLResult
 
 from pivot_envs.config import add_config, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
@@ -47,9 +48,11 @@ def _profile_preset() -> ProfileConfig:
 
 
 def _filter_preset() -> FilterConfig:
-    # With K=4 a candidate's mean is 0, 0.25, 0.5, 0.75 or 1: 0.9 keeps the 0.75 ones, which a
-    # 135M model after a short warm-up has few enough of that dropping them often left D_adv empty.
-    return FilterConfig(lambda_diff=0.9)
+    # 0.9 keeps the candidates solved 7 times of 8, which a 135M model after a short warm-up has few
+    # enough of that dropping them often left D_adv empty; and when D_adv is empty all the same, the run
+    # trains at the candidates the reference never solved (a group of G samples may find what K did not)
+    # and says so in its report, instead of stopping before the evaluation.
+    return FilterConfig(lambda_diff=0.9, mode="adv-or-unsolved")
 
 
 def _train_preset() -> GRPOConfig:
@@ -133,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(parser, RunConfig, "run")
 
 
-STAGES = 8
+STAGES = 6
 
 
 class Stage:
@@ -167,19 +170,21 @@ class Signal:
     successes: int  # ... with functional reward 1
     mixed: int  # profiled candidates with var > 0 (some samples succeed, some fail)
     profiled: int
-    groups: int  # GRPO groups sampled (steps x B)
+    groups: int  # GRPO groups sampled (steps x min(B, |D_pivot|))
     varied_groups: int  # ... with non-zero reward variance (the only ones trained on)
 
     @classmethod
-    def of(cls, profiled: list[Any], history: list[dict[str, Any]], batch_pivots: int) -> Signal:
-        """The figures from profiled pivots and the trainer's per-step records."""
-        profiles = [p.profile for p in profiled if p.profile is not None]
+    def of(cls, result: PivotRLResult, batch_pivots: int) -> Signal:
+        """The figures of a run of Algorithm 1: its profiles (`result.selection`) and the trainer's per-step records."""
+        profiles = [p.profile for p in result.selection.profiled if p.profile is not None]
+        history = result.training.history
         return cls(
             samples=sum(len(p.rewards) for p in profiles),
             successes=sum(1 for p in profiles for r in p.rewards if r >= 1.0),
             mixed=sum(1 for p in profiles if p.n_valid > 0 and p.var > 0),
             profiled=len(profiles),
-            groups=len(history) * batch_pivots,
+            # A step samples B pivots without replacement (Algorithm 1, line 6): fewer when D_pivot is smaller.
+            groups=len(history) * min(batch_pivots, len(result.selection.pivots)),
             varied_groups=sum(int(record.get("groups_trained", 0)) for record in history),
         )
 
@@ -289,15 +294,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run(config: RunConfig) -> Path:
-    """Run the method and return the path of the markdown report."""
-    from pivot_envs.adapters.grpo import train
+    """Run the method and return the path of the markdown report.
+
+    The run's own stages (extract, split, warm-up, the evaluations, the report) surround one call
+    of `grpo.pivotrl`, Algorithm 1 itself: the sampled training candidates are its D_cand, the
+    warmed-up policy its pi_0. When D_adv is empty the run's filter mode ("adv-or-unsolved")
+    trains at the candidates pi_0 never solved, and the report says so; with filter mode "adv"
+    an empty D_adv stops the run with NoPivotsError before training.
+    """
+    from pivot_envs.adapters.grpo import PivotRLConfig, pivotrl
 
     from pivot_envs.cli._checks import check_domain, check_env_id, check_output, load_named_policy
     from pivot_envs.diagnostics import diagnose, format_report
     from pivot_envs.evaluate import evaluate
-    from pivot_envs.extract import dedup_pivots, filter_pivots, split_by_trajectory, write_pivot_file
-    from pivot_envs.pivot import read_pivots
-    from pivot_envs.profile import profile
+    from pivot_envs.extract import split_by_trajectory, write_pivot_file
     from pivot_envs.registry import env_id
 
     # The domain and --out are checked before any work (the settings were, when the config was made).
@@ -306,19 +316,19 @@ def run(config: RunConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
 
-    with Stage(1, "extract candidates (D_cand)") as stage:
-        candidates = load_candidates(config)
-        trajectories = {pivot.trajectory_id for pivot in candidates}
-        write_pivot_file(candidates, out / "candidates.jsonl")
-        print(f"      {len(candidates)} candidates from {len(trajectories)} trajectories")
+    with Stage(1, "extract candidates") as stage:
+        extracted = load_candidates(config)
+        trajectories = {pivot.trajectory_id for pivot in extracted}
+        write_pivot_file(extracted, out / "extracted.jsonl")
+        print(f"      {len(extracted)} candidates from {len(trajectories)} trajectories")
     timings["extract"] = stage.seconds
 
     with Stage(2, "split held-out pivots by source trajectory") as stage:
-        train_side, heldout = split_by_trajectory(candidates, config.split.heldout, seed=config.split.seed)
+        train_side, heldout = split_by_trajectory(extracted, config.split.heldout, seed=config.split.seed)
         if not heldout or not train_side:
             raise SplitError(
                 f"the split left a side empty ({len(train_side)} train, {len(heldout)} held out of "
-                f"{len(candidates)} candidates from {len(trajectories)} trajectories; --split.heldout {config.split.heldout})"
+                f"{len(extracted)} candidates from {len(trajectories)} trajectories; --split.heldout {config.split.heldout})"
             )
         # Separate seeded draws, so changing one size does not change the other set.
         eval_set = random.Random(f"{config.seed}/eval").sample(heldout, min(config.eval_pivots, len(heldout)))
@@ -329,6 +339,7 @@ def run(config: RunConfig) -> Path:
     policy = load_named_policy(config.policy, device=config.device, max_prompt_tokens=config.max_prompt_tokens)
     epochs = config.warm_up_epochs()
 
+    # D_cand of Algorithm 1: a seeded sample of the training side (all of it with --candidates 0).
     draw = random.Random(f"{config.seed}/candidates")
     sample = train_side if config.candidates <= 0 else draw.sample(train_side, min(config.candidates, len(train_side)))
 
@@ -336,69 +347,53 @@ def run(config: RunConfig) -> Path:
         warm = warm_up_stage(config, policy, train_side, sample, epochs, out)
     timings["sft"] = stage.seconds
 
-    reference = f"{config.policy} after the warm-up" if epochs else config.policy
-    with Stage(4, f"profile with the frozen reference policy ({reference}, K={config.profile.k})") as stage:
-        profiled_path = out / "profiled.jsonl"
-        done = profile(
-            sample,
-            policy,
-            profiled_path,
-            config.profile,
-            # The warmed-up weights are the reference: an earlier run's profiles are reused only
-            # when they come from the same policy and warm-up settings.
-            reference=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
-        )
-        if done.moved_aside:
-            print(f"      profiles of an earlier run with other settings moved to {done.moved_aside}")
-        if done.skipped:
-            print(f"      {done.skipped} candidates reused from an earlier run with the same settings")
-        wanted = {pivot.id for pivot in sample}
-        profiled = [pivot for pivot in read_pivots(profiled_path) if pivot.id in wanted]
-        diagnostics = diagnose(profiled, lambda_diff=config.filter.lambda_diff)
-        print(indented(format_report(diagnostics)))
-    timings["profile"] = stage.seconds
-
-    lambda_diff = config.filter.lambda_diff
-    with Stage(5, f"keep the pivots (D_adv: var > 0 and mean < {lambda_diff})" if config.filter.mode == "adv"
-               else "keep the pivots (D_cand: every candidate)") as stage:
-        pivots = filter_pivots(profiled, lambda_diff=lambda_diff, mode=config.filter.mode)
-        if config.filter.dedup:
-            pivots = dedup_pivots(pivots, by=config.filter.dedup_by)
-        note = ""
-        if not pivots:
-            # Nothing mixed at this K: training would see only zero-variance groups. Say so, and
-            # fall back to the candidates the policy never solves, where any success is signal.
-            pivots = [p for p in profiled if p.profile is not None and p.profile.mean < lambda_diff] or profiled
-            note = f"D_adv was empty at K={config.profile.k}; trained on {len(pivots)} unsolved candidates instead"
-            print(f"      {note}")
-        write_pivot_file(pivots, out / "pivots.jsonl")
-        print(f"      {len(pivots)} of {len(profiled)} profiled candidates kept")
-    timings["filter"] = stage.seconds
-
     eval_config = config.eval
-    with Stage(6, f"evaluate before training ({len(eval_set)} held-out pivots, greedy)") as stage:
+    with Stage(4, f"evaluate before training ({len(eval_set)} held-out pivots, greedy)") as stage:
         before = evaluate(policy, eval_set, eval_config)
         print(indented(before.format()))
     timings["eval_before"] = stage.seconds
 
-    grpo = config.train
     if (out / "train").exists():  # an earlier run's training: kept beside, never mixed with this one's
         shutil.rmtree(out / "train.previous", ignore_errors=True)
         (out / "train").replace(out / "train.previous")
-    with Stage(7, f"train with GRPO at the pivots ({grpo.steps} steps, B={grpo.batch_pivots}, G={grpo.group_size})") as stage:
-        # train logs a line per step as it goes
-        result = train(grpo, pivots, policy=policy, env_id=env_id(config.domain))
-    timings["train"] = stage.seconds
+    grpo, lambda_diff = config.train, config.filter.lambda_diff
+    reference = f"{config.policy} after the warm-up" if epochs else config.policy
+    title = (f"Algorithm 1 (grpo.pivotrl): profile {len(sample)} candidates under {reference} (K={config.profile.k}), "
+             f"keep D_adv (lambda_diff {lambda_diff}), train with GRPO ({grpo.steps} steps, B={grpo.batch_pivots}, "
+             f"G={grpo.group_size})")
+    with Stage(5, title) as stage:
+        method = PivotRLConfig(out=config.out, profile=config.profile, filter=config.filter, train=grpo)
+        # The warmed-up weights are pi_0: an earlier run's profiles are reused only when they come
+        # from the same policy and warm-up settings. The trainer logs a line per step as it goes.
+        result = pivotrl(sample, policy, method, env_id=env_id(config.domain),
+                         reference_name=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy)
+        selection = result.selection
+        if selection.profile_run.moved_aside:
+            print(f"      profiles of an earlier run with other settings moved to {selection.profile_run.moved_aside}")
+        if selection.profile_run.skipped:
+            print(f"      {selection.profile_run.skipped} candidates reused from an earlier run with the same settings")
+        diagnostics = format_report(diagnose(selection.profiled, lambda_diff=lambda_diff))
+        print(indented(diagnostics))
+        note = ""
+        if config.filter.mode == "adv-or-unsolved" and not any(p.profile.var > 0 for p in selection.pivots):
+            # D_adv's pivots are all mixed: none is, so these are the fallback's.
+            note = (f"D_adv was empty at K={config.profile.k}; trained at the {len(selection.pivots)} candidates "
+                    "the reference never solved instead")
+            print(f"      {note}")
+        print(f"      {len(selection.pivots)} of {len(selection.profiled)} profiled candidates kept as pivots")
+    timings["profile"] = selection.profile_run.seconds
+    timings["train"] = result.training.seconds
+    timings["filter"] = max(stage.seconds - timings["profile"] - timings["train"], 0.0)
 
-    with Stage(8, "evaluate after training") as stage:
+    with Stage(6, "evaluate after training") as stage:
         after = evaluate(policy, eval_set, eval_config)
         print(indented(after.format()))
     timings["eval_after"] = stage.seconds
 
-    signal = Signal.of(profiled, result.history, grpo.batch_pivots)
+    signal = Signal.of(result, grpo.batch_pivots)
     print(f"\n{signal.verdict()}")
-    return write_report(out, config, candidates, trajectories, train_side, heldout, profiled, pivots, note,
-                        format_report(diagnostics), before, after, result, timings, signal, warm)
+    return write_report(out, config, extracted, trajectories, train_side, heldout, result, note, diagnostics,
+                        before, after, timings, signal, warm)
 
 
 def plot_rewards(metrics: Path, png: Path) -> str | None:
@@ -416,12 +411,13 @@ def plot_rewards(metrics: Path, png: Path) -> str | None:
         return None
 
 
-def write_report(out: Path, config: RunConfig, candidates: list, trajectories: set, train_side: list,
-                 heldout: list, profiled: list, pivots: list, note: str, diagnostics: str, before: Any,
-                 after: Any, result: Any, timings: dict[str, float], signal: Signal, warm: WarmUp) -> Path:
+def write_report(out: Path, config: RunConfig, extracted: list, trajectories: set, train_side: list,
+                 heldout: list, result: PivotRLResult, note: str, diagnostics: str, before: Any, after: Any,
+                 timings: dict[str, float], signal: Signal, warm: WarmUp) -> Path:
     """The markdown report of a run, with its reward plot when matplotlib is installed (and
     report.json with the same figures)."""
-    png = plot_rewards(result.metrics_path, out / "rewards.png")
+    selection, training = result.selection, result.training
+    png = plot_rewards(training.metrics_path, out / "rewards.png")
     lines = [
         "# PivotRL run",
         "",
@@ -429,13 +425,14 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
         "",
         "| stage | result | seconds |",
         "|---|---|---|",
-        f"| extract | {len(candidates)} candidates from {len(trajectories)} trajectories | {timings['extract']:.0f} |",
+        f"| extract | {len(extracted)} candidates from {len(trajectories)} trajectories | {timings['extract']:.0f} |",
         f"| split | {len(train_side)} train / {len(heldout)} held-out candidates (by trajectory) | {timings['split']:.0f} |",
         f"| SFT warm-up | {warm.summary()} | {timings['sft']:.0f} |",
-        f"| profile | {len(profiled)} candidates x K={config.profile.k} | {timings['profile']:.0f} |",
-        f"| filter | {len(pivots)} pivots kept (lambda_diff {config.filter.lambda_diff}) | {timings['filter']:.0f} |",
         f"| eval before | see below | {timings['eval_before']:.0f} |",
-        f"| train | {result.steps} GRPO steps | {timings['train']:.0f} |",
+        f"| profile (Algorithm 1, line 3) | {len(selection.profiled)} candidates x K={config.profile.k} | {timings['profile']:.0f} |",
+        f"| filter (line 4) | {len(selection.pivots)} pivots kept (lambda_diff {config.filter.lambda_diff}, "
+        f"mode {config.filter.mode}) | {timings['filter']:.0f} |",
+        f"| train (lines 5-14) | {training.steps} GRPO steps | {timings['train']:.0f} |",
         f"| eval after | see below | {timings['eval_after']:.0f} |",
         "",
     ]
@@ -446,7 +443,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
     lines += ["## Turn accuracy on held-out pivots", "", "Before training:", "", "```", before.format(), "```", ""]
     lines += ["After training:", "", "```", after.format(), "```", ""]
     lines += ["## Training", "", "| step | reward mean | reward std | zero-variance groups | loss |", "|---|---|---|---|---|"]
-    for record in result.history:
+    for record in training.history:
         lines.append(
             f"| {record['step']} | {record['reward_mean']:.3f} | {record['reward_std']:.3f} "
             f"| {record['frac_zero_variance']:.2f} | {record.get('loss', float('nan')):.4f} |"
@@ -455,7 +452,7 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
         lines += ["", f"![reward mean and std over steps]({png})", ""]
     else:
         lines += ["", "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`).", ""]
-    lines += [f"Outputs: `{out}` (candidates, heldout, profiled, pivots JSONL; train/ metrics and weights).", ""]
+    lines += [f"Outputs: `{out}` (extracted, heldout, candidates, profiled, pivots JSONL; train/ metrics and weights).", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     (out / "report.json").write_text(
@@ -463,12 +460,13 @@ def write_report(out: Path, config: RunConfig, candidates: list, trajectories: s
             {
                 "config": asdict(config),
                 "timings": timings,
-                "candidates": len(candidates),
-                "profiled": len(profiled),
-                "pivots": len(pivots),
+                "extracted": len(extracted),
+                "candidates": len(selection.candidates),
+                "profiled": len(selection.profiled),
+                "pivots": len(selection.pivots),
                 "before": before.to_dict(),
                 "after": after.to_dict(),
-                "history": result.history,
+                "history": training.history,
                 "signal": asdict(signal),
                 "sft": asdict(warm),
             },

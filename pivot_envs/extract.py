@@ -17,10 +17,11 @@ from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
 from pivot_envs.config import option
+from pivot_envs.errors import PivotSetError, UnknownNameError
 from pivot_envs.pivot import Pivot, write_pivots
 from pivot_envs.trajectory import ReadReport, Trajectory
 
-FILTER_MODES = ("adv", "cand")
+FILTER_MODES = ("adv", "adv-or-unsolved", "cand")
 DEDUP_RULES = ("action", "state")
 
 
@@ -50,7 +51,9 @@ class FilterConfig:
 
     mode: str = option(
         "adv",
-        "adv: D_adv of paper Eq. 4 (profile var > 0 and mean < lambda_diff); cand: keep every candidate",
+        "adv: D_adv of paper Eq. 4 (profile var > 0 and mean < lambda_diff); adv-or-unsolved: D_adv, or when it "
+        "is empty the candidates with mean < lambda_diff (the reference solved none of their K samples, yet a "
+        "training group of G > K samples may be mixed; not the paper's); cand: keep every candidate",
         choices=FILTER_MODES,
     )
     lambda_diff: float = option(
@@ -205,23 +208,26 @@ def _clone(value: Any) -> Any:
         return copy.deepcopy(value)
 
 
-def filter_pivots(pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, mode: str = "adv") -> list[Pivot]:
-    """D_adv (paper Eq. 4): profiled variance > 0 and mean < lambda_diff; `mode="cand"` keeps all (D_cand).
+def filter_pivots(
+    pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, mode: str = "adv"
+) -> list[Pivot]:
+    """D_adv (paper Eq. 4): profiled variance > 0 and mean < lambda_diff; `mode="cand"` keeps all (D_cand);
+    `mode="adv-or-unsolved"` is D_adv, or when that is empty the candidates with mean < lambda_diff.
 
-    Raises ValueError naming the first pivot without a profile in "adv" mode.
+    Raises PivotSetError naming the first pivot without a profile (every mode but "cand").
     """
     if mode not in FILTER_MODES:
-        raise ValueError(f"unknown filter mode {mode!r}; choose one of {', '.join(FILTER_MODES)}")
+        raise UnknownNameError("filter mode", mode, FILTER_MODES)
     pivots = list(pivots)
     if mode == "cand":
         return pivots
-    kept = []
     for pivot in pivots:
         if pivot.profile is None:
-            raise ValueError(f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use mode 'cand'")
-        if pivot.profile.var > 0 and pivot.profile.mean < lambda_diff:
-            kept.append(pivot)
-    return kept
+            raise PivotSetError(f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use mode 'cand'")
+    kept = [p for p in pivots if p.profile.var > 0 and p.profile.mean < lambda_diff]
+    if kept or mode == "adv":
+        return kept
+    return [p for p in pivots if p.profile.mean < lambda_diff]
 
 
 _SPACE = re.compile(r"\s+")
@@ -255,7 +261,7 @@ def dedup_pivots(pivots: Iterable[Pivot], by: str = "action") -> list[Pivot]:
     tools), i.e. the same decision repeated (e.g. a trajectory read twice).
     """
     if by not in DEDUP_RULES:
-        raise ValueError(f"unknown dedup rule {by!r}; choose one of {', '.join(DEDUP_RULES)}")
+        raise UnknownNameError("dedup rule", by, DEDUP_RULES)
     seen: set[str] = set()
     kept = []
     for pivot in pivots:

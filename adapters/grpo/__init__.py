@@ -1,8 +1,10 @@
 """The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom (`pivotrl` runs it all).
 
-Beside it, each with one job: `shared_prefix` (log pi(a_i | s) of a group's actions with the
-prefix run once), `checkpoints` (checkpoints, resume and metrics.jsonl), `plot` (the reward
-curve) and `policy` (`TrainablePolicy`: what the trainer needs from a policy backend).
+Beside it, each with one job: `groups` (a pivot's group as trained on, and packing groups into
+passes), `shared_prefix` (log pi(a_i | s) of a group's actions with the prefix run once),
+`reference` (LoRA and the frozen reference pi_0), `checkpoints` (checkpoints, resume and
+metrics.jsonl), `plot` (the reward curve) and `policy` (`TrainablePolicy`: what the trainer needs
+from a policy backend).
 
 `from pivot_envs.adapters.grpo import GRPOConfig, train, ...` keeps working: the public names of
 the package's modules are re-exported here.
@@ -17,6 +19,7 @@ from pivot_envs.adapters.grpo.checkpoints import (
     refuse_earlier_run,
     save_checkpoint,
 )
+from pivot_envs.adapters.grpo.groups import Group, build_group, pack_groups, padded_tokens, pass_budget
 from pivot_envs.adapters.grpo.plot import plot_metrics
 from pivot_envs.adapters.grpo.policy import (
     TrainablePolicy,
@@ -33,19 +36,14 @@ from pivot_envs.adapters.grpo.shared_prefix import (
     token_logprobs,
 )
 from pivot_envs.adapters.grpo.trainer import (
-    Group,
     GRPOConfig,
     NoPivotsError,
     PivotRLConfig,
     PivotRLResult,
     Selection,
     TrainResult,
-    build_group,
     clipped_loss,
     group_advantages,
-    pack_groups,
-    padded_tokens,
-    pass_budget,
     pivotrl,
     select_pivots,
     train,

@@ -13,10 +13,12 @@ this project and named by their LaTeX label: Eq. 1 group_adv, Eq. 3 profile_stat
 Eq. 5 func_reward, Eq. 6 pivotrl_obj, Eq. 7 importance_weight; D_cand is eq:cand. Algorithm 1's
 lines are numbered as the paper prints them (line 1: Require).
 
-Beside it, each with one job: `shared_prefix` (log pi(a_i | s) with a group's prefix run once),
-`checkpoints` (checkpoints, resume and metrics.jsonl), `plot` (the reward curve) and `policy`
-(`TrainablePolicy`: what the loop needs from a policy backend). The tokens trained on are the
-tokens sampled: `Completion.prompt_token_ids + token_ids`.
+Beside it, each with one job: `groups` (a pivot's group as trained on, and packing a batch's
+groups into passes), `shared_prefix` (log pi(a_i | s) with a group's prefix run once),
+`reference` (LoRA and the frozen pi_0 of the KL term), `checkpoints` (checkpoints, resume and
+metrics.jsonl), `plot` (the reward curve) and `policy` (`TrainablePolicy`: what the loop needs
+from a policy backend). The tokens trained on are the tokens sampled:
+`Completion.prompt_token_ids + token_ids`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from pivot_envs.adapters.grpo.checkpoints import (
     refuse_earlier_run,
     save_checkpoint,
 )
+from pivot_envs.adapters.grpo.groups import Group, build_group, pack_groups, pass_budget
 from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
+from pivot_envs.adapters.grpo.reference import frozen_reference, reference_logprobs, with_lora
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
 from pivot_envs.config import option, progress_disabled
@@ -126,6 +130,7 @@ class TrainResult:
     final: Path
     metrics_path: Path
     history: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of this call, setup and final checkpoint included
 
 
 @dataclass
@@ -200,17 +205,26 @@ def select_pivots(
     run = profile(candidates, reference, out / "profiled.jsonl", profiling, reference=reference_name)
     wanted = {pivot.id for pivot in candidates}
     profiled = [pivot for pivot in read_pivots(out / "profiled.jsonl") if pivot.id in wanted]
-    # line 4: D_pivot <- D_adv = {var > 0 and mean < lambda_diff} (Eq. 4), near-duplicates dropped when asked
-    pivots = filter_pivots(profiled, lambda_diff=config.filter.lambda_diff, mode=config.filter.mode)
+    # line 4: D_pivot <- D_adv = {var > 0 and mean < lambda_diff} (Eq. 4), near-duplicates dropped when asked;
+    # filter.mode "adv-or-unsolved" falls back to the candidates below lambda_diff when D_adv is empty
+    lambda_diff = config.filter.lambda_diff
+    pivots = filter_pivots(profiled, lambda_diff=lambda_diff, mode=config.filter.mode)
     if config.filter.dedup:
         pivots = dedup_pivots(pivots, by=config.filter.dedup_by)
+    mixed = [p for p in profiled if p.profile is not None and p.profile.var > 0]
     if not pivots:
-        mixed = sum(1 for p in profiled if p.profile is not None and p.profile.var > 0)
+        if config.filter.mode == "adv":
+            why = f"{len(mixed)} had mixed rewards (var > 0) and none of them a mean below lambda_diff={lambda_diff}"
+        else:  # adv-or-unsolved: not even the fallback holds a candidate
+            why = f"none had a mean below lambda_diff={lambda_diff} (D_adv and the fallback of {config.filter.mode} are empty)"
         raise NoPivotsError(
-            f"no pivot to train on: of {len(profiled)} profiled candidates (K={profiling.k}), {mixed} had mixed "
-            f"rewards (var > 0) and none of them a mean below lambda_diff={config.filter.lambda_diff}; raise K "
-            "or lambda_diff, or start from a stronger reference policy"
+            f"no pivot to train on: of {len(profiled)} profiled candidates (K={profiling.k}), {why}; raise K or "
+            "lambda_diff, or start from a stronger reference policy"
         )
+    logger.info(
+        "lines 3-4: %d candidates profiled (K=%d), %d with mixed rewards; D_pivot holds %d (filter mode %s, "
+        "lambda_diff %g)", len(profiled), profiling.k, len(mixed), len(pivots), config.filter.mode, lambda_diff,
+    )
     write_pivots(pivots, out / "pivots.jsonl")
     return Selection(candidates, profiled, pivots, run)
 
@@ -289,96 +303,7 @@ def clipped_loss(
     return (per_token * mask).sum(), stats
 
 
-# -- one group's training data ---------------------------------------------------------------------
-
-
-@dataclass
-class Group:
-    """One pivot's sampled actions, ready for the update: the exact sampled token ids and Eq. 1's advantages."""
-
-    pivot_id: str
-    prefix: list[int]
-    actions: list[list[int]]
-    advantages: list[float]
-
-
-def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[float], valid: Sequence[bool]) -> Group:
-    """The group trained on: prompt ids + sampled ids exactly as sampled (no decode/re-encode), invalid samples dropped."""
-    prompts = {tuple(c.prompt_token_ids) for c in completions}
-    if not completions or () in prompts:
-        raise ValueError(
-            f"pivot {pivot_id}: the policy returned completions without prompt_token_ids; "
-            "the GRPO trainer needs a local backend that reports the exact tokens it sampled (hf, vllm)"
-        )
-    if len(prompts) != 1:
-        raise ValueError(f"pivot {pivot_id}: the group's completions were sampled after different prompts")
-    kept = [(list(c.token_ids), a) for c, a, ok in zip(completions, advantages, valid) if ok and c.token_ids]
-    return Group(pivot_id, list(completions[0].prompt_token_ids), [t for t, _ in kept], [a for _, a in kept])
-
-
-# -- setup helpers: LoRA, the frozen reference pi_0 ----------------------------------------------
-
-
-def _with_lora(model: Any, config: GRPOConfig) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)  # injects the adapters into `model` in place: the policy generates with them
-
-
-def _reference(model: Any, config: GRPOConfig) -> Any:
-    """The frozen pi_0 of Eq. 6: None when beta = 0; with LoRA the base model (adapters disabled) serves."""
-    import copy
-
-    if config.beta <= 0.0 or config.lora:
-        return None
-    reference = copy.deepcopy(model)
-    reference.requires_grad_(False)
-    return reference.eval()
-
-
-def _reference_logprobs(model: Any, reference: Any, groups: Sequence[Group], config: GRPOConfig) -> Any:
-    import torch
-
-    pairs = [(g.prefix, g.actions) for g in groups]
-    with torch.no_grad():
-        if reference is not None:
-            return groups_logprobs(reference, pairs, config.temperature)[0]
-        with model.disable_adapter():
-            return groups_logprobs(model, pairs, config.temperature)[0]
-
-
 # -- Algorithm 1, line 13: update theta with Eq. 6 over the batch, token-level aggregation -------------
-
-
-def padded_tokens(groups: Sequence[Group]) -> int:
-    """The tokens `groups_logprobs` pads a pass of k groups with R actions to: k x longest prefix + R x longest action."""
-    actions = [a for g in groups for a in g.actions]
-    return len(groups) * max(len(g.prefix) for g in groups) + len(actions) * max(len(a) for a in actions)
-
-
-def pack_groups(groups: Sequence[Group], tokens_per_pass: int) -> list[list[Group]]:
-    """The groups of a batch split into passes of at most `tokens_per_pass` padded tokens each.
-
-    Groups are taken longest prefix first, so the groups padded together have similar prefixes;
-    a group over the budget runs alone; `tokens_per_pass` 0 gives one group per pass.
-    """
-    passes: list[list[Group]] = []
-    for group in sorted(groups, key=lambda g: len(g.prefix), reverse=True):
-        if passes and padded_tokens(passes[-1] + [group]) <= tokens_per_pass:
-            passes[-1].append(group)
-        else:
-            passes.append([group])
-    return passes
-
-
-def pass_budget(config: GRPOConfig, model: Any) -> int:
-    """`config.tokens_per_pass`, or its default for the model's device: 8192 on a GPU, where small passes are
-    launch-bound, and 0 (one group per pass) on a CPU, where the update is compute-bound and a packed pass's
-    activations (gigabytes at 1k-token prefixes) made it slower (benchmarks/RESULTS.md)."""
-    if config.tokens_per_pass is not None:
-        return config.tokens_per_pass
-    return 0 if next(model.parameters()).device.type == "cpu" else 8192
 
 
 def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
@@ -405,7 +330,7 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
             if iteration == 0:
                 # pi_theta_old is the policy that sampled: the weights before this batch's first step.
                 old_logprobs.append(logprobs.detach())
-                ref_logprobs.append(_reference_logprobs(model, reference, chunk, config) if config.beta > 0.0 else None)
+                ref_logprobs.append(reference_logprobs(model, reference, chunk, config) if config.beta > 0.0 else None)
                 totals["entropy"] += float((entropy * mask).sum()) / tokens
             advantages = torch.tensor([a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device)
             loss, stats = clipped_loss(
@@ -448,6 +373,7 @@ def train(
     import torch
     from tqdm import tqdm
 
+    began_run = time.perf_counter()
     pivots, heldout = list(pivots), list(heldout or [])
     if not pivots:
         raise ValueError("no pivots to train on")
@@ -467,9 +393,9 @@ def train(
         policy = load_policy(config.policy)
     model = trainable_module(policy, model)
     if config.lora:
-        model = _with_lora(model, config)
+        model = with_lora(model, config)
     model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
-    reference = _reference(model, config)
+    reference = frozen_reference(model, config)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -570,7 +496,8 @@ def train(
 
     final = out / "final"
     save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
-    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history)
+    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history,
+                       seconds=time.perf_counter() - began_run)
 
 
 # -- Algorithm 1, lines 1-14 ----------------------------------------------------------------------
@@ -592,8 +519,11 @@ def pivotrl(
     env_id:  the env that scores actions in profiling and training alike (default:
              `config.profile.env`, else pivot/<domain>-v0), built with `config.profile.env_kwargs`.
     heldout: pivots for the turn accuracy logged every `config.train.eval_every` steps.
+    reference_name: pi_0's name in the profiles when `policy` was changed in memory (a warm-up).
     Writes candidates.jsonl, profiled.jsonl and pivots.jsonl into `config.out`, the GRPO run into
-    `config.out`/train; raises NoPivotsError when line 4 keeps no pivot.
+    `config.out`/train. When line 4 keeps no pivot it raises NoPivotsError before any training,
+    unless `config.filter.mode` is "adv-or-unsolved", which then trains at the candidates pi_0
+    never solved (see `pivot_envs.extract.filter_pivots`).
     """
     config = config or PivotRLConfig()
     if isinstance(policy, str):

@@ -384,6 +384,43 @@ def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_th
                       env_id=has_letter_env_id, reference_name="hf:tiny")
 
 
+class NeverVerifier:
+    """A verifier no action passes: every profiled candidate is uniformly failed and D_adv is empty."""
+
+    name = "never"
+
+    def verify(self, pivot, action, outcome=None):
+        return Verdict(0.0, "never")
+
+
+def test_an_empty_d_adv_stops_pivotrl_before_training_unless_the_filter_falls_back_to_the_unsolved(tokenizer,
+                                                                                                   tmp_path):
+    import gymnasium as gym
+
+    from pivot_envs.extract import FilterConfig
+    from pivot_envs.profile import ProfileConfig
+
+    name = "test/echo-never-v0"
+    if name not in gym.registry:
+        gym.register(name, entry_point=lambda pivots=None: EchoEnv(pivots, verifier=NeverVerifier()))
+    candidates = real_pivots()[:3]
+    profiling = ProfileConfig(k=2, max_new_tokens=2, seed=0, batch_pivots=3, env_workers=1, progress=False)
+    train = tiny_config(tmp_path / "ignored", steps=1, max_new_tokens=2, checkpoint_every=0)
+
+    strict = PivotRLConfig(out=str(tmp_path / "adv"), profile=profiling, filter=FilterConfig(lambda_diff=0.6), train=train)
+    with pytest.raises(NoPivotsError, match="of 3 profiled candidates \\(K=2\\), 0 had mixed rewards"):
+        pivotrl(candidates, tiny_policy(tokenizer), strict, env_id=name)
+    assert not (tmp_path / "adv" / "train").exists()
+
+    falling_back = PivotRLConfig(out=str(tmp_path / "fallback"), profile=profiling,
+                                 filter=FilterConfig(lambda_diff=0.6, mode="adv-or-unsolved"), train=train)
+    result = pivotrl(candidates, tiny_policy(tokenizer), falling_back, env_id=name)
+    # Every candidate failed all its samples: all are kept, and the groups at them carry no signal.
+    assert [p.id for p in result.selection.pivots] == [p.id for p in candidates]
+    assert [r["groups_trained"] for r in result.training.history] == [0]
+    assert result.training.seconds > 0
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tokenizer, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-model")

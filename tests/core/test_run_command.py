@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pivot_envs.adapters.cli_run import Signal
+from pivot_envs.adapters.cli_run import RunConfig, Signal
+from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
 from pivot_envs.cli import main
 from pivot_envs.pivot import Pivot, Profile, read_pivots
+from pivot_envs.profile import ProfileRun
 
 
 def profiled_pivot(index: int, rewards: list[float]) -> Pivot:
@@ -16,17 +18,34 @@ def profiled_pivot(index: int, rewards: list[float]) -> Pivot:
                  profile=Profile.from_samples(rewards))
 
 
+def method_result(profiled: list[Pivot], pivots: list[Pivot], history: list[dict]) -> PivotRLResult:
+    """What grpo.pivotrl returns, for the figures the run reads from it."""
+    training = TrainResult(out=Path("train"), steps=len(history), final=Path("train/final"),
+                           metrics_path=Path("train/metrics.jsonl"), history=history)
+    return PivotRLResult(Selection(profiled, profiled, pivots, ProfileRun()), training)
+
+
 def test_signal_counts_successes_mixed_candidates_and_groups_with_variance() -> None:
     profiled = [profiled_pivot(0, [1.0, 0.0, 0.0, 1.0]), profiled_pivot(1, [0.0] * 4), profiled_pivot(2, [1.0] * 4)]
     history = [{"step": 1, "groups_trained": 1}, {"step": 2, "groups_trained": 0}]
-    signal = Signal.of(profiled, history, batch_pivots=2)
+    signal = Signal.of(method_result(profiled, profiled[:2], history), batch_pivots=2)
     assert (signal.samples, signal.successes, signal.mixed, signal.profiled) == (12, 6, 1, 3)
     assert (signal.groups, signal.varied_groups) == (4, 1)
     assert signal.verdict() == "learning signal: 1 of 4 GRPO groups had mixed rewards"
 
 
+def test_signal_counts_one_group_per_pivot_when_d_pivot_is_smaller_than_the_batch() -> None:
+    # Line 6 samples B pivots without replacement: one pivot gives one group a step, whatever B.
+    profiled = [profiled_pivot(0, [1.0, 0.0, 0.0, 0.0]), profiled_pivot(1, [0.0] * 4)]
+    history = [{"step": step, "groups_trained": 0} for step in (1, 2, 3)]
+    signal = Signal.of(method_result(profiled, profiled[:1], history), batch_pivots=2)
+    assert signal.groups == 3
+    assert signal.verdict() == "no learning signal: none of the 3 GRPO groups had mixed rewards"
+
+
 def test_signal_says_why_there_is_nothing_to_learn_when_no_sample_succeeds() -> None:
-    signal = Signal.of([profiled_pivot(0, [0.0] * 4)], [{"step": 1, "groups_trained": 0}], batch_pivots=1)
+    profiled = [profiled_pivot(0, [0.0] * 4)]
+    signal = Signal.of(method_result(profiled, profiled, [{"step": 1, "groups_trained": 0}]), batch_pivots=1)
     assert signal.verdict().startswith("no learning signal: none of the 4 profiling samples scored 1")
     assert "| profiling samples with reward 1 | 0 of 4 (0.0%) |" in signal.table()
 
@@ -38,24 +57,31 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
             "--sft-examples", "2", "--sft-epochs", "1"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for stage in range(1, 9):
-        assert f"[{stage}/8]" in printed
+    for stage in range(1, 7):
+        assert f"[{stage}/6]" in printed
+    assert "[5/6] Algorithm 1 (grpo.pivotrl)" in printed
     assert printed.strip().endswith(f"report: {out / 'report.md'}")
 
-    candidates = read_pivots(out / "candidates.jsonl")
+    extracted = read_pivots(out / "extracted.jsonl")
     heldout = {p.trajectory_id for p in read_pivots(out / "heldout.jsonl")}
-    profiled = read_pivots(out / "profiled.jsonl")
-    assert len(candidates) == 411 and len(profiled) == 2
+    candidates, profiled = read_pivots(out / "candidates.jsonl"), read_pivots(out / "profiled.jsonl")
+    assert len(extracted) == 411 and [p.id for p in profiled] == [p.id for p in candidates] and len(profiled) == 2
     assert not heldout & {p.trajectory_id for p in profiled}  # split by trajectory: nothing leaks
     for pivot in profiled:
         assert pivot.profile.k == 2 and len(pivot.profile.rewards) == 2
         assert pivot.profile.mean == sum(pivot.profile.rewards) / 2
+    # Line 4 in the run's filter mode: D_adv, or the never-solved candidates when it is empty (the report says so).
+    pivots, lambda_diff = read_pivots(out / "pivots.jsonl"), RunConfig().filter.lambda_diff
+    adv = [p.id for p in profiled if p.profile.var > 0 and p.profile.mean < lambda_diff]
+    assert [p.id for p in pivots] == (adv or [p.id for p in profiled if p.profile.mean < lambda_diff])
+    assert ("Note: D_adv was empty at K=2" in (out / "report.md").read_text()) == (not adv)
 
     report = (out / "report.md").read_text()
     assert "## Profile diagnostics" in report and "## Turn accuracy on held-out pivots" in report
     assert (out / "rewards.png").stat().st_size > 0
     figures = json.loads((out / "report.json").read_text())
-    assert figures["profiled"] == 2 and len(figures["history"]) == 1
+    assert (figures["extracted"], figures["candidates"], figures["profiled"]) == (411, 2, 2)
+    assert figures["pivots"] == len(pivots) and len(figures["history"]) == 1
     assert {"before", "after", "timings"} <= set(figures)
 
     # The report says whether anything could be learned, with figures recomputed here from the outputs.
