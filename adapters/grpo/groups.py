@@ -25,7 +25,9 @@ class Group:
     advantages: list[float]
 
 
-def build_group(pivot_id: str, completions: Sequence[Any], advantages: Sequence[float], valid: Sequence[bool]) -> Group:
+def build_group(
+    pivot_id: str, completions: Sequence[Any], advantages: Sequence[float], valid: Sequence[bool]
+) -> Group:
     """The group trained on: prompt ids + sampled ids exactly as sampled (no decode/re-encode), invalid samples dropped."""
     prompts = {tuple(c.prompt_token_ids) for c in completions}
     if not completions or () in prompts:

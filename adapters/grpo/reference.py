@@ -17,8 +17,11 @@ def with_lora(model: Any, config: Any) -> Any:
     """`model` with LoRA adapters of `config.lora_rank` and `config.lora_alpha` on every linear layer (peft)."""
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)  # injects the adapters into `model` in place: the policy generates with them
+    lora = LoraConfig(
+        r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    # injects the adapters into `model` in place: the policy generates with them
+    return get_peft_model(model, lora)
 
 
 def frozen_reference(model: Any, config: Any) -> Any:

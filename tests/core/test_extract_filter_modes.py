@@ -10,8 +10,13 @@ from pivot_envs.pivot import Pivot, Profile
 
 
 def _pivot(pid: str, rewards: list[float] | None) -> Pivot:
-    return Pivot(pid, "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
-                 profile=None if rewards is None else Profile.from_samples(rewards))
+    return Pivot(
+        pid,
+        "tool-use",
+        [{"role": "user", "content": "hi"}],
+        {"role": "assistant", "content": "hello"},
+        profile=None if rewards is None else Profile.from_samples(rewards),
+    )
 
 
 def test_adv_or_unsolved_is_d_adv_whenever_d_adv_holds_a_pivot() -> None:
@@ -38,6 +43,8 @@ def test_a_pivot_without_a_profile_is_a_pivot_set_error_in_every_mode_that_reads
 
 
 def test_an_unknown_mode_suggests_the_nearest_one() -> None:
-    with pytest.raises(UnknownNameError, match="unknown filter mode 'adv-or-unsolve'; did you mean 'adv-or-unsolved'"):
+    with pytest.raises(
+        UnknownNameError, match="unknown filter mode 'adv-or-unsolve'; did you mean 'adv-or-unsolved'"
+    ):
         filter_pivots([], mode="adv-or-unsolve")
     assert FilterConfig(mode="adv-or-unsolved").mode == "adv-or-unsolved"
