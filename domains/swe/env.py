@@ -32,6 +32,7 @@ from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import call_of, canonical_call, parse_action
+from .prefix import repo_of
 from .tools import HARNESSES, default_tools, execute_call
 from .verifier import EffectVerifier, KindVerifier, NameVerifier, NemoVerifier
 
@@ -174,9 +175,7 @@ class SweEnv(PivotEnv):
             raise InfrastructureError(
                 state.reason if state is not None else f"pivot {pivot.id}: no prefix state"
             )
-        from .repo import resolve_repo
-
-        repo = resolve_repo(pivot.context)
+        repo = repo_of(pivot)
         harness = self.prefixes.harness_of(pivot)
         try:
             if isinstance(self.verifier, EffectVerifier):

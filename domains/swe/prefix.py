@@ -64,6 +64,19 @@ def task_tests(pivot: Pivot) -> tuple[list[str], list[str]]:
     return [str(t) for t in task.get("fail_to_pass") or []], [str(t) for t in task.get("pass_to_pass") or []]
 
 
+def repo_of(pivot: Pivot) -> Any:
+    """The pivot's RepoSpec: an external trace's Docker image (`context["image"]`, the repository at
+    `context["workdir"]`), else the repository the context names (see repo.resolve_repo)."""
+    from .repo import RepoSpec, resolve_repo
+
+    image = pivot.context.get("image")
+    if image:
+        return RepoSpec(
+            name=str(image), archive="", workdir=str(pivot.context.get("workdir") or "/testbed"), env={}
+        )
+    return resolve_repo(pivot.context)
+
+
 def prefix_calls(pivot: Pivot) -> list[tuple[str, Any]]:
     """The (name, arguments) of every tool call of the prefix's assistant turns, in order."""
     calls = []
@@ -102,11 +115,9 @@ class PrefixCache:
 
     def key(self, pivot: Pivot) -> str:
         """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's."""
-        from .repo import resolve_repo
-
         return _digest(
             [
-                resolve_repo(pivot.context).to_dict(),
+                repo_of(pivot).to_dict(),
                 task_of(pivot).get("bug_patch"),
                 self.harness_of(pivot),
                 prefix_calls(pivot),
@@ -131,16 +142,23 @@ class PrefixCache:
 
     def _start(self, pivot: Pivot) -> Snapshot:
         """The task's start state (built once per repository and bug)."""
-        from .repo import resolve_repo, start_sandbox
+        from .repo import start_sandbox
 
-        repo = resolve_repo(pivot.context)
+        repo = repo_of(pivot)
         bug = task_of(pivot).get("bug_patch")
         key = _digest([repo.to_dict(), bug])
         if key in self._starts:
             self._starts.move_to_end(key)
             return self._starts[key]
         self.starts += 1
-        sandbox = start_sandbox(self.backend, repo, bug)
+        if pivot.context.get("image"):
+            if self.backend.name != "docker":
+                raise SandboxError(
+                    f"image {repo.name!r} runs on Docker only (sandbox='docker'), not on bubblewrap"
+                )
+            sandbox = self.backend.create(repo.name, repo.workdir)
+        else:
+            sandbox = start_sandbox(self.backend, repo, bug)
         try:
             # The pinned test environment, exported once: every later command (either harness) inherits it.
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(repo.env.items()))
@@ -156,13 +174,13 @@ class PrefixCache:
         return snapshot
 
     def _build(self, pivot: Pivot, key: str) -> PrefixState:
-        from .repo import RepoError, resolve_repo
+        from .repo import RepoError
 
         self.builds += 1
         harness = self.harness_of(pivot)
         sandbox = None
         try:
-            repo = resolve_repo(pivot.context)
+            repo = repo_of(pivot)
             workdir = repo.workdir
             sandbox = self.backend.fork(self._start(pivot))
             for index, (name, arguments) in enumerate(prefix_calls(pivot)):
@@ -197,10 +215,8 @@ class PrefixCache:
         against (done on the first sample that needs it; later calls do nothing)."""
         if state.expert_done or not state.replayable or not pivot.expert.get("tool_calls"):
             return
-        from .repo import resolve_repo
-
         state.expert_done = True
-        repo, harness = resolve_repo(pivot.context), self.harness_of(pivot)
+        repo, harness = repo_of(pivot), self.harness_of(pivot)
         name, arguments = call_of(pivot.expert)
         fail_to_pass, pass_to_pass = task_tests(pivot)
         limits = self.backend.limits
