@@ -50,7 +50,9 @@ def perturbations(pivot, rng: random.Random) -> list[tuple[str, bool, str]]:
     if not pivot.expert.get("tool_calls"):
         text = pivot.expert["content"].strip()
         words = text.split()
-        reworded = " ".join(w.upper() if i % 7 == 3 else w for i, w in enumerate(words)).replace(" please", "")
+        reworded = " ".join(w.upper() if i % 7 == 3 else w for i, w in enumerate(words)).replace(
+            " please", ""
+        )
         return [
             ("expert message", True, text),
             ("message reworded", True, reworded),
@@ -69,25 +71,51 @@ def perturbations(pivot, rng: random.Random) -> list[tuple[str, bool, str]]:
     out.append(("keys reordered", True, hermes(name, dict(reversed(list(arguments.items()))))))
     ints = [k for k, v in arguments.items() if type(v) is int]
     if ints:
-        out.append(("integers as floats", True, hermes(name, {**arguments, **{k: float(arguments[k]) for k in ints}})))
+        out.append(
+            (
+                "integers as floats",
+                True,
+                hermes(name, {**arguments, **{k: float(arguments[k]) for k in ints}}),
+            )
+        )
     for key in ID_KEYS:
         if isinstance(arguments.get(key), str):
-            out.append(("id in another case", True, hermes(name, {**arguments, key: other_case(arguments[key])})))
-            out.append(("id padded with spaces", True, hermes(name, {**arguments, key: f" {arguments[key]} "})))
+            out.append(
+                ("id in another case", True, hermes(name, {**arguments, key: other_case(arguments[key])}))
+            )
+            out.append(
+                ("id padded with spaces", True, hermes(name, {**arguments, key: f" {arguments[key]} "}))
+            )
             out.append(("wrong id", False, hermes(name, {**arguments, key: arguments[key][:-1] + "Q"})))
             break
     if isinstance(arguments.get("cabin"), str):
-        out.append(("enum in upper case", True, hermes(name, {**arguments, "cabin": arguments["cabin"].upper()})))
+        out.append(
+            ("enum in upper case", True, hermes(name, {**arguments, "cabin": arguments["cabin"].upper()}))
+        )
     if name == "calculate":
         expression = arguments["expression"]
-        out.append(("calculation rewritten", True, hermes(name, {"expression": f"({expression.replace(' ', '')})"})))
+        out.append(
+            ("calculation rewritten", True, hermes(name, {"expression": f"({expression.replace(' ', '')})"}))
+        )
         out.append(("wrong calculation", False, hermes(name, {"expression": f"{expression} + 1"})))
     if name == "think":
-        out.append(("different thought", True, hermes(name, {"thought": "Let me check the policy before answering."})))
+        out.append(
+            (
+                "different thought",
+                True,
+                hermes(name, {"thought": "Let me check the policy before answering."}),
+            )
+        )
     for key in FREE_TEXT_KEYS:
         if name != "think" and isinstance(arguments.get(key), str):
             words = arguments[key].split()
-            out.append(("free text shortened", True, hermes(name, {**arguments, key: " ".join(words[: max(1, len(words) * 4 // 5)])})))
+            out.append(
+                (
+                    "free text shortened",
+                    True,
+                    hermes(name, {**arguments, key: " ".join(words[: max(1, len(words) * 4 // 5)])}),
+                )
+            )
     numbers = [k for k, v in arguments.items() if type(v) in (int, float)]
     if numbers:
         key = rng.choice(numbers)
@@ -96,7 +124,9 @@ def perturbations(pivot, rng: random.Random) -> list[tuple[str, bool, str]]:
     out.append(("wrong tool", False, hermes(other, arguments)))
     if arguments:
         dropped = rng.choice(sorted(arguments))
-        out.append(("missing argument", False, hermes(name, {k: v for k, v in arguments.items() if k != dropped})))
+        out.append(
+            ("missing argument", False, hermes(name, {k: v for k, v in arguments.items() if k != dropped}))
+        )
     out.append(("extra argument", False, hermes(name, {**arguments, "priority": "high"})))
     out.append(("message instead of call", False, "Let me check that for you."))
     return out
@@ -160,10 +190,13 @@ def throughput(actions, repeats: int) -> dict:
             loads(body)
 
     results = {"floor_json_loads": cpu_rate(floor, len(bodies), repeats)}
-    measures = (("verify_only_recorded", "recorded", True), ("with_execution_tau_airline", "tau-airline", True),
-                # As the profiler, evaluation and trainer step (EnvPool): no copies of the prefix.
-                ("verify_only_recorded_no_copies", "recorded", False),
-                ("with_execution_tau_airline_no_copies", "tau-airline", False))
+    measures = (
+        ("verify_only_recorded", "recorded", True),
+        ("with_execution_tau_airline", "tau-airline", True),
+        # As the profiler, evaluation and trainer step (EnvPool): no copies of the prefix.
+        ("verify_only_recorded_no_copies", "recorded", False),
+        ("with_execution_tau_airline_no_copies", "tau-airline", False),
+    )
     for label, backend, copies in measures:
         env = gym.make("pivot/tool-use-v0", backend=backend)
         env.unwrapped.copy_observations = copies
@@ -181,16 +214,22 @@ def throughput(actions, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="tool-use verifier benchmark")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measure (best CPU time is kept)")
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="timed runs per measure (best CPU time is kept)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     pivots = list(bundled_pivots())
-    actions = [(i, kind, eq, text) for i, pivot in enumerate(pivots) for kind, eq, text in perturbations(pivot, rng)]
+    actions = [
+        (i, kind, eq, text) for i, pivot in enumerate(pivots) for kind, eq, text in perturbations(pivot, rng)
+    ]
 
     quality = {
         "tau-airline, execution equivalence on": miss_rates(actions, "tau-airline"),
-        "tau-airline, execution equivalence off": miss_rates(actions, "tau-airline", {"execution_equivalence": False}),
+        "tau-airline, execution equivalence off": miss_rates(
+            actions, "tau-airline", {"execution_equivalence": False}
+        ),
     }
     speed = throughput(actions, args.repeats)
     floor_cpu = speed["floor_json_loads"][0]
@@ -208,9 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     for kind, c in quality["tau-airline, execution equivalence on"]["by_kind"].items():
         print(f"{kind:28s} {c['n']:5d} {c['functional']:13d} {c['strict']:9d}")
     print()
-    print(f"{'throughput (1 core)':32s} {'steps/s CPU':>12s} {'steps/s wall':>13s} {'vs floor':>9s} {'target':>8s}")
-    targets = {"floor_json_loads": None, "verify_only_recorded": None, "with_execution_tau_airline": None,
-               "verify_only_recorded_no_copies": 20000, "with_execution_tau_airline_no_copies": 5000}
+    print(
+        f"{'throughput (1 core)':32s} {'steps/s CPU':>12s} {'steps/s wall':>13s} {'vs floor':>9s} {'target':>8s}"
+    )
+    targets = {
+        "floor_json_loads": None,
+        "verify_only_recorded": None,
+        "with_execution_tau_airline": None,
+        "verify_only_recorded_no_copies": 20000,
+        "with_execution_tau_airline_no_copies": 5000,
+    }
     for label, (cpu, wall) in speed.items():
         target = targets.get(label)
         print(f"{label:32s} {cpu:12,.0f} {wall:13,.0f} {cpu / floor_cpu:9.3f} {target or '-':>8}")
@@ -222,9 +268,15 @@ def main(argv: list[str] | None = None) -> int:
                 "pivots": len(pivots),
                 "actions": len(actions),
                 "quality": quality,
-                "throughput_steps_per_s": {k: {"cpu": v[0], "wall": v[1], "ratio_to_floor": v[0] / floor_cpu} for k, v in speed.items()},
+                "throughput_steps_per_s": {
+                    k: {"cpu": v[0], "wall": v[1], "ratio_to_floor": v[0] / floor_cpu}
+                    for k, v in speed.items()
+                },
                 "targets_steps_per_s": targets,
-                "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+                "machine": {
+                    "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine(),
+                },
                 "repeats": args.repeats,
             },
             indent=2,

@@ -82,9 +82,13 @@ class ToolUseEnv(PivotEnv):
         self.limits = ToolUseLimits.of(limits)
         self.strict_verifier = CachedStrictVerifier()
         # The recorded backend matches sampled calls to expert calls by the functional rules.
-        self.functional = self.verifier if isinstance(self.verifier, FunctionalVerifier) else FunctionalVerifier()
+        self.functional = (
+            self.verifier if isinstance(self.verifier, FunctionalVerifier) else FunctionalVerifier()
+        )
         if isinstance(backend, str) and backend not in BACKENDS:
-            raise ValueError(f"unknown tool backend {backend!r}; choose one of {list(BACKENDS)} or pass a Backend")
+            raise ValueError(
+                f"unknown tool backend {backend!r}; choose one of {list(BACKENDS)} or pass a Backend"
+            )
         self.backend_choice = backend
         self.backend_config = dict(backend_config or {})
         self._backends: dict[str, Backend] = {}
@@ -110,7 +114,11 @@ class ToolUseEnv(PivotEnv):
 
     def backend_for(self, pivot: Pivot) -> Backend:
         """The backend that executes calls at this pivot (the env's choice, else the pivot's)."""
-        choice = self.backend_choice if self.backend_choice is not None else pivot.context.get("backend") or "recorded"
+        choice = (
+            self.backend_choice
+            if self.backend_choice is not None
+            else pivot.context.get("backend") or "recorded"
+        )
         if not isinstance(choice, str):
             return choice
         backend = self._backends.get(choice)
@@ -122,7 +130,9 @@ class ToolUseEnv(PivotEnv):
             elif choice == "http":
                 backend = HttpBackend(**self.backend_config)
             else:
-                raise ValueError(f"pivot {pivot.id}: unknown tool backend {choice!r}; choose one of {list(BACKENDS)}")
+                raise ValueError(
+                    f"pivot {pivot.id}: unknown tool backend {choice!r}; choose one of {list(BACKENDS)}"
+                )
             self._backends[choice] = backend
         return backend
 

@@ -42,7 +42,8 @@ class ToolUseLimits:
         "bytes cut); the largest airline result, a one-stop search, is 25 KB",
     )
     observation_bytes: int = option(
-        131072, "UTF-8 bytes kept of all the tool results of one step together; later results are cut to what is left"
+        131072,
+        "UTF-8 bytes kept of all the tool results of one step together; later results are cut to what is left",
     )
     step_timeout_s: float = option(
         60.0,

@@ -71,11 +71,17 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     try:
         f"{name}{text}".encode()
     except UnicodeEncodeError:  # a lone surrogate: not text, so no tool could receive it
-        raise _Unparseable(f"tool call {index} ({name!r}): its name or arguments are not valid Unicode text") from None
+        raise _Unparseable(
+            f"tool call {index} ({name!r}): its name or arguments are not valid Unicode text"
+        ) from None
     if len(_DECODED) >= _DECODED_MAX:
         _DECODED.clear()
     _DECODED[id(text)] = (text, arguments)
-    return {"id": call_id(index, name, text), "type": "function", "function": {"name": name, "arguments": text}}
+    return {
+        "id": call_id(index, name, text),
+        "type": "function",
+        "function": {"name": name, "arguments": text},
+    }
 
 
 def arguments_of(call: dict[str, Any]) -> tuple[Any, bool]:
@@ -137,7 +143,8 @@ def _fenced_json(text: str) -> str:
 def _looks_like_call(value: Any) -> bool:
     items = value if isinstance(value, list) else [value]
     return bool(items) and all(
-        isinstance(item, dict) and ("name" in item or isinstance(item.get("function"), dict)) for item in items
+        isinstance(item, dict) and ("name" in item or isinstance(item.get("function"), dict))
+        for item in items
     )
 
 
@@ -172,7 +179,9 @@ def parse_text(text: str) -> dict[str, Any]:
         try:
             value = _loads(body)
         except ValueError:
-            raise _Unparseable(f"tool call block {len(calls)} is not valid JSON: {body.strip()[:80]!r}") from None
+            raise _Unparseable(
+                f"tool call block {len(calls)} is not valid JSON: {body.strip()[:80]!r}"
+            ) from None
         calls += _calls_from_json(value, len(calls))
         if end < 0:
             break

@@ -62,9 +62,15 @@ class FunctionalConfig:
         "fractional (matched / max(expected, sampled)), f1 (2 * matched / (expected + sampled))",
         choices=MODES,
     )
-    float_tolerance: float = option(1e-6, "relative and absolute tolerance when numbers compare (5 == 5.0 always)")
-    normalize_enums: bool = option(True, "compare enum-typed strings after trim, case folding and Unicode NFKC")
-    normalize_ids: bool = option(True, "compare id-like strings (see id_pattern) after trim, case folding and NFKC")
+    float_tolerance: float = option(
+        1e-6, "relative and absolute tolerance when numbers compare (5 == 5.0 always)"
+    )
+    normalize_enums: bool = option(
+        True, "compare enum-typed strings after trim, case folding and Unicode NFKC"
+    )
+    normalize_ids: bool = option(
+        True, "compare id-like strings (see id_pattern) after trim, case folding and NFKC"
+    )
     id_pattern: str = option(
         r"(?:^|_)(?:id|ids|code|codes|number|numbers|key|uuid)$",
         "regex over argument names that marks id-like strings",
@@ -74,27 +80,40 @@ class FunctionalConfig:
         "regex over argument names that marks free-text strings (compared by token similarity)",
     )
     free_text_min_tokens: int = option(
-        4, "a string whose expert value has at least this many tokens, mostly words, is free text too (0: off)"
+        4,
+        "a string whose expert value has at least this many tokens, mostly words, is free text too (0: off)",
     )
     text_similarity: str = option(
-        "f1", "token-set similarity for free text and messages: f1 (2|A&B|/(|A|+|B|)) or jaccard", choices=("f1", "jaccard")
+        "f1",
+        "token-set similarity for free text and messages: f1 (2|A&B|/(|A|+|B|)) or jaccard",
+        choices=("f1", "jaccard"),
     )
-    text_threshold: float = option(0.5, "free-text arguments match when their token similarity is at least this")
+    text_threshold: float = option(
+        0.5, "free-text arguments match when their token similarity is at least this"
+    )
     drop_stopwords: bool = option(True, "drop common English function words before comparing token sets")
-    unordered_arrays: tuple[str, ...] = option((), "argument names whose arrays compare as multisets, not in order")
-    allow_extra_arguments: bool = option(False, "accept arguments the expert did not pass (otherwise extra_argument)")
+    unordered_arrays: tuple[str, ...] = option(
+        (), "argument names whose arrays compare as multisets, not in order"
+    )
+    allow_extra_arguments: bool = option(
+        False, "accept arguments the expert did not pass (otherwise extra_argument)"
+    )
     message_check: str = option(
         "similarity",
         "how a message turn is judged: similarity (token similarity to the expert message), judge "
         "(the message_judge callable), any (accept every message: NeMo-Gym's behaviour, reward-hackable)",
         choices=("similarity", "judge", "any"),
     )
-    message_threshold: float = option(0.35, "a message matches when its token similarity to the expert's is at least this")
+    message_threshold: float = option(
+        0.35, "a message matches when its token similarity to the expert's is at least this"
+    )
     message_judge: str | Callable[..., Any] | None = option(
-        None, "judge(pivot, expected_text, actual_text) -> bool or float in [0, 1], or its 'module:function' path"
+        None,
+        "judge(pivot, expected_text, actual_text) -> bool or float in [0, 1], or its 'module:function' path",
     )
     execution_equivalence: bool = option(
-        True, "accept a call whose output and state change equal the expert call's, executed from the same state"
+        True,
+        "accept a call whose output and state change equal the expert call's, executed from the same state",
     )
     execution_decides: bool = option(
         False,
@@ -106,9 +125,13 @@ class FunctionalConfig:
         if self.mode not in MODES:
             raise ValueError(f"FunctionalConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.text_similarity not in ("f1", "jaccard"):
-            raise ValueError(f"FunctionalConfig.text_similarity must be f1 or jaccard, got {self.text_similarity!r}")
+            raise ValueError(
+                f"FunctionalConfig.text_similarity must be f1 or jaccard, got {self.text_similarity!r}"
+            )
         if self.message_check not in ("similarity", "judge", "any"):
-            raise ValueError(f"FunctionalConfig.message_check must be similarity, judge or any, got {self.message_check!r}")
+            raise ValueError(
+                f"FunctionalConfig.message_check must be similarity, judge or any, got {self.message_check!r}"
+            )
         if self.message_check == "judge" and self.message_judge is None:
             raise ValueError("FunctionalConfig: message_check='judge' needs a message_judge")
         if isinstance(self.message_judge, str):
@@ -145,7 +168,15 @@ def similarity(a: frozenset[str], b: frozenset[str], measure: str = "f1") -> flo
 
 # -- schemas -------------------------------------------------------------------------------------
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+_JSON_TYPES = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 _NO_DEFAULT = object()
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
@@ -155,13 +186,17 @@ class _Field:
 
     __slots__ = ("name", "types", "enum", "default", "is_id", "is_free", "items", "properties", "unordered")
 
-    def __init__(self, schema: Any, name: str, config: FunctionalConfig, id_re: re.Pattern, free_re: re.Pattern) -> None:
+    def __init__(
+        self, schema: Any, name: str, config: FunctionalConfig, id_re: re.Pattern, free_re: re.Pattern
+    ) -> None:
         schema = schema if isinstance(schema, dict) else {}
         self.name = name
         declared = schema.get("type")
         variants = schema.get("anyOf") or schema.get("oneOf")
         if declared is None and isinstance(variants, list):
-            declared = [v.get("type") for v in variants if isinstance(v, dict) and isinstance(v.get("type"), str)]
+            declared = [
+                v.get("type") for v in variants if isinstance(v, dict) and isinstance(v.get("type"), str)
+            ]
         if isinstance(declared, str):
             declared = [declared]
         self.types = frozenset(declared) if declared else None
@@ -327,11 +362,15 @@ class FunctionalVerifier:
         found = _TOKEN.findall(expected)
         return len(found) >= minimum and sum(1 for t in found if not t.isdigit()) * 2 >= len(found)
 
-    def _compare_strings(self, expected: str, actual: str, field: _Field | None, path: str) -> Mismatch | None:
+    def _compare_strings(
+        self, expected: str, actual: str, field: _Field | None, path: str
+    ) -> Mismatch | None:
         if expected == actual:
             return None
         config = self.config
-        if field is not None and ((field.enum and config.normalize_enums) or (field.is_id and config.normalize_ids)):
+        if field is not None and (
+            (field.enum and config.normalize_enums) or (field.is_id and config.normalize_ids)
+        ):
             if normalize(expected) == normalize(actual):
                 return None
             return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
@@ -343,7 +382,10 @@ class FunctionalVerifier:
             score = similarity(expected_tokens, tokens(actual, config.drop_stopwords), config.text_similarity)
             if score >= config.text_threshold:
                 return None
-            return "argument_value_different", f"{path}: free text similarity {score:.2f} < {config.text_threshold}"
+            return (
+                "argument_value_different",
+                f"{path}: free text similarity {score:.2f} < {config.text_threshold}",
+            )
         # Plain strings: whitespace and Unicode form do not count, case does.
         if unicodedata.normalize("NFKC", expected).strip() == unicodedata.normalize("NFKC", actual).strip():
             return None
@@ -355,7 +397,10 @@ class FunctionalVerifier:
             return None
         if field is not None and field.types is not None:
             if not _type_ok(actual, field.types):
-                return "argument_type_mismatch", f"{path}: expected {'/'.join(sorted(field.types))}, got {_json_type(actual)}"
+                return (
+                    "argument_type_mismatch",
+                    f"{path}: expected {'/'.join(sorted(field.types))}, got {_json_type(actual)}",
+                )
         expected_type, actual_type = _json_type(expected), _json_type(actual)
         numeric = ("integer", "number")
         if expected_type != actual_type and not (expected_type in numeric and actual_type in numeric):
@@ -375,12 +420,16 @@ class FunctionalVerifier:
             return None
         return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
 
-    def _compare_arrays(self, expected: list, actual: list, field: _Field | None, path: str) -> Mismatch | None:
+    def _compare_arrays(
+        self, expected: list, actual: list, field: _Field | None, path: str
+    ) -> Mismatch | None:
         items = field.items if field is not None else None
         if len(expected) != len(actual):
             return "argument_value_different", f"{path}: expected {len(expected)} items, got {len(actual)}"
         if field is not None and field.unordered:
-            edges = [[j for j, a in enumerate(actual) if self.compare(e, a, items, path) is None] for e in expected]
+            edges = [
+                [j for j, a in enumerate(actual) if self.compare(e, a, items, path) is None] for e in expected
+            ]
             if -1 in bipartite_matching(edges, len(actual)):
                 return "argument_value_different", f"{path}: the items differ (compared as a set)"
             return None
@@ -390,21 +439,31 @@ class FunctionalVerifier:
                 return found
         return None
 
-    def compare_objects(self, expected: dict, actual: dict, field: _Field | None, path: str = "") -> Mismatch | None:
+    def compare_objects(
+        self, expected: dict, actual: dict, field: _Field | None, path: str = ""
+    ) -> Mismatch | None:
         """Compare two argument objects: missing, extra, then each shared value."""
         properties = field.properties if field is not None else {}
         prefix = f"{path}." if path else ""
         for key, value in expected.items():
             if key not in actual:
                 sub = properties.get(key)
-                if sub is not None and sub.default is not _NO_DEFAULT and self.compare(sub.default, value, sub, key) is None:
+                if (
+                    sub is not None
+                    and sub.default is not _NO_DEFAULT
+                    and self.compare(sub.default, value, sub, key) is None
+                ):
                     continue
                 return "missing_argument", f"{prefix}{key} is missing"
         for key, value in actual.items():
             if key in expected:
                 continue
             sub = properties.get(key)
-            if sub is not None and sub.default is not _NO_DEFAULT and self.compare(sub.default, value, sub, key) is None:
+            if (
+                sub is not None
+                and sub.default is not _NO_DEFAULT
+                and self.compare(sub.default, value, sub, key) is None
+            ):
                 continue
             if not self.config.allow_extra_arguments:
                 return "extra_argument", f"{prefix}{key} was not expected"
@@ -426,7 +485,11 @@ class FunctionalVerifier:
         if last is not None and last[0] is expert and last[1] is arguments:
             return last[2]
         if not isinstance(arguments, dict) or not isinstance(expert.arguments, dict):
-            found = None if arguments == expert.arguments else ("argument_type_mismatch", "arguments are not a JSON object")
+            found = (
+                None
+                if arguments == expert.arguments
+                else ("argument_type_mismatch", "arguments are not a JSON object")
+            )
         else:
             found = self.compare_objects(expert.arguments, arguments, expert.field)
         result = None if found is None else (found[0], f"{name}: {found[1]}")
@@ -449,10 +512,18 @@ class FunctionalVerifier:
         raw_calls = action.get("tool_calls") or []
         if not plan.calls:
             if raw_calls:
-                return Verdict(0.0, "expected_message_got_tool_call", f"the expert answered with a message; got {len(raw_calls)} tool call(s)")
+                return Verdict(
+                    0.0,
+                    "expected_message_got_tool_call",
+                    f"the expert answered with a message; got {len(raw_calls)} tool call(s)",
+                )
             return self._verify_message(pivot, plan, _content(action))
         if not raw_calls:
-            return Verdict(0.0, "expected_tool_call_got_message", f"the expert called {', '.join(c.name for c in plan.calls)}")
+            return Verdict(
+                0.0,
+                "expected_tool_call_got_message",
+                f"the expert called {', '.join(c.name for c in plan.calls)}",
+            )
         sampled = []
         for call in raw_calls:
             function = call.get("function", call) if isinstance(call, dict) else {}
@@ -468,14 +539,23 @@ class FunctionalVerifier:
             found = self.match_call(plan.calls[0], name, arguments)
             if found is None:
                 if decides is not None and not decides(0, name, arguments):
-                    return Verdict(0.0, "execution_different", f"{name}: the arguments match, the execution does not")
+                    return Verdict(
+                        0.0, "execution_different", f"{name}: the arguments match, the execution does not"
+                    )
                 return Verdict(1.0, CORRECT)
             if equivalence is not None and name == plan.calls[0].name and equivalence(0, name, arguments):
-                return Verdict(1.0, CORRECT, f"{found[1]}; accepted by execution equivalence", extra={"execution_equivalent": True})
+                return Verdict(
+                    1.0,
+                    CORRECT,
+                    f"{found[1]}; accepted by execution equivalence",
+                    extra={"execution_equivalent": True},
+                )
             return Verdict(0.0, found[0], found[1])
         return self._verify_calls(plan, sampled, equivalence, decides)
 
-    def _verify_calls(self, plan: _Plan, sampled: list[tuple[str, Any]], equivalence: Any, decides: Any) -> Verdict:
+    def _verify_calls(
+        self, plan: _Plan, sampled: list[tuple[str, Any]], equivalence: Any, decides: Any
+    ) -> Verdict:
         experts = plan.calls
         mismatches: dict[tuple[int, int], Mismatch] = {}
         edges: list[list[int]] = []
@@ -536,12 +616,21 @@ class FunctionalVerifier:
                 return Verdict(0.0, "infrastructure_error", f"message judge failed: {error!r}", valid=False)
             reward = float(score)
             if not 0.0 <= reward <= 1.0:
-                return Verdict(0.0, "infrastructure_error", f"message judge returned {score!r}, not in [0, 1]", valid=False)
-            return Verdict(reward, CORRECT if reward > 0 else "message_content_different", f"judge score {reward:.2f}")
+                return Verdict(
+                    0.0,
+                    "infrastructure_error",
+                    f"message judge returned {score!r}, not in [0, 1]",
+                    valid=False,
+                )
+            return Verdict(
+                reward, CORRECT if reward > 0 else "message_content_different", f"judge score {reward:.2f}"
+            )
         score = similarity(plan.message_tokens, tokens(text, config.drop_stopwords), config.text_similarity)
         if score >= config.message_threshold:
             return Verdict(1.0, CORRECT, f"message similarity {score:.2f}")
-        return Verdict(0.0, "message_content_different", f"message similarity {score:.2f} < {config.message_threshold}")
+        return Verdict(
+            0.0, "message_content_different", f"message similarity {score:.2f} < {config.message_threshold}"
+        )
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -594,7 +683,9 @@ class CachedStrictVerifier(StrictVerifier):
                 same = False
                 break
             text = function.get("arguments") if isinstance(function, dict) else None
-            if not (isinstance(raw, str) and text == raw) and not json_identical(arguments_of(call)[0], value):
+            if not (isinstance(raw, str) and text == raw) and not json_identical(
+                arguments_of(call)[0], value
+            ):
                 same = False
                 break
         if same:
