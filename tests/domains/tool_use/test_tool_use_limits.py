@@ -37,7 +37,12 @@ def test_fifty_identical_cancels_are_refused_as_too_many_tool_calls_and_never_ru
     action = hermes_turn([expert_call(pivot)] * 50)
     airline_env.reset(options={"pivot": pivot.id})  # loads the database and the pivot's state, once
     (reward, info, observation), seconds, peak = measured(step, airline_env, pivot, action)
-    assert (reward, info["category"], info["valid"], info["output"]) == (0.0, "too_many_tool_calls", True, None)
+    assert (reward, info["category"], info["valid"], info["output"]) == (
+        0.0,
+        "too_many_tool_calls",
+        True,
+        None,
+    )
     assert "50 tool calls" in info["detail"] and "at most 16" in info["detail"]
     assert observation["messages"][len(pivot.messages) + 1 :] == []  # nothing ran, no tool result
     assert seconds < 2 and peak < 16 * MB
@@ -49,7 +54,9 @@ def test_fifty_cancels_under_a_raised_call_limit_stay_small_since_a_cancel_refun
     pivot = first(pivots, "cancel_reservation")
     env = limited_env(max_calls=50)
     env.reset(options={"pivot": pivot.id})
-    (reward, info, observation), seconds, peak = measured(step, env, pivot, hermes_turn([expert_call(pivot)] * 50))
+    (reward, info, observation), seconds, peak = measured(
+        step, env, pivot, hermes_turn([expert_call(pivot)] * 50)
+    )
     assert (reward, info["category"], info["valid"]) == (0.0, "wrong_call_count", True)
     assert len(info["output"]) == 50 and len(set(info["output"])) == 1  # every cancel answers the same
     assert max(appended_tool_bytes(observation, pivot)) < 4096
@@ -121,7 +128,9 @@ def test_arguments_nested_at_any_depth_score_without_raising(pivots, backend, de
     env = gym.make("pivot/tool-use-v0", backend=backend).unwrapped
     pivot = first(pivots, "book_reservation")
     name, arguments = expert_call(pivot)
-    nested = json.dumps({"name": name, "arguments": {**arguments, "flights": "@"}}).replace('"@"', "[" * depth + "]" * depth)
+    nested = json.dumps({"name": name, "arguments": {**arguments, "flights": "@"}}).replace(
+        '"@"', "[" * depth + "]" * depth
+    )
     (reward, info, _), seconds, peak = measured(step, env, pivot, nested)
     assert reward == 0.0 and info["valid"] and seconds < 5 and peak < 16 * MB
     if depth == 100_000:
@@ -181,6 +190,8 @@ def test_limits_must_be_positive_and_known_by_name():
         ToolUseLimits(max_calls=0)
     with pytest.raises(ConfigError, match=r"ToolUseLimits.step_timeout_s = 0: must be in \(0"):
         ToolUseLimits(step_timeout_s=0)
-    with pytest.raises(UnknownOptionError, match="unknown tool-use limit 'max_call'; did you mean 'max_calls'"):
+    with pytest.raises(
+        UnknownOptionError, match="unknown tool-use limit 'max_call'; did you mean 'max_calls'"
+    ):
         gym.make("pivot/tool-use-v0", limits={"max_call": 3})
     assert gym.make("pivot/tool-use-v0", limits={"output_bytes": 10}).unwrapped.limits.output_bytes == 10
