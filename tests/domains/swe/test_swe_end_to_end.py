@@ -1,0 +1,195 @@
+"""pivot/swe-v0 as a domain like the others: make_vec (sync and async), a JSON spec, and `pivotrl
+profile` / `pivotrl eval` against a real OpenAI-compatible server on 127.0.0.1.
+
+The server's "model" is scripted (a language model would take minutes here): at each pivot it
+answers the expert's step written differently (git grep for grep, cat -n for the editor's view,
+sed for str_replace, a verbose test run), which only the effect verifier accepts, and for every odd
+sample of a group "I do not know". Everything between the HTTP request and the verdict is the
+library's real path, sandboxes included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.envs.registration import EnvSpec
+from sandbox_fixtures import FAST_LIMITS
+from swe_helpers import FIX_NEW, FIX_OLD, call_message
+
+from pivot_envs.chat import text_of
+from pivot_envs.cli import main
+from pivot_envs.pivot import read_pivots, write_pivots
+
+LIMITS = dataclasses.asdict(FAST_LIMITS) | {"timeout": 10.0}
+# The expert's step at each turn of the tiny repository's trajectory, written differently.
+REWRITTEN = [
+    call_message("bash", {"command": "git grep -n 'def mean'"}),
+    call_message("bash", {"command": "cat -n calc/ops.py"}),
+    call_message("bash", {"command": f"sed -i 's|{FIX_OLD.strip()}|{FIX_NEW.strip()}|' calc/ops.py"}),
+    call_message("bash", {"command": "python3 -m unittest -v tests.test_ops.MeanTests"}),
+    call_message("submit", {}),
+]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_make_vec_scores_experts_one_and_junk_zero(calc_pivots, has_bwrap, mode):
+    experts = {pivot.id: pivot.expert for pivot in calc_pivots}
+    envs = gym.make_vec(
+        "pivot/swe-v0",
+        num_envs=2,
+        vectorization_mode=mode,
+        pivots=calc_pivots,
+        sandbox="bwrap",
+        limits=LIMITS,
+    )
+    try:
+        _, infos = envs.reset(seed=3)
+        _, rewards, terminated, _, infos = envs.step([experts[infos["pivot_id"][0]], "I do not know."])
+        scored = infos["final_info"]
+        assert list(rewards) == [1.0, 0.0] and all(terminated), scored["category"]
+        assert all(scored["valid"]) and list(scored["category"])[1] == "no_tool_call"
+    finally:
+        envs.close()
+
+
+def test_the_env_spec_round_trips_through_json(calc_pivots, tmp_path):
+    path = tmp_path / "pivots.jsonl"
+    write_pivots(calc_pivots, path)
+    env = gym.make(
+        "pivot/swe-v0", pivots=str(path), verifier="kind", sandbox="bwrap", harness="fresh", limits=LIMITS
+    )
+    rebuilt = gym.make(EnvSpec.from_json(env.spec.to_json()))
+    try:
+        base = rebuilt.unwrapped
+        assert (base.verifier.name, base.config.sandbox, base.config.harness, base.limits.timeout) == (
+            "kind",
+            "bwrap",
+            "fresh",
+            10.0,
+        )
+        assert [p.id for p in base.pivots] == [p.id for p in calc_pivots]
+    finally:
+        env.close()
+        rebuilt.close()
+
+
+class ScriptedServer:
+    """POST /v1/chat/completions: n choices, sample j the rewritten expert step (j even) or "I do not know"."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                step = REWRITTEN[ScriptedServer.turn(body["messages"])]
+                wrong = {"role": "assistant", "content": "I do not know."}
+                choices = [
+                    {"index": j, "message": step if j % 2 == 0 else wrong, "finish_reason": "stop"}
+                    for j in range(body.get("n", 1))
+                ]
+                data = json.dumps(
+                    {
+                        "id": "scripted",
+                        "object": "chat.completion",
+                        "model": body["model"],
+                        "choices": choices,
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def turn(messages: list[dict]) -> int:
+        """The pivot's turn: how many assistant turns its prefix holds."""
+        return sum(1 for m in messages if m["role"] == "assistant" and not text_of(m).startswith("I do not"))
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def scripted():
+    server = ScriptedServer()
+    yield server
+    server.close()
+
+
+def test_pivotrl_profile_scores_every_sample_through_the_swe_env(
+    scripted, calc_pivots, has_bwrap, tmp_path: Path
+):
+    candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
+    write_pivots(calc_pivots, candidates)
+    kwargs = json.dumps({"sandbox": "bwrap", "limits": LIMITS})
+    assert (
+        main(
+            [
+                "profile",
+                str(candidates),
+                "--policy",
+                f"openai:{scripted.url}#scripted",
+                "--out",
+                str(out),
+                "--k",
+                "4",
+                "--env-workers",
+                "1",
+                "--env-kwargs",
+                kwargs,
+                "--progress",
+                "false",
+            ]
+        )
+        == 0
+    )
+    profiled = read_pivots(out)
+    assert [p.id for p in profiled] == [p.id for p in calc_pivots]
+    for pivot in profiled:
+        assert pivot.profile.rewards == [1.0, 0.0, 1.0, 0.0], (pivot.id, pivot.profile.categories)
+        # Only the submit is the expert's own call: only there does the strict verifier agree.
+        strict = [1.0, 0.0, 1.0, 0.0] if pivot.id.endswith("/t4") else [0.0] * 4
+        assert pivot.profile.strict_rewards == strict and pivot.profile.var == 0.25
+
+
+def test_pivotrl_eval_reports_the_swe_domains_accuracy(
+    scripted, calc_pivots, has_bwrap, tmp_path: Path, capsys
+):
+    # eval makes pivot/swe-v0 with its defaults: sandbox "auto" (Docker where a daemon answers).
+    pivots, report = tmp_path / "heldout.jsonl", tmp_path / "report.json"
+    write_pivots(calc_pivots, pivots)
+    assert (
+        main(
+            [
+                "eval",
+                "--pivots",
+                str(pivots),
+                "--policy",
+                f"openai:{scripted.url}#scripted",
+                "--num-envs",
+                "1",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
+    assert "swe" in capsys.readouterr().out
+    rows = {(row["domain"], row["mode"]): row for row in json.loads(report.read_text())["rows"]}
+    swe = rows[("swe", "greedy")]
+    assert swe["pivots"] == len(calc_pivots) and swe["invalid"] == 0
+    assert swe["functional"]["mean"] == 1.0 and swe["strict"]["mean"] == 1 / len(calc_pivots)
