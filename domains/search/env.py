@@ -39,7 +39,7 @@ from pivot_envs.domains.search.verifier import Reach, SearchVerifier
 from pivot_envs.domains.tool_use.parser import parse_action
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import UnknownOptionError, at_least, between, option
+from pivot_envs.config import ConfigError, UnknownOptionError, at_least, between, option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.pivot import Pivot, iter_pivots
 from pivot_envs.verifiers import StrictVerifier
@@ -145,7 +145,7 @@ class SearchEnv(PivotEnv):
         pivots: PivotSource = None,
         verifier: str | Any | None = None,
         verifier_config: dict[str, Any] | None = None,
-        engine: Any = None,
+        engine: str | os.PathLike | dict | SearchEngine | None = None,
         k: int | None = None,
         limits: SearchLimits | dict[str, Any] | None = None,
         render_mode: str | None = None,
@@ -156,7 +156,7 @@ class SearchEnv(PivotEnv):
             pivots = read_with_task_pivots(pivots, domain=self.domain)
         super().__init__(pivots, verifier, verifier_config, render_mode)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"SearchEnv: k must be a positive integer, got {k!r}")
+            raise ConfigError(f"SearchEnv: k must be a positive integer, got {k!r}")
         self.k = k
         self.limits = SearchLimits.of(limits)
         self.engine_spec = engine

@@ -13,7 +13,7 @@ from pivot_envs.domains.search import DOMAIN, SearchEnv
 from pivot_envs.domains.search.env import bundled_pivots, replay_prefix
 from pivot_envs.domains.search.verifier import turn_kind
 
-from pivot_envs.config import UnknownOptionError
+from pivot_envs.config import ConfigError, UnknownOptionError
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "Giuseppe Verdi"}}</tool_call>'
 
@@ -251,3 +251,24 @@ def test_nemo_gym_browsecomp_rows_are_answer_pivots_and_a_correct_answer_scores_
         reward, info = env.step(call("search", queries=["Rollo Davidson Prize"]))[1::3]
         assert (reward, info["category"]) == (0.0, "wrong_kind")
     env.close()
+
+
+def test_a_task_row_without_an_answer_makes_no_pivot_and_the_rest_of_the_file_is_served(
+    shared_data, tmp_path
+):
+    rows = (shared_data / "nemo_gym" / "browsecomp_tasks.jsonl").read_text().splitlines()[:2]
+    unanswered = json.loads(rows[1])
+    del unanswered["ground_truth"]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(rows[0] + "\n" + json.dumps(unanswered) + "\n")
+    pivots = gym.make("pivot/search-v0", pivots=str(path)).unwrapped.pivots
+    assert [p.id for p in pivots] == ["tasks/1/t0"]
+    assert pivots[0].source["expert"] == "ground_truth" and pivots[0].expert["content"].startswith(
+        "Exact Answer: "
+    )
+
+
+@pytest.mark.parametrize("k", [0, -1, True, 2.5])
+def test_a_k_that_is_not_a_positive_integer_is_refused(search_pivots, k):
+    with pytest.raises(ConfigError, match="k must be a positive integer"):
+        gym.make("pivot/search-v0", pivots=search_pivots, k=k)
