@@ -217,7 +217,8 @@ def _file_key(path: Path) -> str:
 def index_for_corpus(corpus: str | Path | None = None) -> Path:
     """The cached index of the corpus file `corpus` (None: the bundled corpus), built on first use.
 
-    Concurrent callers (threads or processes) build it once: the build holds a lock file.
+    Concurrent callers (threads or processes) build it once: the build holds a lock file. Raises
+    CorpusError for a bad corpus, EngineError when the cache directory cannot be written.
     """
     path = Path(corpus) if corpus is not None else bundled_corpus_path()
     if not path.is_file():
@@ -226,11 +227,17 @@ def index_for_corpus(corpus: str | Path | None = None) -> Path:
     target = cache_dir() / f"{stem}-{_file_key(path)}.sqlite"
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.is_file():  # another builder may have finished while this one waited
-            build_index(read_corpus(path), target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.with_name(target.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.is_file():  # another builder may have finished while this one waited
+                build_index(read_corpus(path), target)
+    except OSError as error:
+        raise EngineError(
+            f"cannot write the search index of {path} into {target.parent}: {error} "
+            "(set PIVOT_ENVS_CACHE to a writable directory)"
+        ) from None
     return target
 
 

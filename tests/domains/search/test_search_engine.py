@@ -192,6 +192,13 @@ def test_a_missing_or_unknown_corpus_is_refused(tmp_path):
         open_engine({"engine": "elastic"})
 
 
+def test_an_unwritable_cache_is_an_engine_error(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("a file where the cache directory should be")
+    monkeypatch.setenv("PIVOT_ENVS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(EngineError, match="set PIVOT_ENVS_CACHE to a writable directory"):
+        open_engine(write_jsonl(tmp_path / "mine.jsonl", SMALL))
+
+
 def test_a_missing_index_is_an_engine_error(tmp_path):
     with pytest.raises(EngineError, match="no such file"):
         FtsEngine(tmp_path / "absent.sqlite")
