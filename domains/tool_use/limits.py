@@ -84,8 +84,9 @@ def bounded_outputs(outputs: list[Any], limits: ToolUseLimits) -> list[str]:
     for output in outputs:
         text = output if isinstance(output, str) else json.dumps(output, default=str)
         allowed = max(0, min(limits.output_bytes, left))
+        # An ASCII text's length is its size (nearly every result: no 25 KB copy to measure it);
         # surrogatepass: a recorded output may hold a lone surrogate (a JSON "\ud800" escape).
-        body = text.encode("utf-8", "surrogatepass")
-        kept.append(text if len(body) <= allowed else cut(body, allowed))
-        left -= min(len(body), allowed)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        kept.append(text if size <= allowed else cut(text.encode("utf-8", "surrogatepass"), allowed))
+        left -= min(size, allowed)
     return kept

@@ -69,7 +69,7 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     name = name.strip()
     text = _encode(arguments)
     try:
-        f"{name}{text}".encode()
+        identifier = call_id(index, name, text)  # encodes name and arguments as UTF-8
     except UnicodeEncodeError:  # a lone surrogate: not text, so no tool could receive it
         raise _Unparseable(
             f"tool call {index} ({name!r}): its name or arguments are not valid Unicode text"
@@ -77,11 +77,7 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     if len(_DECODED) >= _DECODED_MAX:
         _DECODED.clear()
     _DECODED[id(text)] = (text, arguments)
-    return {
-        "id": call_id(index, name, text),
-        "type": "function",
-        "function": {"name": name, "arguments": text},
-    }
+    return {"id": identifier, "type": "function", "function": {"name": name, "arguments": text}}
 
 
 def arguments_of(call: dict[str, Any]) -> tuple[Any, bool]:

@@ -15,7 +15,7 @@ import gymnasium as gym
 import pytest
 from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool
 from pivot_envs.domains.tool_use.backends import AirlineBackend
-from pivot_envs.domains.tool_use.limits import ToolUseLimits
+from pivot_envs.domains.tool_use.limits import ToolUseLimits, bounded_outputs
 from tool_use_helpers import appended_tool_bytes, expert_call, first, hermes, hermes_turn, measured, step
 
 import pivot_envs  # noqa: F401
@@ -100,6 +100,14 @@ def test_the_results_of_one_step_are_bounded_in_total_later_ones_cut_to_what_is_
     assert f"[... {25028 - left} bytes of output cut ...]" in info["output"][whole]
     assert info["output"][-1] == "\n[... 25028 bytes of output cut ...]\n"  # no budget left: the marker alone
     assert seconds < 5 and peak < 16 * MB
+
+
+def test_results_are_measured_in_utf8_bytes_not_characters():
+    limits = ToolUseLimits(output_bytes=100)
+    ascii_text, accented = "a" * 100, "é" * 60  # 100 bytes; 60 characters but 120 bytes
+    kept_ascii, kept_accented = bounded_outputs([ascii_text, accented], limits)
+    assert kept_ascii == ascii_text
+    assert kept_accented == "é" * 25 + "\n[... 20 bytes of output cut ...]\n" + "é" * 25
 
 
 @pytest.mark.parametrize("backend", ["tau-airline", "recorded"])
