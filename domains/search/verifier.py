@@ -149,7 +149,7 @@ class SearchVerifier:
             return Verdict(
                 0.0,
                 "wrong_kind",
-                f"the turn {_DOING.get(kind, 'called tools')} where the expert {_DOING.get(expert_kind, 'called tools')}",
+                f"the turn {_doing(kind)} where the expert {_doing(expert_kind)}",
             )
         gold = gold_answers(pivot)
         if answer_matches(text_of(action), gold):
@@ -180,7 +180,7 @@ def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
         return Verdict(
             0.0,
             "wrong_kind",
-            f"the turn {_DOING.get(kind, 'called tools of several kinds')} where the expert {_DOING[expert_kind]}",
+            f"the turn {_doing(kind)} where the expert {_doing(expert_kind)}",
         )
     reached = _docids(worked)
     expert = [result for result in reach.expert if result.error is None]
@@ -205,6 +205,10 @@ def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
     if reached & targets:
         return Verdict(1.0, "evidence_opened", f"opened {sorted(reached & targets)[:5]}")
     return Verdict(0.0, "other_document", f"opened {sorted(reached)[:5]}, none of {sorted(targets)[:10]}")
+
+
+def _doing(kind: str) -> str:
+    return _DOING.get(kind, "called tools of several kinds" if kind == "mixed" else "called unknown tools")
 
 
 def _docids(results: Iterable[CallResult]) -> set[str]:

@@ -7,6 +7,7 @@ La_traviata and Giuseppe_Verdi.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -172,3 +173,15 @@ def test_normalisation_folds_case_accents_punctuation_articles_and_spaces():
     assert normalize_answer("Jean-Paul") == "jeanpaul"  # SQuAD drops punctuation, it does not split on it
     assert answer_matches("Answer: an apple", ["Apple"]) and not answer_matches("Answer: ...", ["..."])
     assert normalize_answer("x" * 1_000_000) == "x" * 2000  # a 1 MB answer is cut, not scanned
+
+
+def test_an_expert_turn_of_several_kinds_is_matched_by_the_same_mix_only(by_id):
+    mixed = dict(by_id["verdi/t0"].expert)
+    mixed["tool_calls"] = [*mixed["tool_calls"], call("get_document", docid="La_traviata")["tool_calls"][0]]
+    pivot = dataclasses.replace(by_id["verdi/t0"], expert=mixed)
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    assert score(env, pivot.id, mixed)[0] == 1.0
+    reward, info = score(env, pivot.id, call("search", query="La traviata"))
+    assert (reward, info["category"], info["valid"]) == (0.0, "wrong_kind", True)
+    assert "where the expert called tools of several kinds" in info["detail"]
+    env.close()
