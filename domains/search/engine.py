@@ -20,6 +20,14 @@ word lowers the weight of the ones that matter, and documents holding few of the
 query has at most `MAX_TERMS` words and `MAX_QUERY_CHARS` characters (beyond: `QueryError`
 "query_too_long"). A query with no word at all is "empty_query".
 
+A query's time is bounded too: bm25 costs about 3 us per matching (document, word) pair, and a word
+like "the" is in 95% of the summaries. So words in more than `COMMON_FRACTION` of the documents are
+not scored (their bm25 weight is near 0 anyway; a query made only of them keeps its rarest), and,
+rarest first, words are scored only while their documents add up to `MAX_POSTINGS`: the commonest
+words of a long query drop out first (`FtsEngine.scored_terms` says which words count). These
+constants, the tokenizer and the weights shape every recorded search result: changing one makes
+the bundled pivots stale until they are rebuilt (`pivotrl search build-sample`).
+
 Errors: `QueryError` is the query's fault (the action scores 0 with its category); `EngineError`
 is the engine's (a missing or corrupt index, an HTTP endpoint down): the sample is invalid.
 """
@@ -352,8 +360,8 @@ class FtsEngine:
 
     def lookup(self, ref: str) -> Document | None:
         """The document `ref` names, tried in order as a docid, a url (as written, then decoded and
-        without its #fragment), an exact title (case-insensitive), a title with spaces as
-        underscores; None when nothing matches or `ref` is not a string."""
+        without its #fragment, then with spaces as underscores), an exact title (case-insensitive),
+        a title with spaces as underscores; None when nothing matches or `ref` is not a string."""
         if not isinstance(ref, str) or not ref.strip():
             return None
         ref = ref.strip()
@@ -362,6 +370,7 @@ class FtsEngine:
             ("docid = ?", ref),
             ("url = ?", ref),
             ("url = ?", decoded),
+            ("url = ?", decoded.replace(" ", "_")),  # .../wiki/Albert%20Einstein names Albert_Einstein
             ("title = ? COLLATE NOCASE", ref),
             ("docid = ?", ref.replace(" ", "_")),
         )

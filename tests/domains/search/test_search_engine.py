@@ -114,7 +114,8 @@ def test_lookup_takes_a_docid_a_url_or_a_title(engine):
     einstein = engine.get("Albert_Einstein")
     assert einstein is not None and einstein.title == "Albert Einstein"
     for ref in ["Albert_Einstein", "https://en.wikipedia.org/wiki/Albert_Einstein", "albert einstein",
-                "https://en.wikipedia.org/wiki/Albert_Einstein#Life", " Albert Einstein "]:  # fmt: skip
+                "https://en.wikipedia.org/wiki/Albert_Einstein#Life", " Albert Einstein ",
+                "https://en.wikipedia.org/wiki/Albert%20Einstein"]:  # fmt: skip
         assert engine.lookup(ref) == einstein, ref
     assert engine.lookup("https://en.wikipedia.org/wiki/HIV%2FAIDS").docid == "HIV/AIDS"
     assert engine.get("albert einstein") is None
