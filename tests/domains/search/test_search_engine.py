@@ -220,24 +220,26 @@ def test_a_corrupt_index_is_an_engine_error(engine, tmp_path, damage):
 
 
 def _index_in_child(corpus: str, queue) -> None:
-    queue.put(str(index_for_corpus(corpus)))
+    path = index_for_corpus(corpus)
+    queue.put((str(path), path.stat().st_ino))  # a second build would have renamed a new file there
 
 
 def test_concurrent_builds_make_one_index(tmp_path, monkeypatch):
     monkeypatch.setenv("PIVOT_ENVS_CACHE", str(tmp_path / "cache"))
-    corpus = str(write_jsonl(tmp_path / "shared.jsonl", SMALL))
+    # Big enough that unlocked builds would overlap (each renaming its own file into place).
+    many = [{"id": f"d{n}", "title": f"Document {n}", "text": f"word {n} " * 40} for n in range(2000)]
+    corpus = str(write_jsonl(tmp_path / "shared.jsonl", many))
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     children = [context.Process(target=_index_in_child, args=(corpus, queue)) for _ in range(3)]
     for child in children:
         child.start()
-    paths = {queue.get(timeout=30) for _ in children}
+    built = {queue.get(timeout=30) for _ in children}
     for child in children:
         child.join(timeout=30)
-    assert len(paths) == 1 and [child.exitcode for child in children] == [0, 0, 0]
-    assert sorted(p.name for p in (tmp_path / "cache" / "search").iterdir()) == sorted(
-        [Path(*paths).name, Path(*paths).name + ".lock"]
-    )
+    assert len(built) == 1 and [child.exitcode for child in children] == [0, 0, 0]
+    name = Path(next(iter(built))[0]).name
+    assert sorted(p.name for p in (tmp_path / "cache" / "search").iterdir()) == [name, name + ".lock"]
 
 
 def _search_in_child(engine: FtsEngine, queue) -> None:
