@@ -27,7 +27,7 @@ from pivot_envs.env import ParsedAction
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-_loads = json.loads
+_loads = json.JSONDecoder().decode  # json.loads without its checks for bytes and a BOM (text only here)
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 # Arguments this parser decoded, by the identity of the JSON string it wrote into the canonical
 # message: execution and verification of the same action read them back instead of decoding the
