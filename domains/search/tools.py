@@ -48,14 +48,14 @@ TOOL_NAMES: dict[str, str] = {
 class BrowseState:
     """What the agent has retrieved so far; run_call updates it (rebuilt at reset by replaying)."""
 
-    seen: list[str] = field(
-        default_factory=list
-    )  # docids that appeared in a result or were opened, first time
-    opened: list[str] = field(default_factory=list)  # docids opened, first time
+    # Docids that appeared in a result or were opened, each once, in the order first met.
+    seen: list[str] = field(default_factory=list)
+    opened: list[str] = field(default_factory=list)  # docids opened, each once, in order
     current: str | None = None  # the document `find` searches in: the one opened last
     results: list[str] = field(default_factory=list)  # the last search call's hits, as numbered in its text
 
     def saw(self, docids: list[str]) -> None:
+        """Add the docids not seen yet to `seen`, in order."""
         self.seen.extend(docid for docid in dict.fromkeys(docids) if docid not in self.seen)
 
 
