@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,19 @@ def test_envs_share_one_engine_and_one_index_file(engine):
     assert [p.name for p in engine.path.parent.glob("bundled-*") if p.suffix != ".lock"] == [engine.path.name]
     opened = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
     assert str(engine.path.resolve()) in opened
+
+
+def test_one_engine_answers_many_threads_at_once(engine):
+    queries = [
+        "Jupiter",
+        "French painter pointillism",
+        "physicist relativity",
+        "river Nile",
+        "Greek philosopher",
+    ] * 4
+    expected = [engine.search(query) for query in queries]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(engine.search, queries)) == expected
 
 
 def test_the_bundled_corpus_id_is_stable(engine):

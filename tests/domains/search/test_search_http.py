@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -81,6 +82,13 @@ def test_the_http_engine_gives_the_fts_engines_results(fts, endpoint):
     assert remote.corpus_id == fts.corpus_id
     assert open_engine(endpoint).search("Jupiter") == fts.search("Jupiter")
     assert open_engine({"engine": "http", "url": endpoint, "timeout_s": 5}).corpus_id == fts.corpus_id
+
+
+def test_the_server_answers_concurrent_clients(fts, endpoint):
+    remote = HttpEngine(endpoint)
+    queries = QUERIES * 4
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(remote.search, queries)) == [fts.search(query) for query in queries]
 
 
 def test_a_refused_query_keeps_its_category(endpoint):
