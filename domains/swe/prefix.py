@@ -31,7 +31,7 @@ from pivot_envs.pivot import Pivot
 
 from .effects import EditEffect, edit_effect, task_test_results
 from .parse import call_of
-from .tools import ToolResult, execute_call, tree_hash
+from .tools import ToolResult, execute_call, install_editor, tree_hash
 
 SETUP_TIMEOUT = 120.0
 
@@ -165,6 +165,7 @@ class PrefixCache:
             result = sandbox.run(f"export {exports}" if exports else ":", timeout=SETUP_TIMEOUT)
             if not result.ok:
                 raise SandboxError(f"exporting the test environment failed: {result.output[-300:]}")
+            install_editor(sandbox)
             snapshot = sandbox.snapshot()
         finally:
             sandbox.close()

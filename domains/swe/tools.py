@@ -51,6 +51,10 @@ ALIASES = {
     "finish": "submit",
 }
 EDITOR_SOURCE = (Path(__file__).parent / "editor_script.py").read_text()
+# Where `install_editor` puts the editor in a sandbox, so its bytecode is compiled once per start
+# state instead of on every call (~10 ms of a ~40 ms call).
+EDITOR_HOME = "/.pivot/editor-module"
+_RUN_INSTALLED = f"import sys; sys.path[:0] = [{EDITOR_HOME!r}]; import swe_editor; swe_editor.main()"
 
 BASH_TOOL = {
     "type": "function",
@@ -379,6 +383,21 @@ def _bash(
     )
 
 
+def install_editor(sandbox: Any) -> None:
+    """Put the editor into the sandbox (outside the workspace) with its bytecode compiled, so later
+    calls skip compiling it; forks of the sandbox inherit it. Raises SandboxError when that fails."""
+    # A quoted heredoc: the source crosses as it is; importing it once writes its .pyc beside it.
+    line = (
+        f"mkdir -p {EDITOR_HOME} && cat > {EDITOR_HOME}/swe_editor.py <<'PIVOT_EDITOR_SOURCE'\n{EDITOR_SOURCE}"
+        f"PIVOT_EDITOR_SOURCE\npython3 -I -S -c {shlex.quote(f'import sys; sys.path[:0] = [{EDITOR_HOME!r}]; import swe_editor')}"
+    )
+    result = sandbox.run(line)
+    if not result.ok:
+        raise SandboxError(
+            f"installing the editor in the sandbox failed (exit {result.exit_code}): {result.output[-300:]}"
+        )
+
+
 def _output_limit(sandbox: Any) -> int:
     """Bytes of text the editor may print: under the sandbox's output limit, so nothing is cut."""
     limits = getattr(getattr(sandbox, "owner", None), "limits", None)
@@ -391,8 +410,10 @@ def _editor(
     limit = _output_limit(sandbox)
     # A Python literal the editor evaluates (see editor_script.py); repr escapes every control character.
     request = repr({"arguments": args, "workdir": workdir, "max_bytes": limit})
+    # The installed editor when the sandbox has it (see install_editor), else its source.
     line = (
-        f"python3 -I -S -c {shlex.quote(EDITOR_SOURCE)} <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
+        f"if [ -f {EDITOR_HOME}/swe_editor.py ]; then python3 -I -S -c {shlex.quote(_RUN_INSTALLED)};"
+        f" else python3 -I -S -c {shlex.quote(EDITOR_SOURCE)}; fi <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
     )
     result = sandbox.run(line, timeout=timeout, files=files)
     if result.exit_code == 127 and "python3" in result.output:
