@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,11 +81,13 @@ class RepoSpec:
 
     def tests_command(self, tests: list[str]) -> str:
         """The shell command that runs `tests` under the pinned environment."""
-        import shlex
-
-        exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
+        exports = self.assignments()
         run = self.test_command.format(tests=" ".join(shlex.quote(test) for test in tests))
         return f"{exports} {run}" if exports else run
+
+    def assignments(self) -> str:
+        """The pinned environment as shell assignments ("TZ=UTC PYTHONHASHSEED=0 ...")."""
+        return " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form a pivot's context carries for a repository that is not bundled."""
@@ -315,7 +318,11 @@ def load_workspace(sandbox: Any, tree: Path) -> None:
 
 
 def start_sandbox(backend: Any, repo: RepoSpec, bug_patch: str | None = None) -> Any:
-    """A new sandbox of `backend` (bubblewrap or Docker) holding the task's start state at `repo.workdir`."""
+    """A new sandbox of `backend` (bubblewrap or Docker) holding the task's start state at `repo.workdir`,
+    with the pinned test environment exported (every later command of either harness inherits it).
+
+    Raises SandboxError when the copy or the export fails.
+    """
     tree = start_tree(repo, bug_patch)
     if backend.name == "bwrap":
         sandbox = backend.create(repo.workdir)
@@ -325,6 +332,11 @@ def start_sandbox(backend: Any, repo: RepoSpec, bug_patch: str | None = None) ->
         sandbox = backend.create(image_tag(), repo.workdir)
     try:
         load_workspace(sandbox, tree)
+        exports = repo.assignments()
+        if exports:
+            exported = sandbox.run(f"export {exports}")
+            if not exported.ok:
+                raise SandboxError(f"exporting the test environment failed: {exported.output[-300:]}")
     except BaseException:
         sandbox.close()
         raise
