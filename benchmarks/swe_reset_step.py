@@ -143,12 +143,10 @@ def bench_naive(kind: str, action: str, samples: int) -> dict:
 
     backend = BwrapBackend(rootfs_path(), warm_pool=0) if kind == "bwrap" else DockerBackend(warm_pool=0)
     repo = bundled_repo()
-    exports = "export " + " ".join(f"{k}={v}" for k, v in sorted(repo.env.items()))
     latencies = []
     for _ in range(samples):
         start = time.perf_counter()
         sandbox = start_sandbox(backend, repo)
-        sandbox.run(exports)
         for name, arguments in PREFIX:
             execute_call(sandbox, name, arguments, files=False)
         result = execute_call(sandbox, *ACTIONS[action])

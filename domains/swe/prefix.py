@@ -3,8 +3,9 @@ tool calls, built once per pivot, verified by its tree hash and snapshotted.
 
 Two levels, each built once and kept in a bounded LRU cache:
 
-- the task's start state (the repository with the bug applied and committed, the pinned test
-  environment exported in the shell), per (repository, bug): every pivot of a task forks it;
+- the task's start state (repo.start_sandbox: the repository with the bug applied and committed,
+  the pinned test environment exported in the shell; plus the editor installed), per (repository,
+  bug): every pivot of a task forks it;
 - the pivot's prefix state: a fork of the start state where the prefix's tool calls are replayed
   with the same tools and harness (bash, str_replace_editor), then checked against the pivot's
   `context["tree_hash"]`. A mismatch means the pivot is stale (its repository or tools changed
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,11 +160,6 @@ class PrefixCache:
         else:
             sandbox = start_sandbox(self.backend, repo, bug)
         try:
-            # The pinned test environment, exported once: every later command (either harness) inherits it.
-            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(repo.env.items()))
-            result = sandbox.run(f"export {exports}" if exports else ":", timeout=SETUP_TIMEOUT)
-            if not result.ok:
-                raise SandboxError(f"exporting the test environment failed: {result.output[-300:]}")
             install_editor(sandbox)
             snapshot = sandbox.snapshot()
         finally:
