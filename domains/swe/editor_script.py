@@ -28,6 +28,7 @@ CLIPPED = (
     "numbers of what you are looking for.</NOTE>"
 )
 COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
+NEWLINE = "\n"  # f-strings of Python 3.11 cannot hold a backslash
 
 
 class Refused(Exception):
@@ -239,7 +240,7 @@ def str_replace(arguments, path):
     around = text.split(old)[0].count("\n")
     return (
         f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet of {path}:\n"
-        f"{snippet(edited, around, new.count(chr(10)))}\n"
+        f"{snippet(edited, around, new.count(NEWLINE))}\n"
         "Review the changes and make sure they are as expected. Edit the file again if necessary."
     )
 
@@ -262,7 +263,7 @@ def insert(arguments, path):
     write_text(path, edited)
     return (
         f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet of the edited file:\n"
-        f"{snippet(edited, line, new.count(chr(10)))}\n"
+        f"{snippet(edited, line, new.count(NEWLINE))}\n"
         "Review the changes and make sure they are as expected (correct indentation, no duplicate lines, etc). "
         "Edit the file again if necessary."
     )

@@ -61,8 +61,8 @@ class SweConfig:
 
 
 def bundled_pivots() -> list[Pivot]:
-    """The domain's bundled pivots (more-itertools tasks; data/pivots.jsonl)."""
-    path = resources.files("pivot_envs.domains.swe") / "data" / "pivots.jsonl"
+    """The domain's bundled pivots (more-itertools tasks; data/pivots.jsonl.gz, made by `pivotrl swe build`)."""
+    path = resources.files("pivot_envs.domains.swe") / "data" / "pivots.jsonl.gz"
     with resources.as_file(path) as file:
         return read_pivots(file)
 

@@ -365,7 +365,8 @@ def _bash(
             if result.timed_out
             else f"[The command completed with exit code {result.exit_code}.]"
         )
-        text = f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{note}"
+        separator = "" if not output or output.endswith("\n") else "\n"
+        text = output + separator + note
     elif result.timed_out:
         text = (
             f"The last command <command>{command[:500]}</command> timed out and has been killed.\n"
