@@ -410,13 +410,15 @@ def open_engine(spec: None | str | os.PathLike | dict | SearchEngine = None) -> 
     Raises ConfigError for a spec it cannot read, CorpusError for a bad corpus file, EngineError
     for a missing or corrupt index.
     """
-    if isinstance(spec, SearchEngine):
-        return spec
     if isinstance(spec, dict):
         return _engine_from_dict(spec)
-    if spec is None or spec == "bundled":
+    if spec is None or (isinstance(spec, str) and spec == "bundled"):
         return shared_fts_engine(index_for_corpus(None))
     if not isinstance(spec, (str, os.PathLike)):
+        # Not isinstance(spec, SearchEngine): on Python 3.11 that reads corpus_id, which an
+        # HttpEngine fetches over the network.
+        if all(callable(getattr(spec, method, None)) for method in ("search", "get", "lookup")):
+            return spec
         raise ConfigError(
             f"search engine: expected None, 'bundled', a path, a URL, a dict or an engine, got {spec!r:.100}"
         )

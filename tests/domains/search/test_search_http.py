@@ -119,6 +119,16 @@ def test_the_server_refuses_an_oversized_request(endpoint):
         assert sock.recv(65536).startswith(b"HTTP/1.1 413")
 
 
+def test_an_engine_object_passes_through_open_engine_without_a_request():
+    requests = []
+    with serving(
+        misbehaving(lambda handler: requests.append(handler.path) or answer(handler, 404, b""))
+    ) as url:
+        remote = HttpEngine(url)
+        assert open_engine(remote) is remote
+    assert requests == []
+
+
 def test_a_server_that_is_down_is_an_engine_error():
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
