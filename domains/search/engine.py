@@ -45,7 +45,7 @@ import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from pivot_envs.domains.search.corpus import CorpusError, Document, bundled_corpus_path, read_corpus
 
@@ -92,7 +92,6 @@ class Hit:
     score: float
 
 
-@runtime_checkable
 class SearchEngine(Protocol):
     """What a search env needs from an engine."""
 
