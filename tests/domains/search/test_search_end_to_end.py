@@ -1,6 +1,7 @@
 """pivot/search-v0 as a domain like the others: the env contract (check_env, check_pivot_env with a
 broken engine), make_vec, a JSON spec, the HTTP engine, and `pivotrl profile` / `pivotrl eval`
-against a real OpenAI-compatible server on 127.0.0.1.
+against a real OpenAI-compatible server on 127.0.0.1, and `pivotrl run --domain search` with the
+embedded model on the smallest settings.
 
 The server's "model" is scripted (a language model would take minutes here): at each pivot it
 rewrites the expert's step in a form only the functional verifier accepts (a search query in
@@ -11,6 +12,7 @@ know". Everything between the HTTP request and the verdict is the library's real
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +23,7 @@ import pytest
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.search.engine import open_engine
+from pivot_envs.domains.search.env import bundled_pivots
 from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
 from pivot_envs.domains.search.verifier import turn_kind
 
@@ -236,3 +239,45 @@ def test_pivotrl_eval_reports_the_search_domains_accuracy(scripted, search_pivot
     assert search["pivots"] == len(search_pivots) and search["invalid"] == 0
     opens = sum(1 for pivot in search_pivots if turn_kind(pivot.expert) == "open")
     assert search["functional"]["mean"] == 1.0 and search["strict"]["mean"] == opens / len(search_pivots) < 1
+
+
+@pytest.mark.slow
+def test_pivotrl_run_goes_end_to_end_on_the_bundled_search_pivots(tmp_path: Path, capsys):
+    """The whole method on CPU with the embedded model at its smallest (about 3 CPU-minutes): the
+    plumbing, not learning (8 new tokens cannot write a tool call)."""
+    out = tmp_path / "run"
+    argv = [
+        "run",
+        "--domain",
+        "search",
+        "--out",
+        str(out),
+        "--candidates",
+        "2",
+        "--profile.k",
+        "2",
+        "--eval-pivots",
+        "1",
+        "--train.steps",
+        "1",
+        "--train.batch-pivots",
+        "1",
+        "--train.group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--max-prompt-tokens",
+        "384",
+        "--sft-epochs",
+        "0",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert all(f"[{stage}/6]" in printed for stage in range(1, 7))
+    figures = json.loads((out / "report.json").read_text())
+    assert (figures["extracted"], figures["profiled"]) == (len(bundled_pivots()), 2)
+    for pivot in read_pivots(out / "profiled.jsonl"):
+        assert pivot.domain == "search" and len(pivot.profile.rewards) == 2 and all(pivot.profile.valid)
+        assert "env_error" not in pivot.profile.categories
+    # The held-out accuracy row, before and after training.
+    assert len(re.findall(r"^search +greedy +1 ", (out / "report.md").read_text(), re.M)) == 2
