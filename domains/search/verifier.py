@@ -18,8 +18,8 @@ after normalisation (`answer.normalize_answer`), never for being a message.
     scores only where the expert did the same);
   - an open (get_document, browse, open) scores 1 for the document the expert opened, or an
     evidence document not yet opened in the prefix (re-reading an opened one adds nothing);
-  - a find scores 1 when it finds what the expert's find found (the same tool output), or uses
-    the same pattern after normalisation;
+  - a find scores 1 when it finds the passages the expert's find found, in the same document
+    (the same lines of output after its header: "Verdi" and "verdi" find the same), and some;
   - a turn whose calls all failed (empty query, unknown document, unknown tool, ...) scores 0 with
     the failure's category.
   At a pivot recorded on another corpus (`info["replay"] == "recorded"`) calls cannot be run, so
@@ -185,8 +185,7 @@ def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
     reached = _docids(worked)
     expert = [result for result in reach.expert if result.error is None]
     if kind == "find":
-        same = {result.text for result in worked} & {result.text for result in expert}
-        if same:
+        if {_passages(result) for result in worked} & {_passages(result) for result in expert} - {()}:
             return Verdict(1.0, "same_passages")
         return Verdict(0.0, "other_passages", "the find found other passages than the expert's")
     if kind == "search":
@@ -205,6 +204,12 @@ def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
     if reached & targets:
         return Verdict(1.0, "evidence_opened", f"opened {sorted(reached & targets)[:5]}")
     return Verdict(0.0, "other_document", f"opened {sorted(reached)[:5]}, none of {sorted(targets)[:10]}")
+
+
+def _passages(result: CallResult) -> tuple[str, ...]:
+    """What a find found: the lines after its header (none for "No match"), with the document."""
+    lines = result.text.splitlines()[1:]
+    return (*result.docids, *lines) if lines else ()
 
 
 def _doing(kind: str) -> str:

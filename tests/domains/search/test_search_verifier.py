@@ -185,3 +185,16 @@ def test_an_expert_turn_of_several_kinds_is_matched_by_the_same_mix_only(by_id):
     assert (reward, info["category"], info["valid"]) == (0.0, "wrong_kind", True)
     assert "where the expert called tools of several kinds" in info["detail"]
     env.close()
+
+
+def test_a_find_scores_one_when_it_finds_the_experts_passages_whatever_the_case(by_id):
+    # At verdi/t2 the document opened last is La_traviata; here the expert looks for Verdi in it.
+    pivot = dataclasses.replace(by_id["verdi/t2"], expert=call("find", pattern="Verdi"))
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    assert score(env, pivot.id, pivot.expert)[0] == 1.0
+    assert score(env, pivot.id, call("find", pattern="verdi"))[0] == 1.0
+    reward, info = score(env, pivot.id, call("find", pattern="Piave"))
+    assert (reward, info["category"]) == (0.0, "other_passages")
+    reward, info = score(env, pivot.id, call("find", pattern="Busseto"))
+    assert (reward, info["category"]) == (0.0, "other_passages") and info["output"].startswith("No match")
+    env.close()
