@@ -6,8 +6,8 @@ is built once into the cache ($PIVOT_ENVS_CACHE, else ~/.cache/pivot-envs, under
 a hash of the corpus file, written to a temporary file and renamed into place under a lock, so
 concurrent builds are safe and a killed one leaves nothing half-written. Every env then opens that
 one file read-only (`mode=ro`, `immutable=1`): many envs, one index, no copy per env. Within a
-process one engine per index is shared; it keeps one SQLite connection per thread, reopened after
-a fork (gymnasium's AsyncVectorEnv forks its workers).
+process one engine per index is shared; each query borrows one of its pooled SQLite connections,
+and a forked process opens its own (gymnasium's AsyncVectorEnv forks its workers).
 
 Queries are free text. FTS5's own syntax (`"`, `*`, `NEAR`, `OR`, `AND`, `NOT`, parentheses, `:`,
 `^`) is never interpreted: the query is cut into words (`\\w+`, lowercased, repeats dropped), each
@@ -34,6 +34,7 @@ is the engine's (a missing or corrupt index, an HTTP endpoint down): the sample 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -63,6 +64,7 @@ COMMON_FRACTION = 0.1  # a word in more than this share of the documents is not 
 COMMON_MIN_DOCUMENTS = 200  # ...when it is also in more than this many (small corpora keep every word)
 MAX_POSTINGS = 2000  # at most this many (document, word) matches are scored per query: bounds its time
 MAX_MEMO_TERMS = 100_000
+POOLED_CONNECTIONS = 8  # idle connections an engine keeps (a query uses one at a time)
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 QUERY_CATEGORIES = ("empty_query", "query_too_long", "bad_argument")
 _WORD = re.compile(r"\w+")
@@ -252,7 +254,8 @@ def index_for_corpus(corpus: str | Path | None = None) -> Path:
 
 
 class FtsEngine:
-    """Search over an FTS5 index file, opened read-only; safe to share between threads and forks."""
+    """Search over an FTS5 index file, opened read-only; safe to share between threads and forks
+    (each query takes a pooled connection of its own process)."""
 
     name = "fts"
 
@@ -264,7 +267,8 @@ class FtsEngine:
             raise EngineError(f"search index {self.path}: no such file")
         quoted = urllib.parse.quote(str(self.path.resolve()))
         self._uri = f"file:{quoted}?mode=ro" + ("&immutable=1" if immutable else "")
-        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pid, self._pool = os.getpid(), []  # idle connections of process _pid
         meta = dict(self._execute("SELECT key, value FROM meta"))
         if meta.get("schema") != str(SCHEMA_VERSION) or "corpus_id" not in meta:
             raise EngineError(
@@ -275,24 +279,39 @@ class FtsEngine:
         self.documents = int(meta.get("documents", 0))
         self._frequencies: dict[str, int] = {}
 
-    def _connection(self) -> sqlite3.Connection:
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            # A connection must not cross a fork: a forked child opens its own.
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """A connection of this process for the caller's use alone, taken from the pool (opened when
+        the pool is empty) and put back after (closed when the pool holds POOLED_CONNECTIONS)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                # A connection must not cross a fork: a forked child leaves its parent's alone.
+                self._pid, self._pool = os.getpid(), []
+            connection = self._pool.pop() if self._pool else None
+        if connection is None:
             try:
-                local.connection = sqlite3.connect(self._uri, uri=True, check_same_thread=True)
+                # Used by one thread at a time (the pool hands it out), not always the one that opened it.
+                connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
                 # Pages come from the OS page cache through mmap (shared by every process) rather
                 # than from a private cache per connection.
-                local.connection.execute("PRAGMA mmap_size = 268435456")
-                local.connection.execute("PRAGMA cache_size = -256")
+                connection.execute("PRAGMA mmap_size = 268435456")
+                connection.execute("PRAGMA cache_size = -256")
             except sqlite3.Error as error:
                 raise EngineError(f"search index {self.path}: cannot open it: {error}") from None
-            local.pid = os.getpid()
-        return local.connection
+        try:
+            yield connection
+        finally:
+            with self._lock:
+                keep = self._pid == os.getpid() and len(self._pool) < POOLED_CONNECTIONS
+                if keep:
+                    self._pool.append(connection)
+            if not keep:
+                connection.close()
 
     def _execute(self, sql: str, parameters: tuple = ()) -> list[tuple]:
         try:
-            return self._connection().execute(sql, parameters).fetchall()
+            with self._connection() as connection:
+                return connection.execute(sql, parameters).fetchall()
         except sqlite3.Error as error:
             raise EngineError(f"search index {self.path} is not a readable search index: {error}") from None
 

@@ -126,7 +126,8 @@ def test_lookup_takes_a_docid_a_url_or_a_title(engine):
 def test_the_index_cannot_be_written_through_the_engine(engine):
     before = engine.path.read_bytes()
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        engine._connection().execute("DELETE FROM docs")
+        with engine._connection() as connection:
+            connection.execute("DELETE FROM docs")
     assert engine.path.read_bytes() == before
 
 
@@ -258,9 +259,9 @@ def test_concurrent_builds_make_one_index(tmp_path, monkeypatch):
 
 
 def _search_in_child(engine: FtsEngine, queue) -> None:
-    inherited = engine._local.connection
+    inherited = list(engine._pool)
     docids = [hit.docid for hit in engine.search("Jupiter")]
-    queue.put((docids, engine._local.connection is not inherited))
+    queue.put((docids, bool(inherited) and not any(connection in inherited for connection in engine._pool)))
 
 
 def test_a_forked_worker_opens_its_own_connection(engine):
