@@ -7,7 +7,9 @@ building the index per env).
 1. Index build: reading the bundled corpus and writing its FTS5 index (best of --builds), and
    opening the cached index (what every later env does).
 2. Engine search and `run_call` latency over every search query and tool call of the bundled
-   pivots' expert turns (engine warm, as in a running env).
+   pivots' expert turns (engine warm, as in a running env); the same searches through HttpEngine
+   and the reference server (`serve_engine`, in a thread of this process: CPU time is both ends).
+   Wall-clock figures move with the machine's load; CPU time (time.process_time) does not.
 3. `reset` + `step` through `gym.make("pivot/search-v0")` at every bundled pivot with its expert
    turn as the action (one process, one thread): latency p50/p95 per kind of step (search,
    get_document, answer) and steps/s per core (CPU time, best of --passes after a first pass that
@@ -30,13 +32,16 @@ import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.engine import FtsEngine, build_index, index_for_corpus, open_engine
 from pivot_envs.domains.search.env import bundled_pivots
+from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
 from pivot_envs.domains.search.tools import BrowseState, run_call
 
 import pivot_envs  # noqa: F401  (registers pivot/search-v0)
@@ -85,25 +90,34 @@ def bench_build(builds: int) -> dict:
 
 
 def bench_engine(pivots) -> dict:
-    """Engine search and run_call latency over the expert turns' calls (engine warm)."""
+    """Latency of the expert turns' searches on the engine and through the HTTP engine (the
+    reference server in a thread of this process), and of their calls through run_call."""
     engine = open_engine()
     calls = [call for pivot in pivots for call in calls_of(pivot.expert)]
     queries = [arguments["query"] for name, arguments in calls if name == "search"]
     for query in queries:  # warm: the engine memoises each word's document count
         engine.search(query)
+    server = serve_engine(engine, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = HttpEngine(f"http://127.0.0.1:{server.server_address[1]}")
+    runs = [("engine: search", partial(engine.search, query)) for query in queries]
+    runs += [
+        ("http engine: search (server in this process)", partial(remote.search, query)) for query in queries
+    ]
+    runs += [
+        (f"run_call {name}", partial(run_call, engine, name, arguments, BrowseState()))
+        for name, arguments in calls
+    ]
     timed: dict[str, tuple[list[float], list[float]]] = {}
-    for name, arguments in [("search", query) for query in queries] + [
-        (f"run_call {n}", a) for n, a in calls
-    ]:
+    for name, run in runs:
         start, cpu = time.perf_counter(), time.process_time()
-        if name == "search":
-            engine.search(arguments)
-        else:
-            assert run_call(engine, name.split()[1], arguments, BrowseState()).error is None
+        run()
         wall_times, cpu_times = timed.setdefault(name, ([], []))
         wall_times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu)
-    return {f"engine: {name}" if name == "search" else name: summary(*times) for name, times in timed.items()}
+    server.shutdown()
+    server.server_close()
+    return {name: summary(*times) for name, times in timed.items()}
 
 
 def step_pass(env, pivots) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
