@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import marshal
 import os
-import pickle
 import re
 import reprlib
 from collections.abc import Callable, Iterable
@@ -19,6 +17,7 @@ from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode
 
 from pivot_envs.errors import PivotEnvsError
+from pivot_envs.observations import ObservationCopies
 from pivot_envs.pivot import Pivot
 from pivot_envs.spaces import Chat, Completion
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
@@ -75,8 +74,9 @@ class PivotEnv(gym.Env):
     exception of the domain's own code is a bug of the env, reported as category "env_error"
     (invalid, the exception named in info["detail"]). Observations and infos are fresh on every
     call (editing them changes nothing the env keeps; a caller that never edits them may set
-    `env.unwrapped.copy_observations = False` to skip the two copies of the prefix, about 80 us
-    an episode at a 20 KB tool-use prefix) and infos are plain JSON data
+    `env.unwrapped.copy_observations = False` to skip the two copies of the prefix, about 40 us
+    an episode at the bundled 20 KB tool-use prefixes: see pivot_envs.observations) and infos
+    are plain JSON data
     (`json.dumps(info)` works). Episodes are one step long, so vector envs should reset a
     sub-env in the step that ends it: metadata["autoreset_mode"] says so, and the registered
     envs make it gym.make_vec's default (see pivot_envs.registry).
@@ -200,18 +200,14 @@ class PivotEnv(gym.Env):
         return observation, float(verdict.reward), True, False, info
 
     def _fresh_observation(self, pivot: Pivot) -> dict[str, Any]:
-        """A new copy of `pivot`'s observation, from bytes frozen once per pivot (an env hands out
-        two copies per episode; thawing costs a third of a pickle round trip). Pivots are records:
-        editing one in place after an env has shown it is not seen by that env."""
+        """A new copy of `pivot`'s observation (see pivot_envs.observations), or with
+        `copy_observations = False` one that shares the pivot's messages and tools."""
         if not self.copy_observations:
             return {"messages": list(pivot.messages), "tools": pivot.tools}
-        frozen = self.__dict__.setdefault("_frozen", {})
-        entry = frozen.get(id(pivot))
-        if entry is None or entry[0] is not pivot:
-            if len(frozen) >= FROZEN_OBSERVATIONS:
-                frozen.pop(next(iter(frozen)))
-            entry = frozen[id(pivot)] = (pivot, *freeze(pivot.observation))
-        return entry[1](entry[2])
+        copies = self.__dict__.get("_copies")
+        if copies is None:
+            copies = self._copies = ObservationCopies()
+        return copies.copy(pivot)
 
     def _judge(self, pivot: Pivot, action: Any) -> tuple[ParsedAction, Outcome, Verdict, float]:
         """Parse, execute and verify `action` at `pivot`: (parsed action, outcome, verdict, strict reward).
@@ -324,41 +320,6 @@ def _is_json_object(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-# Frozen observations an env keeps (first in, first out): ~20 KB each on the bundled tool-use pivots.
-FROZEN_OBSERVATIONS = 512
-
-
-def freeze(value: Any) -> tuple[Callable[[bytes], Any], bytes]:
-    """Plain data as bytes and the function that makes a new copy of it: marshal where it can hold
-    the data (dicts, lists, strings, numbers: 0.6x the time of pickle.loads), pickle otherwise.
-    Equal strings are frozen as one, so a copy makes (and later frees) each string once: tool
-    schemas repeat "string", "object" and their descriptions (thawing the bundled tool-use
-    observations then takes 0.8x the time)."""
-    value = _one_string_each(value, {}, 0)
-    try:
-        return marshal.loads, marshal.dumps(value)
-    except ValueError:  # a type marshal cannot hold (a numpy value, an object)
-        return pickle.loads, pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-
-
-def _one_string_each(value: Any, strings: dict[str, str], depth: int) -> Any:
-    """`value` with its dicts and lists rebuilt so that equal strings are one object (the first
-    seen); other values, and anything nested deeper than 64 levels, are kept as they are."""
-    kind = type(value)
-    if kind is str:
-        return strings.setdefault(value, value)
-    if depth >= _MAX_DEPTH:
-        return value
-    if kind is dict:
-        return {
-            _one_string_each(key, strings, depth): _one_string_each(item, strings, depth + 1)
-            for key, item in value.items()
-        }
-    if kind is list:
-        return [_one_string_each(item, strings, depth + 1) for item in value]
-    return value
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
