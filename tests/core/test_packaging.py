@@ -4,6 +4,7 @@ only, nothing as a bare top-level `domains`, `adapters` or `sandboxes`."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,9 +44,25 @@ def test_the_package_list_names_every_package_folder_and_nothing_else() -> None:
     assert listed - on_disk == set(), "these listed packages have no folder with an __init__.py"
 
 
+def _source_copy(destination: Path) -> Path:
+    """The files git would ship (tracked, and new ones not ignored), copied: building in the source
+    tree would leave a pivot_envs.egg-info there whose metadata hides the installed entry points."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, check=True, capture_output=True, timeout=60,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
 def test_a_built_wheel_holds_every_module_and_data_file_inside_pivot_envs(tmp_path: Path) -> None:
+    source = _source_copy(tmp_path / "source")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
