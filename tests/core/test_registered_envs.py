@@ -15,7 +15,7 @@ from gymnasium.envs.registration import EnvSpec
 import pivot_envs
 from pivot_envs import PivotEnv, check_pivot_env
 
-BUNDLED = ["pivot/tool-use-v0", "pivot/terminal-v0"]
+BUNDLED = ["pivot/tool-use-v0", "pivot/terminal-v0", "pivot/search-v0"]
 
 
 def needs_parts(env_id: str) -> None:
@@ -52,7 +52,20 @@ def break_terminal(env: PivotEnv) -> None:
     env.sandbox.close()  # the fork the step would run in is gone
 
 
-BREAKERS = {"pivot/tool-use-v0": break_tool_use, "pivot/terminal-v0": break_terminal}
+def break_search(env: PivotEnv) -> bool | None:
+    """Point the search engine at a port nothing listens on; an answer runs no call, so there is nothing to break."""
+    from pivot_envs.domains.search.http_engine import HttpEngine
+
+    if not env.pivot.expert.get("tool_calls"):
+        return False
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env.engine = HttpEngine(f"http://127.0.0.1:{port}/search", retries=0, timeout_s=2)
+    return None
+
+
+BREAKERS = {"pivot/tool-use-v0": break_tool_use, "pivot/terminal-v0": break_terminal, "pivot/search-v0": break_search}
 
 
 def quick_kwargs(env_id: str) -> dict:
