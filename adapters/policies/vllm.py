@@ -53,6 +53,8 @@ class VLLMPolicy:
     gpu_memory_utilization:  fraction of GPU memory vLLM may take (leave room for a trainer).
     max_model_len:           context limit (None: the model's).
     seed:                    engine seed.
+    max_prompt_tokens:       fit longer prompts to this many tokens (`chat_template.fit_prompt`,
+                             as the hf backend does); None renders every prompt whole.
     engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size,
                              enforce_eager: True by default on CPU, ...).
     """
@@ -65,6 +67,7 @@ class VLLMPolicy:
         max_model_len: int | None = None,
         seed: int = 0,
         name: str | None = None,
+        max_prompt_tokens: int | None = None,
         **engine_options: Any,
     ) -> None:
         import torch
@@ -88,6 +91,7 @@ class VLLMPolicy:
 
             path = str(smollm2.checkpoint())
         self.path = path
+        self.max_prompt_tokens = max_prompt_tokens or None
         self.name = name or f"vllm:{path}"
         self.llm = LLM(
             model=path,
@@ -102,7 +106,9 @@ class VLLMPolicy:
 
     def encode(self, chat: dict[str, Any]) -> list[int]:
         """The prompt token ids of a chat ({"messages", "tools"})."""
-        return encode_prompt(self.tokenizer, chat["messages"], chat.get("tools") or [])
+        return encode_prompt(
+            self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens
+        )
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
