@@ -134,7 +134,7 @@ def build_pivots(config: BuildConfig) -> list:
 
 def check_sample(pivots: list, shipped_path: Path, every_task: bool) -> None:
     """Raise SampleMismatchError unless the shipped file holds exactly these pivots for their tasks
-    (and, when `every_task`, nothing else), equal up to unittest's timings."""
+    (and, when `every_task`, nothing else), equal up to unittest's timings and object addresses."""
     from pivot_envs.pivot import read_pivots
 
     from .expert import normalized_record

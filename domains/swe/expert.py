@@ -44,8 +44,13 @@ USER_PROMPT = (
     "<issue>\n{statement}\n</issue>\n\nThe repository is checked out at {workdir}. Find the cause, fix it with a "
     "minimal change to the library's source (not the tests), check that the tests pass, and submit."
 )
-# unittest prints its run time ("Ran 3 tests in 0.004s"): the one part of an output that differs between runs.
-_TIMING = re.compile(r"(Ran \d+ tests? in )\d+\.\d+s")
+# What differs between two runs of the same call: unittest's run time ("Ran 3 tests in 0.004s") and
+# object addresses in reprs ("<object object at 0x7f...>").
+_VOLATILE = re.compile(r"(?<=Ran )(\d+ tests? in )\d+\.\d+s|(?<= at )0x[0-9a-f]+")
+
+
+def _blank(match: re.Match) -> str:
+    return f"{match.group(1)}<time>" if match.group(1) else "0x<address>"
 
 
 class ExpertError(PivotEnvsError, RuntimeError):
@@ -73,8 +78,8 @@ class ExpertRun:
     tree_after: str = ""
 
     def outputs(self) -> list[str]:
-        """The tool messages with unittest's timings blanked (what must be equal between runs)."""
-        return [_TIMING.sub(r"\1<time>", step.text) for step in self.steps]
+        """The tool messages with unittest's timings and object addresses blanked (what must be equal between runs)."""
+        return [_VOLATILE.sub(_blank, step.text) for step in self.steps]
 
 
 def fix_edit(buggy: str, fixed: str) -> tuple[str, str, int, int]:
@@ -103,22 +108,18 @@ def fix_edit(buggy: str, fixed: str) -> tuple[str, str, int, int]:
 
 
 def _function_lines(text: str, function: str, near: int) -> tuple[int, int]:
-    """The 1-based line range of `def function` in `text` (the one before `near`), bounded to VIEW_LINES around `near`."""
-    lines = text.splitlines()
-    starts = [
-        n
-        for n, line in enumerate(lines, start=1)
-        if re.match(rf"\s*(async\s+)?def {re.escape(function)}\(", line) and n <= near
+    """The 1-based line range of the innermost `def function` around line `near` (decorators and the
+    whole signature included), bounded to VIEW_LINES around `near`; 10 lines around `near` when there is none."""
+    import ast
+
+    spans = [
+        (min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno)
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name == function
+        and node.lineno <= near <= node.end_lineno
     ]
-    first = starts[-1] if starts else max(1, near - 10)
-    indent = len(lines[first - 1]) - len(lines[first - 1].lstrip())
-    last = first
-    for n in range(first + 1, len(lines) + 1):
-        line = lines[n - 1]
-        if line.strip() and len(line) - len(line.lstrip()) <= indent and n > near:
-            break
-        if line.strip():
-            last = n
+    first, last = max(spans) if spans else (max(1, near - 10), near + 10)
     if last - first + 1 > VIEW_LINES:
         first, last = max(first, near - VIEW_LINES // 2), min(last, near + VIEW_LINES // 2)
     return first, last
@@ -252,11 +253,11 @@ def write_expert_data(pivots: list[Pivot], path: Path) -> int:
 
 
 def normalized_record(pivot: Pivot) -> dict[str, Any]:
-    """The pivot's JSON form with unittest's timings blanked in its tool messages (for comparing builds)."""
+    """The pivot's JSON form with unittest's timings and object addresses blanked in its tool messages (for comparing builds)."""
     import json
 
     data = json.loads(json.dumps(pivot.to_dict()))
     for message in data["messages"]:
         if message.get("role") == "tool" and isinstance(message.get("content"), str):
-            message["content"] = _TIMING.sub(r"\1<time>", message["content"])
+            message["content"] = _VOLATILE.sub(_blank, message["content"])
     return data
