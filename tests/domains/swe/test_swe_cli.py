@@ -8,6 +8,7 @@ import gzip
 import json
 import subprocess
 
+import gymnasium as gym
 import pytest
 from pivot_envs.domains.swe.cli import SampleMismatchError, check_sample
 from pivot_envs.domains.swe.expert import (
@@ -23,8 +24,11 @@ from pivot_envs.domains.terminal.image import rootfs_path
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 from swe_helpers import BUGGY, OPS, bug_patch
 
+import pivot_envs
 from pivot_envs.cli import main
 from pivot_envs.pivot import read_pivots
+
+gym.register_envs(pivot_envs)
 
 MEAN_TASK = SweTask(
     id="calc/mean-0",
@@ -114,6 +118,14 @@ def test_make_tasks_and_build_work_on_a_users_repository(has_bwrap, calc_spec, t
     pivots = read_pivots(out)
     assert len(pivots) == 7 and {pivot.context["repo"] for pivot in pivots} == {"calc"}
     assert pivots[0].messages[1]["content"].startswith("<issue>\n" + made[0].problem_statement)
+    # The env restores the user's repository from the spec the pivots carry: the expert's edit scores 1.
+    env = gym.make("pivot/swe-v0", pivots=str(out), sandbox="bwrap")
+    try:
+        env.reset(options={"index": 3})
+        _, reward, _, _, info = env.step(env.unwrapped.pivot.expert)
+        assert reward == 1.0 and info["valid"], info
+    finally:
+        env.close()
 
 
 def test_build_with_a_repository_but_no_tasks_is_refused_in_one_line(calc_spec, capsys):
