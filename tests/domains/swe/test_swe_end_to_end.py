@@ -19,9 +19,12 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 from gymnasium.envs.registration import EnvSpec
+from pivot_envs.domains.swe import action_kind, bundled_pivots
+from pivot_envs.domains.swe.parse import call_of
 from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import FIX_NEW, FIX_OLD, call_message
 
+from pivot_envs import check_pivot_env
 from pivot_envs.chat import text_of
 from pivot_envs.cli import main
 from pivot_envs.pivot import read_pivots, write_pivots
@@ -193,3 +196,46 @@ def test_pivotrl_eval_reports_the_swe_domains_accuracy(
     swe = rows[("swe", "greedy")]
     assert swe["pivots"] == len(calc_pivots) and swe["invalid"] == 0
     assert swe["functional"]["mean"] == 1.0 and swe["strict"]["mean"] == 1 / len(calc_pivots)
+
+
+# -- the bundled tasks (more-itertools) -------------------------------------------------------------
+
+
+def bundled_sample(pivots: list, kinds: tuple[str, ...]) -> list:
+    """The first task's pivots whose expert call is of one of `kinds` (see tools.action_kind)."""
+    task = pivots[0].context["task"]["id"]
+    return [p for p in pivots if p.context["task"]["id"] == task and action_kind(*call_of(p.expert)) in kinds]
+
+
+def test_gym_make_with_no_arguments_runs_the_bundled_tasks(has_bwrap):
+    env = gym.make("pivot/swe-v0", sandbox="bwrap")
+    base = env.unwrapped
+    try:
+        assert len(base.pivots) >= 120 and len({p.context["task"]["id"] for p in base.pivots}) >= 20
+        for pivot in bundled_sample(base.pivots, ("edit", "test", "submit")):
+            env.reset(options={"pivot": pivot.id})
+            _, reward, _, _, info = env.step(pivot.expert)
+            assert (reward, info["valid"], info["executed"]) == (1.0, True, True), (pivot.id, info)
+    finally:
+        env.close()
+
+
+def break_fork(env) -> bool:
+    """Close the env's fork: the next step's sandbox is gone (an infrastructure failure)."""
+    env.unwrapped.sandbox.close()
+    return True
+
+
+def test_the_bundled_env_passes_the_pivot_checker_on_both_backends(kind):
+    # Two bundled pivots (a search and an edit of the first task): check_env resets at random.
+    chosen = bundled_sample(bundled_pivots(), ("search", "edit"))[:2]
+    env = gym.make("pivot/swe-v0", pivots=chosen, sandbox=kind)
+    try:
+        report = check_pivot_env(env, break_infrastructure=break_fork)
+    finally:
+        env.close()
+    assert report.ok and {
+        "gymnasium_check_env",
+        "expert_scores_one",
+        "infrastructure_failure_invalid",
+    } <= set(report.passed), report

@@ -7,7 +7,6 @@ import dataclasses
 
 import gymnasium as gym
 import pytest
-from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.swe import SweEnv
 from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import EXPERT_CALLS, FIX_NEW, FIX_OLD, calc_pivot, call_message
@@ -103,14 +102,15 @@ def test_the_fresh_harness_keeps_no_shell_state_between_calls_and_the_persistent
 
 def test_the_env_passes_gymnasiums_checker_and_the_pivot_checker(calc_pivots, kind):
     env = gym.make("pivot/swe-v0", pivots=calc_pivots[:2], sandbox=kind, limits=LIMITS).unwrapped
-    check_env(env, skip_render_check=True)
 
     def break_infrastructure(env: SweEnv) -> bool:
         env.sandbox.close()  # the fork is gone: the next step's sandbox fails
         return True
 
     report = check_pivot_env(env, pivots=[calc_pivots[1].id], break_infrastructure=break_infrastructure)
-    assert report.ok, str(report)
+    assert report.ok and {"gymnasium_check_env", "infrastructure_failure_invalid"} <= set(report.passed), (
+        report
+    )
     env.close()
 
 
