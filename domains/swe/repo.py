@@ -184,10 +184,13 @@ def _git(directory: Path, *args: str, stdin: str | None = None) -> str:
 
 
 def unpack(repo: RepoSpec, target: Path) -> None:
-    """Put the repository's source files into the empty directory `target` (a single top folder stripped)."""
+    """Put the repository's source files into the empty directory `target`: an archive's regular files
+    and folders (a single top folder stripped), or a directory's files (.git and __pycache__ left out)."""
     source = Path(repo.archive)
     if source.is_dir():
-        shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+        shutil.copytree(
+            source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "__pycache__")
+        )
         return
     if not source.is_file():
         raise RepoError(f"repository {repo.name}: archive {source} does not exist")
@@ -229,7 +232,10 @@ def source_key(repo: RepoSpec) -> str:
     source = Path(repo.archive)
     digest = hashlib.sha256()
     if source.is_dir():
-        for path in sorted(p for p in source.rglob("*") if p.is_file() and ".git" not in p.parts):
+        skipped = {".git", "__pycache__"}
+        for path in sorted(
+            p for p in source.rglob("*") if p.is_file() and not skipped & set(p.relative_to(source).parts)
+        ):
             digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
     elif source.is_file():
         digest.update(source.read_bytes())
