@@ -20,10 +20,15 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivot_envs.config import ConfigError, add_config, command_parser, option, progress_disabled
 from pivot_envs.errors import PivotEnvsError
+
+if TYPE_CHECKING:
+    from pivot_envs.pivot import Pivot
+
+    from .repo import RepoSpec
 
 NAME = "swe"
 HELP = "Make injected-bug SWE tasks (make-tasks) and build expert pivots from them (build, build-sample)."
@@ -75,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(sample, BuildConfig, "build")
 
 
-def _repo(spec: str) -> Any:
+def _repo(spec: str) -> RepoSpec:
     from .repo import bundled_repo, read_repo_spec
 
     return read_repo_spec(spec) if spec else bundled_repo()
@@ -94,7 +99,7 @@ def _backend(kind: str) -> Any:
     )
 
 
-def build_pivots(config: BuildConfig) -> list:
+def build_pivots(config: BuildConfig) -> list[Pivot]:
     """Run the expert twice on each selected task and return the pivots of the first run.
 
     Raises ExpertError (from the expert) when a task is not solved or its two runs differ.
@@ -132,7 +137,7 @@ def build_pivots(config: BuildConfig) -> list:
     return pivots
 
 
-def check_sample(pivots: list, shipped_path: Path, every_task: bool) -> None:
+def check_sample(pivots: list[Pivot], shipped_path: Path, every_task: bool) -> None:
     """Raise SampleMismatchError unless the shipped file holds exactly these pivots for their tasks
     (and, when `every_task`, nothing else), equal up to unittest's timings and object addresses."""
     from pivot_envs.pivot import read_pivots
