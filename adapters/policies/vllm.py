@@ -53,6 +53,8 @@ class VLLMPolicy:
     gpu_memory_utilization:  fraction of GPU memory vLLM may take (leave room for a trainer).
     max_model_len:           context limit (None: the model's).
     seed:                    engine seed.
+    ignore_eos:              sample `max_new_tokens` tokens every time, past the end-of-turn token
+                             (fixed-length samples for benchmarks; the hf backend's `stop_token_ids=[]`).
     max_prompt_tokens:       fit longer prompts to this many tokens (`chat_template.fit_prompt`,
                              as the hf backend does); None renders every prompt whole.
     engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size,
@@ -68,6 +70,7 @@ class VLLMPolicy:
         seed: int = 0,
         name: str | None = None,
         max_prompt_tokens: int | None = None,
+        ignore_eos: bool = False,
         **engine_options: Any,
     ) -> None:
         import torch
@@ -92,6 +95,7 @@ class VLLMPolicy:
             path = str(smollm2.checkpoint())
         self.path = path
         self.max_prompt_tokens = max_prompt_tokens or None
+        self.ignore_eos = ignore_eos
         self.name = name or f"vllm:{path}"
         self.llm = LLM(
             model=path,
@@ -133,6 +137,7 @@ class VLLMPolicy:
                 max_tokens=sampling.max_new_tokens,
                 seed=seed,
                 logprobs=0,
+                ignore_eos=self.ignore_eos,
             )
             for seed in sampling.chat_seeds(len(chats))
         ]
