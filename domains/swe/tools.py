@@ -134,7 +134,8 @@ class ToolResult:
     error:     a category when the call was bad (None when it ran); a command that exits non-zero
                is not an error, a command that hits the time limit is ("timeout").
     exit_code: the command's exit status (bash and submit; 0 or 1 for the editor).
-    files:     the workspace manifest after the call ({path: "type mode digest"}), when asked.
+    files:     the workspace manifest after the call ({path: "type mode digest"}), when asked; None
+               for an editor view (it writes nothing: reading the manifest would cost ~40% of the call).
     output:    the raw output (bash: stdout and stderr; editor: the text), for effect comparison.
     """
 
@@ -416,7 +417,7 @@ def _editor(
         f"if [ -f {EDITOR_HOME}/swe_editor.py ]; then python3 -I -S -c {shlex.quote(_RUN_INSTALLED)};"
         f" else python3 -I -S -c {shlex.quote(EDITOR_SOURCE)}; fi <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
     )
-    result = sandbox.run(line, timeout=timeout, files=files)
+    result = sandbox.run(line, timeout=timeout, files=files and args.get("command") != "view")
     if result.exit_code == 127 and "python3" in result.output:
         raise SandboxError("the sandbox has no python3: str_replace_editor runs in it")
     category, _, text = result.output.partition("\n")

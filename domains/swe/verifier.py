@@ -404,6 +404,11 @@ def run_summary(output: str) -> tuple[str, ...]:
     return (pytest[-1],) if pytest else ()
 
 
+def files_after(result: ToolResult, state: PrefixState) -> dict[str, str]:
+    """The workspace manifest after a call (the pivot's own where the call read none: an editor view)."""
+    return result.files if result.files is not None else state.before
+
+
 class EffectVerifier:
     """Compares what the sampled call and the expert's did from the same state (module docstring)."""
 
@@ -464,13 +469,9 @@ class EffectVerifier:
         data: dict[str, Any],
         extra: dict[str, Any],
     ) -> Verdict:
-        changed = {
-            c.path: (result.files or {}).get(c.path) for c in file_changes(state.before, result.files or {})
-        }
-        expert_changed = {
-            c.path: (state.expert.files or {}).get(c.path)
-            for c in file_changes(state.before, state.expert.files or {})
-        }
+        after, expert_after = files_after(result, state), files_after(state.expert, state)
+        changed = {c.path: after.get(c.path) for c in file_changes(state.before, after)}
+        expert_changed = {c.path: expert_after.get(c.path) for c in file_changes(state.before, expert_after)}
         extra["files"] = sorted(changed)
         if not changed:
             return Verdict(0.0, "no_edit", "the expert edits here; the call changed no file", extra=extra)
@@ -532,7 +533,9 @@ class EffectVerifier:
             return Verdict(
                 0.0, "not_a_test_run", f"the expert runs tests here; the call is {result.kind}", extra=extra
             )
-        if file_changes(state.before, result.files or {}) != file_changes(state.before, expert.files or {}):
+        if file_changes(state.before, files_after(result, state)) != file_changes(
+            state.before, files_after(expert, state)
+        ):
             return Verdict(
                 0.0, "changed_files", "the test run changed other files than the expert's", extra=extra
             )
@@ -551,7 +554,9 @@ class EffectVerifier:
     def _look_around(
         self, result: ToolResult, expert: ToolResult, state: PrefixState, workdir: str, extra: dict[str, Any]
     ) -> Verdict:
-        if file_changes(state.before, result.files or {}) != file_changes(state.before, expert.files or {}):
+        if file_changes(state.before, files_after(result, state)) != file_changes(
+            state.before, files_after(expert, state)
+        ):
             return Verdict(
                 0.0, "changed_files", "the call changed files; the expert's only looked", extra=extra
             )
