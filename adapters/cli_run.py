@@ -71,8 +71,8 @@ def _eval_preset() -> EvalConfig:
 @dataclass
 class RunConfig:
     """Settings of `pivotrl run`: its own, then one config per stage (`--profile.k 8`,
-    `--train.beta 0.04`, a `[train]` table in a --config file). The defaults take about nine
-    minutes on a 2-core CPU; where a stage's preset differs from that config's own default, the
+    `--train.beta 0.04`, a `[train]` table in a --config file). The defaults take about ten
+    minutes on a quiet 2-core CPU; where a stage's preset differs from that config's own default, the
     preset below says why."""
 
     domain: str = option("tool-use", "domain whose env scores actions (pivot/<domain>-v0)")
