@@ -26,11 +26,11 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.out)
     report = ReadReport()
     pivots = read_input(args.profiled, report=report)
-    if config.mode == "adv":
+    if config.mode != "cand":
         check_profiled(pivots)
     kept = filter_pivots(pivots, lambda_diff=config.lambda_diff, mode=config.mode)
     lines = [f"candidates: {len(pivots)} ({report.skipped_total} malformed records skipped)"]
-    if config.mode == "adv":
+    if config.mode != "cand":
         zero = sum(1 for p in pivots if p.profile.var == 0)
         easy = sum(1 for p in pivots if p.profile.var > 0 and p.profile.mean >= config.lambda_diff)
         lines.append(f"dropped: zero variance {zero}, mean >= lambda_diff={config.lambda_diff:g} {easy}")

@@ -371,9 +371,10 @@ def test_an_output_under_a_regular_file_is_refused_naming_the_path(tmp_path: Pat
 def _report_inputs(out: Path) -> dict:
     """Small real inputs of `write_report`: two profiled candidates, one pivot, two logged steps."""
     from pivot_envs.adapters.cli_run import RunConfig, Signal, WarmUp
-    from pivot_envs.adapters.grpo import TrainResult
+    from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
     from pivot_envs.evaluate import Accuracy, EvalReport, EvalRow
+    from pivot_envs.profile import ProfileRun
 
     profiled = [
         Pivot(f"t{i}/t0", "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
@@ -388,11 +389,13 @@ def _report_inputs(out: Path) -> dict:
     accuracy = Accuracy.of([1.0, 0.0])
     report = EvalReport("hf:smollm2", [EvalRow("tool-use", "greedy", 2, 1, accuracy, accuracy, 0)])
     timings = dict.fromkeys(("extract", "split", "sft", "profile", "filter", "eval_before", "train", "eval_after"), 1.0)
+    result = PivotRLResult(
+        Selection(profiled, profiled, profiled[:1], ProfileRun()), TrainResult(out.parent, 2, out / "final", metrics, history)
+    )
     return dict(
-        out=out, config=RunConfig(out=str(out)), candidates=profiled, trajectories={"t0", "t1"}, train_side=profiled,
-        heldout=profiled[:1], profiled=profiled, pivots=profiled[:1], note="", diagnostics="(diagnostics)",
-        before=report, after=report, result=TrainResult(out.parent, 2, out / "final", metrics, history),
-        timings=timings, signal=Signal.of(profiled, history, 1), warm=WarmUp(),
+        out=out, config=RunConfig(out=str(out)), extracted=profiled, trajectories={"t0", "t1"}, train_side=profiled,
+        heldout=profiled[:1], result=result, note="", diagnostics="(diagnostics)", before=report, after=report,
+        timings=timings, signal=Signal.of(result, 1), warm=WarmUp(),
     )
 
 

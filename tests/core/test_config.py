@@ -73,7 +73,7 @@ def test_a_flag_out_of_range_is_one_line_and_a_usage_error(tmp_path: Path, capsy
 
 def test_a_flag_with_an_unknown_choice_gets_a_did_you_mean(tmp_path: Path, capsys) -> None:
     argv = ["filter", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--mode", "cnd"]
-    assert error_of(capsys, argv).endswith("invalid choice: 'cnd'; did you mean 'cand'? (choose from adv, cand)")
+    assert error_of(capsys, argv).endswith("invalid choice: 'cnd'; did you mean 'cand'? (choose from adv, adv-or-unsolved, cand)")
 
 
 # -- --config and --print-config ----------------------------------------------------------------------

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 
 from pivot_envs.cli import main
+from pivot_envs.errors import MissingExtraError
 from pivot_envs.policy import SPEC_FORMS, PolicySpecError, load_policy
 
 
@@ -53,7 +54,9 @@ def test_pivotrl_profile_with_a_bad_spec_exits_with_a_one_line_error(tmp_path, c
     assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_a_vllm_spec_without_vllm_installed_says_what_to_install():
-    with pytest.raises(RuntimeError, match=r"the vllm backend needs the vllm package \(pip install 'pivot-envs\[vllm\]'\)"):
+def test_a_vllm_spec_without_vllm_installed_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as where it is not installed
+    with pytest.raises(
+        MissingExtraError, match=r"the vllm backend needs 'vllm', which is not installed: pip install 'pivot-envs\[vllm\]'"
+    ):
         load_policy("vllm:smollm2")
