@@ -409,6 +409,13 @@ def files_after(result: ToolResult, state: PrefixState) -> dict[str, str]:
     return result.files if result.files is not None else state.before
 
 
+def same_changes(result: ToolResult, expert: ToolResult, state: PrefixState) -> bool:
+    """Whether two calls changed the same workspace paths in the same way (added, removed, modified)."""
+    return file_changes(state.before, files_after(result, state)) == file_changes(
+        state.before, files_after(expert, state)
+    )
+
+
 class EffectVerifier:
     """Compares what the sampled call and the expert's did from the same state (module docstring)."""
 
@@ -533,9 +540,7 @@ class EffectVerifier:
             return Verdict(
                 0.0, "not_a_test_run", f"the expert runs tests here; the call is {result.kind}", extra=extra
             )
-        if file_changes(state.before, files_after(result, state)) != file_changes(
-            state.before, files_after(expert, state)
-        ):
+        if not same_changes(result, expert, state):
             return Verdict(
                 0.0, "changed_files", "the test run changed other files than the expert's", extra=extra
             )
@@ -554,9 +559,7 @@ class EffectVerifier:
     def _look_around(
         self, result: ToolResult, expert: ToolResult, state: PrefixState, workdir: str, extra: dict[str, Any]
     ) -> Verdict:
-        if file_changes(state.before, files_after(result, state)) != file_changes(
-            state.before, files_after(expert, state)
-        ):
+        if not same_changes(result, expert, state):
             return Verdict(
                 0.0, "changed_files", "the call changed files; the expert's only looked", extra=extra
             )

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from chat_completions_stub import ChatCompletionsStub
 from gymnasium.envs.registration import EnvSpec
 from pivot_envs.domains.swe import action_kind, bundled_pivots
 from pivot_envs.domains.swe.parse import call_of
@@ -25,7 +24,6 @@ from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import FIX_NEW, FIX_OLD, call_message
 
 from pivot_envs import check_pivot_env
-from pivot_envs.chat import text_of
 from pivot_envs.cli import main
 from pivot_envs.pivot import read_pivots, write_pivots
 
@@ -82,53 +80,15 @@ def test_the_env_spec_round_trips_through_json(calc_pivots, tmp_path):
         rebuilt.close()
 
 
-class ScriptedServer:
-    """POST /v1/chat/completions: n choices, sample j the rewritten expert step (j even) or "I do not know"."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                step = REWRITTEN[ScriptedServer.turn(body["messages"])]
-                wrong = {"role": "assistant", "content": "I do not know."}
-                choices = [
-                    {"index": j, "message": step if j % 2 == 0 else wrong, "finish_reason": "stop"}
-                    for j in range(body.get("n", 1))
-                ]
-                data = json.dumps(
-                    {
-                        "id": "scripted",
-                        "object": "chat.completion",
-                        "model": body["model"],
-                        "choices": choices,
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @staticmethod
-    def turn(messages: list[dict]) -> int:
-        """The pivot's turn: how many assistant turns its prefix holds."""
-        return sum(1 for m in messages if m["role"] == "assistant" and not text_of(m).startswith("I do not"))
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def scripted_reply(body: dict, index: int) -> dict:
+    """Sample `index` at a pivot: the rewritten expert step (even) or "I do not know" (odd)."""
+    turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+    return REWRITTEN[turn] if index % 2 == 0 else {"role": "assistant", "content": "I do not know."}
 
 
 @pytest.fixture
 def scripted():
-    server = ScriptedServer()
+    server = ChatCompletionsStub(scripted_reply)
     yield server
     server.close()
 
