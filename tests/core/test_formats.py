@@ -116,9 +116,19 @@ def test_format_errors_are_value_errors_of_the_library_family(tmp_path: Path) ->
 
 # Every public name `pivot_envs.formats` offered as one module, before it became a package.
 FORMATS_NAMES_BEFORE_THE_PACKAGE = (
-    "FORMATS", "ROLES", "ReadReport", "Trajectory", "detect_format", "messages_to_responses",
-    "nemo_gym_row_to_pivot", "normalize_messages", "pivot_to_nemo_gym_row", "read_as_pivots",
-    "read_trajectories", "responses_to_messages", "write_nemo_gym_rows",
+    "FORMATS",
+    "ROLES",
+    "ReadReport",
+    "Trajectory",
+    "detect_format",
+    "messages_to_responses",
+    "nemo_gym_row_to_pivot",
+    "normalize_messages",
+    "pivot_to_nemo_gym_row",
+    "read_as_pivots",
+    "read_trajectories",
+    "responses_to_messages",
+    "write_nemo_gym_rows",
 )
 
 
@@ -126,11 +136,21 @@ def test_every_name_the_formats_module_offered_is_still_importable_from_it() -> 
     missing = [name for name in FORMATS_NAMES_BEFORE_THE_PACKAGE if not hasattr(pivot_envs.formats, name)]
     assert missing == []
     assert set(FORMATS_NAMES_BEFORE_THE_PACKAGE) <= set(pivot_envs.formats.__all__)
-    assert pivot_envs.formats.FORMATS == ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
+    assert pivot_envs.formats.FORMATS == (
+        "openai-chat",
+        "nemo-gym-pivots",
+        "nemo-gym-rollouts",
+        "sharegpt",
+        "pivots",
+    )
 
 
-@pytest.mark.parametrize("name", ["single_step_tool_use_pivots.jsonl", "single_step_tool_use_parallel_pivots.jsonl"])
-def test_nemo_gym_pivot_rows_round_trip_keeps_prefix_tools_and_expected_action(shared_data: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "name", ["single_step_tool_use_pivots.jsonl", "single_step_tool_use_parallel_pivots.jsonl"]
+)
+def test_nemo_gym_pivot_rows_round_trip_keeps_prefix_tools_and_expected_action(
+    shared_data: Path, name: str
+) -> None:
     path = shared_data / "nemo_gym" / name
     rows = _rows(path)
     pivots = read_as_pivots(path)
@@ -140,20 +160,27 @@ def test_nemo_gym_pivot_rows_round_trip_keeps_prefix_tools_and_expected_action(s
         json.dumps(again)  # a row is plain JSON
         assert again["expected_action"] == row["expected_action"]
         assert again["responses_create_params"]["tools"] == row["responses_create_params"]["tools"]
-        assert _essential(again["responses_create_params"]["input"]) == _essential(row["responses_create_params"]["input"])
+        assert _essential(again["responses_create_params"]["input"]) == _essential(
+            row["responses_create_params"]["input"]
+        )
         for key in ("tool_choice", "parallel_tool_calls"):
             assert again["responses_create_params"][key] == row["responses_create_params"][key]
-        back = nemo_gym_row_to_pivot(again)
+        back = nemo_gym_row_to_pivot(again, default_id=pivot.id)
         assert back.to_dict() == pivot.to_dict()
 
 
-def test_nemo_gym_rows_written_to_a_file_read_back_as_the_same_pivots(shared_data: Path, tmp_path: Path) -> None:
-    pivots = read_as_pivots(shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl", domain="tool-use")
+def test_nemo_gym_rows_written_to_a_file_are_the_rows_read_and_read_back_as_the_same_pivots(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    source = shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl"
+    pivots = read_as_pivots(source, domain="tool-use")
     path = tmp_path / "out" / "rows.jsonl"
     assert write_nemo_gym_rows(iter(pivots), path) == len(pivots) > 0
-    assert _rows(path) == [pivot_to_nemo_gym_row(p) for p in pivots]
+    assert _rows(path) == _rows(source)
     assert detect_format(path) == "nemo-gym-pivots"
-    assert [p.to_dict() for p in read_as_pivots(path)] == [p.to_dict() for p in pivots]
+    # The rows carry no ids or domain (NeMo-Gym's own carry none): the reader supplies the same ones.
+    again = read_as_pivots(path, domain="tool-use", id_prefix=source.stem)
+    assert [p.to_dict() for p in again] == [p.to_dict() for p in pivots]
 
 
 def _essential(items: list[dict]) -> list[tuple]:
@@ -174,7 +201,9 @@ def _essential(items: list[dict]) -> list[tuple]:
     return out
 
 
-def test_reasoning_goes_to_the_following_assistant_message_and_calls_keep_their_ids(shared_data: Path) -> None:
+def test_reasoning_goes_to_the_following_assistant_message_and_calls_keep_their_ids(
+    shared_data: Path,
+) -> None:
     row = _rows(shared_data / "nemo_gym" / "single_step_tool_use_pivots.jsonl")[2]
     items = row["responses_create_params"]["input"]
     messages = responses_to_messages(items)
@@ -183,7 +212,10 @@ def test_reasoning_goes_to_the_following_assistant_message_and_calls_keep_their_
     assistant = next(m for m in messages if m["role"] == "assistant")
     assert assistant["reasoning_content"] == first_reasoning["summary"][0]["text"]
     assert assistant["tool_calls"][0]["id"] == first_call["call_id"]
-    assert assistant["tool_calls"][0]["function"] == {"name": first_call["name"], "arguments": first_call["arguments"]}
+    assert assistant["tool_calls"][0]["function"] == {
+        "name": first_call["name"],
+        "arguments": first_call["arguments"],
+    }
     reply = messages[messages.index(assistant) + 1]
     assert reply == {"role": "tool", "content": '{"returns": true}', "tool_call_id": first_call["call_id"]}
 
@@ -222,7 +254,11 @@ def test_sharegpt_conversations_map_to_chat_with_linked_tool_replies(tmp_path: P
         {
             "name": "get_order",
             "description": "Look up an order by id.",
-            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
         }
     ]
     record = {
@@ -231,15 +267,23 @@ def test_sharegpt_conversations_map_to_chat_with_linked_tool_replies(tmp_path: P
         "tools": json.dumps(tools),
         "conversations": [
             {"from": "human", "value": "Where is order A12 and order B7?"},
-            {"from": "function_call", "value": json.dumps([
-                {"name": "get_order", "arguments": {"order_id": "A12"}},
-                {"name": "get_order", "arguments": {"order_id": "B7"}},
-            ])},
+            {
+                "from": "function_call",
+                "value": json.dumps(
+                    [
+                        {"name": "get_order", "arguments": {"order_id": "A12"}},
+                        {"name": "get_order", "arguments": {"order_id": "B7"}},
+                    ]
+                ),
+            },
             {"from": "observation", "value": '{"status": "shipped"}'},
             {"from": "observation", "value": '{"status": "packing"}'},
             {"from": "gpt", "value": "A12 has shipped; B7 is being packed."},
             {"from": "human", "value": "And order C3?"},
-            {"from": "function_call", "value": '{"name": "get_order", "arguments": "{\\"order_id\\": \\"C3\\"}"}'},
+            {
+                "from": "function_call",
+                "value": '{"name": "get_order", "arguments": "{\\"order_id\\": \\"C3\\"}"}',
+            },
             {"from": "observation", "value": '{"status": "delivered"}'},
             {"from": "gpt", "value": "C3 was delivered."},
         ],
@@ -249,9 +293,23 @@ def test_sharegpt_conversations_map_to_chat_with_linked_tool_replies(tmp_path: P
     assert detect_format(path) == "sharegpt"
     (trajectory,) = read_trajectories(path)
     roles = [m["role"] for m in trajectory.messages]
-    assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "user", "assistant", "tool", "assistant"]
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     parallel = trajectory.messages[2]["tool_calls"]
-    assert [json.loads(c["function"]["arguments"]) for c in parallel] == [{"order_id": "A12"}, {"order_id": "B7"}]
+    assert [json.loads(c["function"]["arguments"]) for c in parallel] == [
+        {"order_id": "A12"},
+        {"order_id": "B7"},
+    ]
     assert [m["tool_call_id"] for m in trajectory.messages[3:5]] == [parallel[0]["id"], parallel[1]["id"]]
     assert trajectory.messages[8]["tool_call_id"] == trajectory.messages[7]["tool_calls"][0]["id"]
     assert trajectory.tools == [{"type": "function", "function": tools[0]}]
@@ -262,10 +320,16 @@ def test_sharegpt_conversations_map_to_chat_with_linked_tool_replies(tmp_path: P
 
 def test_malformed_lines_are_reported_with_line_numbers_and_skipped(tmp_path: Path) -> None:
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    nameless = {"messages": [
-        {"role": "user", "content": "book it"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}]},
-    ]}
+    nameless = {
+        "messages": [
+            {"role": "user", "content": "book it"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}],
+            },
+        ]
+    }
     lines = [
         json.dumps(good),
         '{"messages": [{"role": "user", "content": "cut',
@@ -293,7 +357,12 @@ def test_malformed_lines_are_reported_with_line_numbers_and_skipped(tmp_path: Pa
 
 def test_a_bad_element_of_a_json_list_is_reported_by_its_index(tmp_path: Path) -> None:
     episodes = [
-        {"task_id": 0, "trial": 0, "reward": 1.0, "traj": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {
+            "task_id": 0,
+            "trial": 0,
+            "reward": 1.0,
+            "traj": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+        },
         {"task_id": 1, "trial": 0, "reward": "high", "traj": []},
     ]
     path = tmp_path / "results.json"
@@ -326,18 +395,53 @@ def test_our_pivot_files_read_back_as_is(shared_data: Path, tmp_path: Path) -> N
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["role", "content", "tool_calls", "function", "name", "arguments", "type", "input",
-                         "output", "call_id", "summary", "text", "from", "value", "calls", "tools", "id"]),
-        children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "tool_calls",
+                    "function",
+                    "name",
+                    "arguments",
+                    "type",
+                    "input",
+                    "output",
+                    "call_id",
+                    "summary",
+                    "text",
+                    "from",
+                    "value",
+                    "calls",
+                    "tools",
+                    "id",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
-_record = st.fixed_dictionaries({}, optional={
-    "messages": _json, "traj": _json, "conversations": _json, "tools": _json, "reward": _json,
-    "responses_create_params": st.fixed_dictionaries({}, optional={"input": _json, "tools": _json}) | _json,
-    "expected_action": _json, "response": st.fixed_dictionaries({}, optional={"output": _json}) | _json,
-    "expert": _json, "id": _json, "task_id": _json,
-})
+_record = st.fixed_dictionaries(
+    {},
+    optional={
+        "messages": _json,
+        "traj": _json,
+        "conversations": _json,
+        "tools": _json,
+        "reward": _json,
+        "responses_create_params": st.fixed_dictionaries({}, optional={"input": _json, "tools": _json})
+        | _json,
+        "expected_action": _json,
+        "response": st.fixed_dictionaries({}, optional={"output": _json}) | _json,
+        "expert": _json,
+        "id": _json,
+        "task_id": _json,
+    },
+)
 _FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -363,10 +467,14 @@ def test_readers_report_random_records_without_crashing(tmp_path: Path, records:
 
 @_FUZZ
 @given(cut=st.integers(min_value=0, max_value=4000), junk=st.text(alphabet=string.printable, max_size=20))
-def test_readers_report_truncated_files_without_crashing(shared_data: Path, tmp_path: Path, cut: int, junk: str) -> None:
+def test_readers_report_truncated_files_without_crashing(
+    shared_data: Path, tmp_path: Path, cut: int, junk: str
+) -> None:
     source = (shared_data / "nemo_gym" / "single_step_tool_use_pivots.jsonl").read_text()
-    for name, text in (("rows.jsonl", source[:cut] + junk), ("list.json", json.dumps(json.loads(
-            "[" + ",".join(source.splitlines()[:2]) + "]"))[:cut] + junk)):
+    for name, text in (
+        ("rows.jsonl", source[:cut] + junk),
+        ("list.json", json.dumps(json.loads("[" + ",".join(source.splitlines()[:2]) + "]"))[:cut] + junk),
+    ):
         path = tmp_path / name
         path.write_text(text)
         _read_everything(path)
@@ -389,18 +497,22 @@ def _mutate(value: object, data: st.DataObject, root: bool = False) -> object:
         return {**value, key: _mutate(value[key], data)}
     if isinstance(value, list) and value and data.draw(st.booleans()):
         index = data.draw(st.integers(0, len(value) - 1))
-        return [*value[:index], _mutate(value[index], data), *value[index + 1:]]
+        return [*value[:index], _mutate(value[index], data), *value[index + 1 :]]
     return data.draw(_json)
 
 
 @_FUZZ
 @given(data=st.data())
-def test_readers_report_real_records_with_a_random_field_broken(shared_data: Path, tmp_path: Path, data: st.DataObject) -> None:
+def test_readers_report_real_records_with_a_random_field_broken(
+    shared_data: Path, tmp_path: Path, data: st.DataObject
+) -> None:
     sources = [
         json.loads((shared_data / TAU).read_text())[0],
         *_rows(shared_data / "nemo_gym" / "single_step_tool_use_pivots.jsonl")[2:3],
         *_rows(shared_data / "nemo_gym" / "swe_bash_rollouts.jsonl")[:1],
-        Pivot("p/t0", "d", [{"role": "user", "content": "q"}], {"role": "assistant", "content": "r"}).to_dict(),
+        Pivot(
+            "p/t0", "d", [{"role": "user", "content": "q"}], {"role": "assistant", "content": "r"}
+        ).to_dict(),
     ]
     record = _mutate(data.draw(st.sampled_from(sources)), data, root=True)
     path = tmp_path / "mutated.jsonl"
