@@ -19,7 +19,6 @@ title raises TaskError with the closest titles the engine finds for it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import QueryError, SearchEngine
 
 from pivot_envs.errors import PivotEnvsError, did_you_mean
+from pivot_envs.jsonl import iter_records
 
 TASKS_FILE = Path(__file__).resolve().parent / "data" / "tasks.jsonl"
 FIELDS = ("id", "question", "answer", "aliases", "evidence")
@@ -131,20 +131,13 @@ def read_tasks(path: str | os.PathLike[str] = TASKS_FILE) -> list[SearchTask]:
     path = Path(path)
     tasks: list[SearchTask] = []
     lines: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise TaskError(f"{where}: not JSON: {error.msg} (column {error.colno})") from None
-            task = parse_task(record, where)
-            if task.id in lines:
-                raise TaskError(f"{where}: duplicate task id {task.id!r} (first on line {lines[task.id]})")
-            lines[task.id] = number
-            tasks.append(task)
+    for number, record in iter_records(path, "task", TaskError):
+        where = f"{path}:{number}"
+        task = parse_task(record, where)
+        if task.id in lines:
+            raise TaskError(f"{where}: duplicate task id {task.id!r} (first on line {lines[task.id]})")
+        lines[task.id] = number
+        tasks.append(task)
     if not tasks:
         raise TaskError(f"{path}: no tasks in the file")
     return tasks

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.errors import PivotEnvsError
+from pivot_envs.jsonl import iter_records
 
 from .repo import RepoSpec, apply_patch, bundled_repo, unpack
 
@@ -134,17 +135,11 @@ def read_tasks(path: str | os.PathLike[str]) -> list[SweTask]:
     path = Path(path)
     tasks, seen = [], set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        records = list(iter_records(path, "task", TaskFormatError))
     except OSError as error:
         raise TaskFormatError(f"{path}: cannot read the task file: {error.strerror}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, data in records:
         where = f"{path}:{number}"
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise TaskFormatError(f"{where}: not JSON: {error.msg} (column {error.colno})") from None
         task = _task_from(data, where)
         if task.id in seen:
             raise TaskFormatError(f"{where}: task id {task.id!r} is defined twice")
