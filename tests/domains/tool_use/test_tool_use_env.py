@@ -45,7 +45,11 @@ def test_raw_completion_text_and_server_message_dicts_both_work(recorded_env, ca
     pivot = call_pivots[0]
     function = pivot.expert["tool_calls"][0]["function"]
     text = f"<think>let me see</think>{hermes(function['name'], json.loads(function['arguments']))}"
-    served = {"role": "assistant", "content": None, "tool_calls": [{"id": "x", "type": "function", "function": dict(function)}]}
+    served = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "x", "type": "function", "function": dict(function)}],
+    }
     for action in (text, served):
         reward, info, observation = step(recorded_env, pivot, action)
         assert reward == 1.0 and info["output"] == pivot.context["expert_tool_outputs"][0]
@@ -59,7 +63,9 @@ def test_unparseable_output_scores_zero_and_does_not_raise(recorded_env, pivots)
     assert observation["messages"][-1] == {"role": "assistant", "content": '<tool_call>{"name": </tool_call>'}
 
 
-def test_the_recorded_backend_reports_unavailable_for_a_call_it_has_no_recording_of(recorded_env, call_pivots):
+def test_the_recorded_backend_reports_unavailable_for_a_call_it_has_no_recording_of(
+    recorded_env, call_pivots
+):
     reward, info, observation = step(recorded_env, call_pivots[0], hermes("list_all_airports", {}))
     assert (reward, info["valid"], info["output"]) == (0.0, True, UNAVAILABLE)
 
@@ -104,10 +110,28 @@ def test_the_verifier_http_and_limit_options_become_cli_flags():
     add_config(parser, HttpBackendConfig, "http")
     add_config(parser, ToolUseLimits, "limits")
     args = parser.parse_args(
-        ["--mode", "f1", "--text-threshold", "0.7", "--unordered-arrays", "flights", "--url", "http://h/x",
-         "--max-response-bytes", "4096", "--max-calls", "4", "--step-timeout-s", "2.5"]
+        [
+            "--mode",
+            "f1",
+            "--text-threshold",
+            "0.7",
+            "--unordered-arrays",
+            "flights",
+            "--url",
+            "http://h/x",
+            "--max-response-bytes",
+            "4096",
+            "--max-calls",
+            "4",
+            "--step-timeout-s",
+            "2.5",
+        ]
     )
-    assert (args.verifier.mode, args.verifier.text_threshold, args.verifier.unordered_arrays) == ("f1", 0.7, ("flights",))
+    assert (args.verifier.mode, args.verifier.text_threshold, args.verifier.unordered_arrays) == (
+        "f1",
+        0.7,
+        ("flights",),
+    )
     assert (args.http.url, args.http.max_response_bytes) == ("http://h/x", 4096)
     assert (args.limits.max_calls, args.limits.step_timeout_s, args.limits.output_bytes) == (4, 2.5, 32768)
 
