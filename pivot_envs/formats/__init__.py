@@ -5,7 +5,9 @@ Formats (`detect_format` names), one module each:
 - ``openai-chat`` (`openai_chat`): a JSON list of episodes with a `traj` or `messages` message
   list (tau-bench results), or JSONL of ``{"messages", "tools"?, "id"?, "reward"?}``.
 - ``nemo-gym-pivots`` (`nemo_gym_pivots`): NeMo-Gym pivot rows (`responses_create_params.input` +
-  `expected_action`); each row *is* a pivot. Also written (`write_nemo_gym_rows`).
+  `expected_action`); each row *is* a pivot. Also written (`write_nemo_gym_rows`); a row read
+  and written back is JSON-equal to what was read (NVIDIA's pivot sets included; what the pivot's
+  fields cannot hold waits in `context["nemo_gym_row"]`).
 - ``nemo-gym-rollouts`` (`nemo_gym_rollouts`): NeMo-Gym rollouts (`responses_create_params.input`
   + `response.output`, `reward`); a row without `response` is a task prompt (a trajectory with no
   assistant turn).
