@@ -32,7 +32,7 @@ _encode = json.JSONEncoder(ensure_ascii=False).encode
 # Arguments this parser decoded, by the identity of the JSON string it wrote into the canonical
 # message: execution and verification of the same action read them back instead of decoding the
 # string again. Keyed by identity (the entry holds the string, so its id cannot be reused while
-# it is stored), never by content; bounded.
+# it is stored), never by content; emptied by each parse_action, and bounded.
 _DECODED: dict[int, tuple[str, Any]] = {}
 _DECODED_MAX = 1024
 
@@ -218,6 +218,9 @@ def parse_message(message: dict[str, Any]) -> dict[str, Any]:
 
 def parse_action(action: Any) -> ParsedAction:
     """Parse raw completion text or a message dict; never raises (bad input is `unparseable`)."""
+    # The decoded arguments serve the action being stepped: kept longer, they would outlive the
+    # young GC generations and make the collector walk the whole heap every few thousand steps.
+    _DECODED.clear()
     try:
         if isinstance(action, str):
             return ParsedAction(parse_text(action))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import gymnasium as gym
@@ -159,3 +160,30 @@ def test_a_backend_object_executes_calls_and_can_decide_equivalence(shared_data)
     reward, info, observation = step(env, pivot, hermes("get_weather", {"city": "PARIS "}))
     assert reward == 1.0 and "execution equivalence" in info["detail"]
     assert json.loads(observation["messages"][-1]["content"]) == {"city": "PARIS ", "celsius": 21}
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["copies", "no copies"])
+def test_steady_stepping_leaves_nothing_for_the_garbage_collector(call_pivots, copies):
+    # What outlives a step is promoted through the GC generations until the collector walks the
+    # whole heap (the airline database included): a cost that grows with everything else loaded.
+    env = gym.make("pivot/tool-use-v0", backend="recorded")
+    env.unwrapped.copy_observations = copies
+    experts = [(pivot.id, pivot.expert) for pivot in call_pivots[:50]]
+
+    def steps(times: int) -> int:
+        """Tracked objects made and not freed by `times` rounds over the experts."""
+        before = gc.get_count()[0]
+        for pivot_id, expert in experts * times:
+            env.reset(options={"pivot": pivot_id})
+            env.step(expert)
+        return gc.get_count()[0] - before
+
+    steps(6)  # warm: tool lists compiled, caches filled
+    gc.collect()
+    gc.disable()
+    try:
+        steps(1)
+        left = steps(20)
+    finally:
+        gc.enable()
+    assert left < 50, f"{left} objects outlived 1000 steps"
