@@ -60,8 +60,9 @@ ROW_KEY = "nemo_gym_row"
 """The context key under which a pivot read from a NeMo-Gym row keeps what its own fields cannot
 hold, so that writing it gives the row back exactly (key order aside): the input items, tool
 schemas and expected action as given (only where they differ from how the pivot's fields are
-written), which key held the id (`uuid`, `id` or none), request keys left out (`absent`) and
-whether the row had no `pivot_envs` block (`bare`). A part that no longer reads to the pivot's
+written), which key held the id (`uuid`, `id` or none), request keys left out (`absent`),
+whether the row had no `pivot_envs` block (`bare`) and a top-level field of the row's own named
+like this key (`field`). A part that no longer reads to the pivot's
 field (the pivot was edited) is ignored and the field is written afresh.
 """
 
@@ -102,6 +103,8 @@ def _as_given(row: dict, params: dict, messages: list[dict], tools: list[dict], 
         kept["absent"] = absent
     if "pivot_envs" not in row:
         kept["bare"] = True
+    if ROW_KEY in row:  # the row's own field of this name: the context key is taken
+        kept["field"] = row[ROW_KEY]
     return kept
 
 
@@ -232,6 +235,8 @@ def pivot_to_nemo_gym_row(pivot: Pivot) -> dict:
     plain = pivot.source == _bare_source(pivot.id, pivot.messages, row) and set(ours) <= {"domain", "source"}
     if not (kept.get("bare") and plain):
         row["pivot_envs"] = ours
+    if "field" in kept:
+        row[ROW_KEY] = kept["field"]
     return row
 
 

@@ -124,6 +124,13 @@ def test_a_row_with_ids_extras_nulls_and_item_details_round_trips_exactly() -> N
     assert json.loads(json.dumps(pivot.to_dict())) == pivot.to_dict()  # what is kept is plain JSON
 
 
+def test_a_row_field_named_like_the_kept_part_survives_the_round_trip() -> None:
+    row = {**RICH_ROW, ROW_KEY: {"owner": "nvidia"}}
+    pivot = nemo_gym_row_to_pivot(row)
+    assert pivot.context[ROW_KEY]["field"] == {"owner": "nvidia"}
+    assert pivot_to_nemo_gym_row(pivot) == row
+
+
 def test_an_edited_pivot_is_written_from_its_fields_not_from_the_row_it_was_read_from() -> None:
     pivot = nemo_gym_row_to_pivot(RICH_ROW)
     messages = [*pivot.messages[:-1], {"role": "user", "content": "And in Madrid?"}]
