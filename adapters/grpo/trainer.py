@@ -2,16 +2,17 @@
 
 Read it in order: the configs (`GRPOConfig`, `PivotRLConfig`); lines 1-4, selecting the pivots
 (`select_pivots`: extract D_cand, profile it under the frozen reference pi_0, keep D_adv); the
-math the loop uses (the group advantage, Eq. 1; the clipped objective, Eq. 6, with its
-importance weight, Eq. 7, and the k3 estimate of its KL to pi_0); the update; then lines 5-14,
+math the loop uses (the group advantage, Eq. 1; the clipped objective, Eq. 7, with its
+importance weight, Eq. 8, and the k3 estimate of its KL to pi_0); the update; then lines 5-14,
 the loop (`train`): per step sample B pivots, sample G actions at each, score them through the
-envs (r_func, Eq. 5), normalise the rewards per group, update, log, evaluate, checkpoint.
+envs (r_func, Eq. 6), normalise the rewards per group, update, log, evaluate, checkpoint.
 `pivotrl` runs the whole of it.
 
-Equations are the paper's (the LaTeX source under ../shared/docs), numbered as everywhere in
-this project and named by their LaTeX label: Eq. 1 group_adv, Eq. 3 profile_stats, Eq. 4 dadv,
-Eq. 5 func_reward, Eq. 6 pivotrl_obj, Eq. 7 importance_weight; D_cand is eq:cand. Algorithm 1's
-lines are numbered as the paper prints them (line 1: Require).
+Equations are the paper's (the LaTeX source under ../shared/docs), numbered as the LaTeX numbers
+them and named by their label: Eq. 1 group_adv, Eq. 2 strict_reward, Eq. 3 cand, Eq. 4
+profile_stats, Eq. 5 dadv, Eq. 6 func_reward, Eq. 7 pivotrl_obj, Eq. 8 importance_weight. (Other
+modules of this project still number from Eq. 3 on one lower, leaving eq:cand unnumbered.)
+Algorithm 1's lines are numbered as the paper prints them (line 1: Require).
 
 Beside it, each with one job: `groups` (a pivot's group as trained on, and packing a batch's
 groups into passes), `shared_prefix` (log pi(a_i | s) with a group's prefix run once),
@@ -58,9 +59,13 @@ from pivot_envs.scoring import EnvPool, resolve_env
 logger = logging.getLogger(__name__)
 
 
+LOSS_LEVELS = ("token", "action")
+LOSS_DENOMINATORS = ("trained", "sampled")
+
+
 @dataclass
 class GRPOConfig:
-    """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 6 and Algorithm 1)."""
+    """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 7 and Algorithm 1)."""
 
     policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH or hf:smollm2)")
     batch_pivots: int = option(
@@ -73,11 +78,26 @@ class GRPOConfig:
     )
     learning_rate: float = option(1e-6, "AdamW learning rate (the paper gives none; 1e-6 is TRL's GRPO default)")
     weight_decay: float = option(0.0, "AdamW weight decay")
-    epsilon_low: float = option(0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 6)")
-    epsilon_high: float = option(0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 6; DAPO raises it)")
+    epsilon_low: float = option(0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 7)")
+    epsilon_high: float = option(0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 7; DAPO raises it)")
     beta: float = option(
-        0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 6; the paper gives no value); 0, TRL's "
-        "default, loads no reference"
+        0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 7; the paper gives no value). 0, TRL's "
+        "default, loads no reference; NVIDIA's own tool-use recipe also runs without KL, but Theorem 3.3 (the "
+        "update keeps pi_0's ordering of the actions outside the acceptable set) assumes beta > 0"
+    )
+    loss_level: str = option(
+        "token", "what Eq. 7's ratio, clip and average are taken over. 'action', the paper's: one importance weight "
+        "per action, w_i = exp(sum_t (log pi_theta - log pi_old)), clipped once, with the k3 KL of the whole action, "
+        "averaged over the actions. 'token' (the default, as TRL and DAPO): a weight, clip and k3 per token, averaged "
+        "over the action tokens, so long actions weigh more. The default stays 'token' because no run here was long "
+        "enough to show the paper's choice trains better"
+    )
+    loss_denominator: str = option(
+        "trained", "what the summed loss is divided by. 'trained': the tokens (or actions, see loss_level) of the "
+        "groups trained on; zero-variance groups carry no gradient and are left out, so the step is as large "
+        "whatever the share of uninformative groups. 'sampled': those of every valid sample of the batch, as the "
+        "paper's expectation over pivots counts a zero-variance pivot as a zero; the step shrinks with the share "
+        "of informative groups"
     )
     iterations: int = option(1, "optimizer steps per sampled batch (mu); >1 makes w_i differ from 1")
     temperature: float = option(1.0, "sampling temperature of the G actions; logprobs are taken at the same temperature")
@@ -108,7 +128,7 @@ class GRPOConfig:
     resume: bool = option(False, "continue from the latest checkpoint in --out")
 
     def __post_init__(self) -> None:
-        from pivot_envs.config import at_least, between
+        from pivot_envs.config import at_least, between, one_of
 
         at_least(self, 1, "batch_pivots", "iterations", "max_new_tokens", "steps", "eval_pivots", "num_envs",
                  "lora_rank", "lora_alpha")
@@ -119,6 +139,8 @@ class GRPOConfig:
         between(self, "epsilon_low", 0, 1)
         between(self, "top_p", 0, 1, open_low=True)
         between(self, "temperature", 0, float("inf"), open_low=True, open_high=True)  # logprobs divide by it
+        one_of(self, "loss_level", LOSS_LEVELS)
+        one_of(self, "loss_denominator", LOSS_DENOMINATORS)
 
 
 @dataclass
@@ -140,8 +162,8 @@ class PivotRLConfig:
 
     out: str = option("runs/pivotrl", "output directory: candidates.jsonl, profiled.jsonl, pivots.jsonl, train/")
     extract: ExtractConfig = field(default_factory=ExtractConfig, metadata={"help": "line 2: D_cand from trajectories"})
-    profile: ProfileConfig = field(default_factory=ProfileConfig, metadata={"help": "line 3: profiling (Eq. 3)"})
-    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "line 4: D_pivot = D_adv (Eq. 4)"})
+    profile: ProfileConfig = field(default_factory=ProfileConfig, metadata={"help": "line 3: profiling (Eq. 4)"})
+    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "line 4: D_pivot = D_adv (Eq. 5)"})
     train: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "lines 5-14: GRPO at the pivots"})
 
 
@@ -200,12 +222,12 @@ def select_pivots(
     if not candidates:
         raise NoPivotsError(f"no candidate: the {len(items)} records given hold no assistant turn with a prefix")
     write_pivots(candidates, out / "candidates.jsonl", desc="writing candidates")
-    # line 3: profile each s in D_cand with K samples of pi_0: mean and variance of r_func (Eq. 3)
+    # line 3: profile each s in D_cand with K samples of pi_0: mean and variance of r_func (Eq. 4)
     profiling = replace(config.profile, env=env_id or config.profile.env)
     run = profile(candidates, reference, out / "profiled.jsonl", profiling, reference=reference_name)
     wanted = {pivot.id for pivot in candidates}
     profiled = [pivot for pivot in read_pivots(out / "profiled.jsonl") if pivot.id in wanted]
-    # line 4: D_pivot <- D_adv = {var > 0 and mean < lambda_diff} (Eq. 4), near-duplicates dropped when asked;
+    # line 4: D_pivot <- D_adv = {var > 0 and mean < lambda_diff} (Eq. 5), near-duplicates dropped when asked;
     # filter.mode "adv-or-unsolved" falls back to the candidates below lambda_diff when D_adv is empty
     lambda_diff = config.filter.lambda_diff
     pivots = filter_pivots(profiled, lambda_diff=lambda_diff, mode=config.filter.mode)
@@ -264,7 +286,7 @@ def group_advantages(
     return out
 
 
-# -- Eq. 6 (pivotrl_obj): the clipped objective, with Eq. 7's weight and the k3 KL: line 13's loss -------
+# -- Eq. 7 (pivotrl_obj): the clipped objective, with Eq. 8's weight and the k3 KL: line 13's loss -------
 
 
 def clipped_loss(
@@ -276,48 +298,79 @@ def clipped_loss(
     epsilon_high: float,
     beta: float = 0.0,
     ref_logprobs: Any = None,
+    level: str = "token",
 ) -> tuple[Any, dict[str, float]]:
-    """The summed per-token loss of Eq. 6 over the masked action tokens, and its statistics.
+    """The summed loss of Eq. 7 over the actions (rows) of a pass, and its statistics.
 
-    Per token t of action i: w = pi_theta / pi_old (Eq. 7), loss = -min(w A_i, clip(w, 1 - eps_low,
-    1 + eps_high) A_i) + beta * k3, with k3 = exp(ref - logp) - (ref - logp) - 1 (an unbiased,
-    non-negative estimate of KL(pi_theta || pi_0)). The caller divides by the batch's token count
-    (token-level aggregation). Stats are sums over tokens: clipped tokens, KL.
+    logprobs, old_logprobs, ref_logprobs and mask are (actions x tokens), advantages (actions,); mask
+    is 1 at action tokens and 0 at padding (at level "token" a float mask weights the tokens, which
+    gives exact expectations over an enumerated action space).
+    level "token": per token t of action i, w = pi_theta / pi_old (Eq. 8), loss = -min(w A_i,
+    clip(w, 1 - eps_low, 1 + eps_high) A_i) + beta * k3, summed over the masked tokens. level
+    "action" (the paper's): the same with one w_i = pi_theta(a_i | s) / pi_old(a_i | s) per action
+    (the product of its token ratios) and k3 of the action's summed logprobs, summed over actions.
+    k3 = exp(ref - logp) - (ref - logp) - 1 is an unbiased, non-negative estimate of
+    KL(pi_theta || pi_0). The caller divides by the units counted (tokens or actions). Stats are
+    sums over those units: clipped ones, KL.
     """
     import torch
 
-    # Eq. 7 (importance_weight): w_i = pi_theta(a_i | s) / pi_theta_old(a_i | s), per token
+    if level == "action":
+        # log pi(a_i | s) = sum_t log pi(a_i,t | s, a_i,<t): exact, whatever the padding of the pass
+        logprobs, old_logprobs = (logprobs * mask).sum(1), (old_logprobs * mask).sum(1)
+        ref_logprobs = (ref_logprobs * mask).sum(1) if ref_logprobs is not None else None
+        mask, advantage = torch.ones_like(logprobs, dtype=torch.bool), advantages
+    else:
+        advantage = advantages.unsqueeze(1)
+    # Eq. 8 (importance_weight): w_i = pi_theta(a_i | s) / pi_theta_old(a_i | s), per token or per action
     ratio = torch.exp(logprobs - old_logprobs)
-    advantage = advantages.unsqueeze(1)
-    # Eq. 6: min(w_i A_i, clip(w_i, 1 - eps_low, 1 + eps_high) A_i), negated to minimise
+    # Eq. 7: min(w_i A_i, clip(w_i, 1 - eps_low, 1 + eps_high) A_i), negated to minimise
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantage
-    per_token = -torch.min(unclipped, clipped)
-    stats = {"clipped": float(((clipped < unclipped) & mask).sum())}
+    per_unit = -torch.min(unclipped, clipped)
+    stats = {"clipped": float(((clipped < unclipped) * mask).sum())}
     if beta > 0.0:
-        # Eq. 6's D_KL = beta KL(pi_theta || pi_0), estimated per token by k3 (Schulman)
+        # Eq. 7's D_KL = beta KL(pi_theta || pi_0), estimated by k3 (Schulman)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0
-        per_token = per_token + beta * kl
+        per_unit = per_unit + beta * kl
         stats["kl"] = float((kl.detach() * mask).sum())
-    return (per_token * mask).sum(), stats
+    return (per_unit * mask).sum(), stats
 
 
-# -- Algorithm 1, line 13: update theta with Eq. 6 over the batch, token-level aggregation -------------
+def loss_units(groups: Sequence[Group], level: str) -> int:
+    """What Eq. 7's average runs over in `groups`: their action tokens (level "token") or their actions ("action")."""
+    if level == "action":
+        return sum(len(g.actions) for g in groups)
+    return sum(len(a) for g in groups for a in g.actions)
 
 
-def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], config: GRPOConfig) -> dict[str, float]:
+# -- Algorithm 1, line 13: update theta with Eq. 7 over the batch ---------------------------------------------
+
+
+def update(
+    model: Any,
+    reference: Any,
+    optimizer: Any,
+    groups: Sequence[Group],
+    config: GRPOConfig,
+    denominator: int | None = None,
+) -> dict[str, float]:
     """`config.iterations` AdamW steps on the batch's groups; returns the loss and its statistics.
 
-    The loss is summed over every action token of the batch and divided by their number (token-level
-    aggregation). The groups are packed into passes of at most `pass_budget` padded tokens
-    (`pack_groups`): per pass, one forward over the prefixes, one over the actions, one backward, so
-    only one pass's activations are alive at a time.
+    The loss is summed over the action tokens (or the actions, `config.loss_level`) of the groups
+    and divided by `denominator`: by default their number (`loss_units`); `train` passes a larger
+    one under `loss_denominator="sampled"`. The groups are packed into passes of at most
+    `pass_budget` padded tokens (`pack_groups`): per pass, one forward over the prefixes, one over
+    the actions, one backward, so only one pass's activations are alive at a time.
+    Statistics (clip_fraction, kl) are means over the units trained, entropy over the tokens.
     """
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    tokens = sum(len(a) for g in groups for a in g.actions)
+    tokens = loss_units(groups, "token")
+    units = loss_units(groups, config.loss_level)
+    denominator = denominator or units
     passes = pack_groups(groups, pass_budget(config, model))
     old_logprobs, ref_logprobs = [], []  # per pass, fixed by the first iteration
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
@@ -335,12 +388,12 @@ def update(model: Any, reference: Any, optimizer: Any, groups: Sequence[Group], 
             advantages = torch.tensor([a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device)
             loss, stats = clipped_loss(
                 logprobs, old_logprobs[index], advantages, mask, config.epsilon_low, config.epsilon_high,
-                config.beta, ref_logprobs[index],
+                config.beta, ref_logprobs[index], config.loss_level,
             )
-            (loss / tokens).backward()
-            totals["loss"] += float(loss.detach()) / tokens / config.iterations
-            totals["clip_fraction"] += stats["clipped"] / tokens / config.iterations
-            totals["kl"] += stats.get("kl", 0.0) / tokens / config.iterations
+            (loss / denominator).backward()
+            totals["loss"] += float(loss.detach()) / denominator / config.iterations
+            totals["clip_fraction"] += stats["clipped"] / units / config.iterations
+            totals["kl"] += stats.get("kl", 0.0) / units / config.iterations
         limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
         totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, limit)) / config.iterations
         optimizer.step()
@@ -367,7 +420,8 @@ def train(
              `update_weights`; then pass the trainable `model`.
     env_id:  the env scoring actions (an id, or a factory of envs holding the pivots); by default
              `pivot/<domain>-v0` of the pivots' domain, built with `env_kwargs`.
-    heldout: pivots for the turn accuracy logged every `config.eval_every` steps.
+    heldout: pivots for the turn accuracy logged every `config.eval_every` steps, graded by the
+             domain's functional verifier whatever `env_kwargs["verifier"]` trains with.
     """
     import numpy as np
     import torch
@@ -407,6 +461,9 @@ def train(
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     log = MetricsLog(out, start)
     make_env = resolve_env(env_id, pivots + heldout, **env_kwargs)
+    # Held-out accuracy is always graded by the domain's functional verifier, even when training uses another
+    # (a strict ablation): an env id is built without `verifier`; a factory of envs is used as given.
+    make_eval_env = resolve_env(env_id, pivots + heldout, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
@@ -426,12 +483,12 @@ def train(
             completions = policy.generate([pivot.observation for pivot in batch], config.group_size, sampling)
             generated = time.perf_counter()
 
-            # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 5)
+            # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 6)
             scores = pool.score([(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group])
             scored = time.perf_counter()
 
             # line 11: group-normalised advantages (Eq. 1); invalid samples masked, zero-variance groups skipped
-            groups, zero_variance = [], 0
+            groups, uninformative, zero_variance = [], [], 0
             for index, (pivot, group) in enumerate(zip(batch, completions)):
                 mine = scores[index * config.group_size : (index + 1) * config.group_size]
                 valid = [s.valid for s in mine]
@@ -440,13 +497,16 @@ def train(
                 )
                 if advantages is None:
                     zero_variance += 1
+                    if config.loss_denominator == "sampled":  # counted in the average as zeros (the paper's E_s)
+                        uninformative.append(build_group(pivot.id, group, [0.0] * len(group), valid))
                     continue
                 built = build_group(pivot.id, group, advantages, valid)
                 if built.actions:
                     groups.append(built)
 
-            # line 12 ends the per-pivot loop; line 13: update theta with Eq. 6, then hand the weights to the generator
-            stats = update(model, reference, optimizer, groups, config) if groups else {}
+            # line 12 ends the per-pivot loop; line 13: update theta with Eq. 7, then hand the weights to the generator
+            denominator = loss_units(groups + uninformative, config.loss_level)
+            stats = update(model, reference, optimizer, groups, config, denominator) if groups else {}
             if groups:
                 sync_weights(policy, model)
             updated = time.perf_counter()
@@ -472,7 +532,7 @@ def train(
             if heldout and config.eval_every and step % config.eval_every == 0:
                 report = evaluate(
                     policy, heldout[: config.eval_pivots],
-                    EvalConfig(max_new_tokens=config.max_new_tokens, num_envs=config.num_envs), env=make_env,
+                    EvalConfig(max_new_tokens=config.max_new_tokens, num_envs=config.num_envs), env=make_eval_env,
                 )
                 greedy = [row for row in report.rows if row.mode == "greedy"][-1]
                 record["eval_turn_accuracy"] = greedy.functional.mean

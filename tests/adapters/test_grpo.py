@@ -1,4 +1,4 @@
-"""The GRPO trainer at pivots: Eq. 1 advantages, the Eq. 6 loss, token faithfulness, checkpoints and resume."""
+"""The GRPO trainer at pivots: Eq. 1 advantages, the Eq. 7 loss, token faithfulness, checkpoints and resume."""
 
 from __future__ import annotations
 
@@ -198,8 +198,8 @@ def test_the_pass_budget_defaults_to_one_group_per_pass_on_a_cpu(tokenizer):
     assert pass_budget(GRPOConfig(tokens_per_pass=0), model) == 0
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pass(tokenizer, beta):
+@pytest.mark.parametrize(("beta", "level"), [(0.0, "token"), (0.1, "token"), (0.1, "action")])
+def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pass(tokenizer, beta, level):
     groups = _groups(1, [(40, [6, 1, 3]), (9, [4]), (25, [1, 7])])
     initial = tiny_policy(tokenizer).model.state_dict()
     results = []
@@ -207,7 +207,8 @@ def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pas
         model = tiny_policy(tokenizer).model
         reference = tiny_policy(tokenizer, seed=1).model if beta else None  # another model: KL > 0
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # linear in the gradients, unlike Adam's first step
-        stats = update(model, reference, optimizer, groups, GRPOConfig(tokens_per_pass=tokens_per_pass, iterations=2, beta=beta))
+        config = GRPOConfig(tokens_per_pass=tokens_per_pass, iterations=2, beta=beta, loss_level=level)
+        stats = update(model, reference, optimizer, groups, config)
         results.append((stats, {k: v - initial[k] for k, v in model.state_dict().items()}))
     (one, one_steps), (packed, packed_steps) = results
     assert packed == pytest.approx(one, rel=1e-4, abs=1e-7)
@@ -215,6 +216,19 @@ def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pas
     difference = torch.sqrt(sum(((packed_steps[k] - one_steps[k]) ** 2).sum() for k in one_steps))
     norm = torch.sqrt(sum((step**2).sum() for step in one_steps.values()))
     assert norm > 0 and difference / norm < 1e-5
+
+
+def test_the_sampled_denominator_scales_the_step_by_the_share_of_units_trained(tokenizer):
+    groups = _groups(2, [(12, [3, 5]), (8, [4, 2])])
+    steps = []
+    for denominator in (None, 28):  # 14 action tokens trained; twice as many sampled
+        model = tiny_policy(tokenizer).model
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        update(model, None, optimizer, groups, GRPOConfig(max_grad_norm=0), denominator)
+        steps.append(torch.cat([(v - initial[k]).flatten() for k, v in model.state_dict().items()]))
+    full, halved = steps
+    assert full.norm() > 0 and torch.allclose(halved, full / 2, atol=1e-7)
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -341,6 +355,28 @@ def has_letter_env_id():
     return name
 
 
+@pytest.fixture(scope="module")
+def verifier_env_id():
+    """An env id whose default verifier passes every action, and whose verifier="never" passes none."""
+    import gymnasium as gym
+
+    name = "test/echo-verifier-choice-v0"
+    if name not in gym.registry:
+        gym.register(name, entry_point=lambda pivots=None, verifier=None: EchoEnv(
+            pivots, verifier=NeverVerifier() if verifier == "never" else AlwaysVerifier()))
+    return name
+
+
+def test_held_out_accuracy_is_graded_by_the_default_verifier_whatever_the_training_verifier(tokenizer, tmp_path,
+                                                                                          verifier_env_id):
+    pivots = real_pivots()
+    result = train(tiny_config(tmp_path, steps=1, eval_every=1), pivots[2:], policy=tiny_policy(tokenizer),
+                   env_id=verifier_env_id, heldout=pivots[:2], verifier="never")
+    record = result.history[0]
+    assert record["reward_mean"] == 0.0  # training scored with the verifier asked for
+    assert record["eval_turn_accuracy"] == 1.0  # graded by the env's default verifier
+
+
 def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_the_pivots(tokenizer, tmp_path,
                                                                                           has_letter_env_id):
     from pivot_envs.extract import ExtractConfig, FilterConfig
@@ -382,6 +418,15 @@ def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_th
         select_pivots(selection.candidates, tiny_policy(tokenizer, seed=5),
                       PivotRLConfig(out=config.out, profile=profiling, filter=FilterConfig(lambda_diff=0.0)),
                       env_id=has_letter_env_id, reference_name="hf:tiny")
+
+
+class AlwaysVerifier:
+    """A verifier every action passes (the default of `verifier_env_id`)."""
+
+    name = "always"
+
+    def verify(self, pivot, action, outcome=None):
+        return Verdict(1.0, "always")
 
 
 class NeverVerifier:
