@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pivots", required=True, help="training pivots (JSONL, .jsonl.gz, or any readable trajectory format)")
     parser.add_argument("--heldout", default=None, help="held-out pivots for the turn accuracy logged every --eval-every steps")
     parser.add_argument("--env", default=None, help="env id scoring the actions (default: pivot/<domain>-v0 of the pivots)")
-    parser.add_argument("--verifier", default=None, help="functional verifier by name (default: the domain's)")
+    parser.add_argument("--verifier", default=None, help="verifier the training rewards come from, by name (default: the domain's functional "
+                        "one); the --heldout evaluation always uses the domain's")
     parser.add_argument("--device", default=None, help="device of the policy: cpu, cuda")
     parser.add_argument("--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)")
     add_config(parser, GRPOConfig, "train")
