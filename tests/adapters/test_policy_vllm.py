@@ -122,6 +122,19 @@ def test_a_seed_reproduces_its_samples_and_the_samples_of_a_group_differ(vllm_po
     assert [c.token_ids for c in other] != [c.token_ids for c in first]
 
 
+def test_seeded_samples_after_more_prompt_tokens_than_one_engine_step_takes(vllm_policy):
+    # 8 samples of a ~700-token prompt are ~5,600 prefill tokens: more than vLLM's default step of 4,096,
+    # whose chunked prefill of seeded requests crashed vLLM 0.32's CPU runner.
+    long_chat = {
+        "messages": [{"role": "user", "content": "Summarise: " + "the plane is late again. " * 120}],
+        "tools": [],
+    }
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2, seed=4)
+    (group,) = vllm_policy.generate([long_chat], n=8, sampling=sampling)
+    assert len(group[0].prompt_token_ids) > 600
+    assert len(group) == 8 and all(1 <= len(c.token_ids) == len(c.logprobs) <= 2 for c in group)
+
+
 def test_top_k_one_and_min_p_one_sample_the_greedy_tokens(vllm_policy):
     greedy = vllm_policy.generate(CHATS[:1], n=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=8))[
         0
