@@ -6,7 +6,7 @@ the group `pivot_envs.commands` names this module.
 Extract candidates, split held-out pivots by trajectory, warm the policy up with SFT on expert
 turns (adapters.sft; without it SmolLM2-135M never succeeds), evaluate it, run Algorithm 1 on a
 sample of the training candidates with one call of `grpo.pivotrl` (profile under the frozen
-reference, Eq. 3; keep D_adv, Eq. 4; train with GRPO at the pivots), evaluate again, and write a
+reference, Eq. 4; keep D_adv, Eq. 5; train with GRPO at the pivots), evaluate again, and write a
 report. With no arguments it runs the bundled tool-use pivots with SmolLM2-135M on the CPU in
 about ten minutes; options scale it up.
 """
@@ -97,8 +97,8 @@ class RunConfig:
     seed: int = option(0, "seed of the run's draws and of every stage: sampling, splitting, training (sets each stage's seed)")
     out: str = option("runs/pivotrl", "output directory: pivots, profile, metrics, checkpoints, report (train.out is OUT/train)")
     split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "the held-out split by trajectory"})
-    profile: ProfileConfig = field(default_factory=_profile_preset, metadata={"help": "profiling (Eq. 3)"})
-    filter: FilterConfig = field(default_factory=_filter_preset, metadata={"help": "keeping the pivots (Eq. 4)"})
+    profile: ProfileConfig = field(default_factory=_profile_preset, metadata={"help": "profiling (Eq. 4)"})
+    filter: FilterConfig = field(default_factory=_filter_preset, metadata={"help": "keeping the pivots (Eq. 5)"})
     train: GRPOConfig = field(default_factory=_train_preset, metadata={"help": "GRPO at the pivots (Algorithm 1)"})
     eval: EvalConfig = field(default_factory=_eval_preset, metadata={"help": "evaluation on held-out pivots"})
 

@@ -2,7 +2,7 @@
 to ever succeed at a pivot.
 
 PivotRL learns only where the reference policy's samples sometimes succeed and sometimes fail
-(paper Eq. 3-4): a policy that never succeeds gives zero-variance groups everywhere, so GRPO has
+(paper Eq. 4-5): a policy that never succeeds gives zero-variance groups everywhere, so GRPO has
 nothing to learn from. A small model (SmolLM2-135M, the embedded default) is such a policy on
 tool calls. A few epochs of SFT on the training side's expert turns make it succeed sometimes;
 that warmed-up model is then the reference policy pi_0 that profiling, filtering and GRPO use.

@@ -2,8 +2,8 @@
 
 From profiled pivots (Profile: functional `rewards`, `strict_rewards`, `categories`, `valid`):
 the fraction of zero-variance candidates (the paper found 71% of turns give no learning signal),
-the histogram of reward means (paper Eq. 3), the miss rate Pr[strict = 0 | functional = 1] over
-samples, the D_adv size at a lambda_diff (Eq. 4), and verdict counts per category. From any
+the histogram of reward means (paper Eq. 4), the miss rate Pr[strict = 0 | functional = 1] over
+samples, the D_adv size at a lambda_diff (Eq. 5), and verdict counts per category. From any
 pivots: counts per domain, per expert action kind and per tool, prefix and action lengths.
 """
 
@@ -21,7 +21,7 @@ from pivot_envs.config import option
 from pivot_envs.extract import FilterConfig
 from pivot_envs.pivot import Pivot
 
-# Rewards are binary in the paper (Eq. 2, Eq. 5); a sample counts as a success at >= 0.5 so that
+# Rewards are binary in the paper (Eq. 2, Eq. 6); a sample counts as a success at >= 0.5 so that
 # verifiers giving partial credit still fall on one side.
 SUCCESS = 0.5
 
@@ -230,7 +230,7 @@ def plot(diagnostics: Diagnostics, out_dir: str | os.PathLike[str]) -> list[Path
 class DiagnosticsConfig:
     """Options of `pivotrl stats`."""
 
-    lambda_diff: float = option(FilterConfig.lambda_diff, "lambda_diff (paper Eq. 4) at which to count the D_adv size (pivotrl filter's default)")
+    lambda_diff: float = option(FilterConfig.lambda_diff, "lambda_diff (paper Eq. 5) at which to count the D_adv size (pivotrl filter's default)")
     bins: int = option(10, "number of equal bins over [0, 1] in the reward-mean histogram")
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 `evaluate(policy, pivots)` samples actions at each pivot (greedy, and optionally N sampled at a
 temperature), scores them through the pivot's domain env (the env's reward is the functional
-verifier, Eq. 5; `info["strict_reward"]` the exact-match one, Eq. 2) and reports the accuracy per
+verifier, Eq. 6; `info["strict_reward"]` the exact-match one, Eq. 2) and reports the accuracy per
 domain with a Wilson interval. Scoring goes through `pivot_envs.scoring.EnvPool`.
 """
 

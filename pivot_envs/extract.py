@@ -1,4 +1,4 @@
-"""Pivot candidates from trajectories (D_cand, paper Eq. 3 context), the D_adv filter (Eq. 4),
+"""Pivot candidates from trajectories (D_cand, paper Eq. 3 context), the D_adv filter (Eq. 5),
 near-duplicate removal and the train/held-out split by trajectory.
 
 Works on `Trajectory` and `Pivot` records, never on files: reading is `pivot_envs.formats` (which
@@ -51,13 +51,13 @@ class FilterConfig:
 
     mode: str = option(
         "adv",
-        "adv: D_adv of paper Eq. 4 (profile var > 0 and mean < lambda_diff); adv-or-unsolved: D_adv, or when it "
+        "adv: D_adv of paper Eq. 5 (profile var > 0 and mean < lambda_diff); adv-or-unsolved: D_adv, or when it "
         "is empty the candidates with mean < lambda_diff (the reference solved none of their K samples, yet a "
         "training group of G > K samples may be mixed; not the paper's); cand: keep every candidate",
         choices=FILTER_MODES,
     )
     lambda_diff: float = option(
-        0.6, "difficulty threshold lambda_diff of paper Eq. 4: keep mean reward < this (the paper gives no value; "
+        0.6, "difficulty threshold lambda_diff of paper Eq. 5: keep mean reward < this (the paper gives no value; "
         "pivotrl stats counts D_adv at the same one)"
     )
     dedup: bool = option(False, "drop near-duplicate expert actions, keeping the first (see --dedup-by)")
@@ -211,7 +211,7 @@ def _clone(value: Any) -> Any:
 def filter_pivots(
     pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, mode: str = "adv"
 ) -> list[Pivot]:
-    """D_adv (paper Eq. 4): profiled variance > 0 and mean < lambda_diff; `mode="cand"` keeps all (D_cand);
+    """D_adv (paper Eq. 5): profiled variance > 0 and mean < lambda_diff; `mode="cand"` keeps all (D_cand);
     `mode="adv-or-unsolved"` is D_adv, or when that is empty the candidates with mean < lambda_diff.
 
     Raises PivotSetError naming the first pivot without a profile (every mode but "cand").

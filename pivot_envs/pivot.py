@@ -2,7 +2,7 @@
 
 A record is one JSONL line, stable across the whole pipeline (extract -> profile -> filter ->
 train -> eval). Fields follow the paper: `messages` is the state s_t, `expert` the expert action
-a*_t, and `profile` the reference policy's statistics at s_t (Eq. 3).
+a*_t, and `profile` the reference policy's statistics at s_t (Eq. 4).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ class PivotFormatError(PivotEnvsError, ValueError):
 
 @dataclass
 class Profile:
-    """Offline profile of a candidate under a frozen reference policy (paper Eq. 3).
+    """Offline profile of a candidate under a frozen reference policy (paper Eq. 4).
 
     `rewards` are functional rewards, `strict_rewards` the exact-match ones, one per sample;
     `valid[i]` is False where the infrastructure (not the action) failed, and `errors[i]` says why
     ('' for a valid sample; the list is empty when every sample is valid). `mean` and `var`
-    are over the valid samples only (population variance, as in Eq. 3). `settings` are what the
+    are over the valid samples only (population variance, as in Eq. 4). `settings` are what the
     profile was sampled under (reference policy, K, temperature, ...; see `profile.ProfileConfig`).
     """
 

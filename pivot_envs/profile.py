@@ -1,9 +1,9 @@
-"""Offline pivot profiling (paper Eq. 3, Algorithm 1 lines 2-4).
+"""Offline pivot profiling (paper Eq. 4, Algorithm 1 lines 2-4).
 
 For every candidate (s_t, a*_t), sample K actions from a frozen reference policy, step each one
 through the candidate's env (tool calls against backends, commands in sandboxes), and record the
 functional rewards, the strict rewards (Eq. 2), the verdict categories and validity. The mean and
-variance over the valid samples (Eq. 3) are what `filter` uses to keep D_adv (Eq. 4).
+variance over the valid samples (Eq. 4) are what `filter` uses to keep D_adv (Eq. 5).
 
 Generation is batched across candidates (`batch_pivots` per generate call) and overlaps with the
 env steps of the previous batch, which run on a thread pool of env instances (`env_workers`).
@@ -49,7 +49,7 @@ from pivot_envs.scoring import EnvPool, resolve_env
 class ProfileConfig:
     """Options of `profile` (and of `pivotrl profile`)."""
 
-    k: int = option(8, "actions sampled per candidate from the reference policy (K of paper Eq. 3)")
+    k: int = option(8, "actions sampled per candidate from the reference policy (K of paper Eq. 4)")
     temperature: float = option(1.0, "sampling temperature of the reference policy (0 = greedy)")
     top_p: float = option(1.0, "nucleus sampling mass")
     max_new_tokens: int = option(256, "token budget of one sampled action")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Verdict:
     """The result of verifying one action.
 
-    reward:   in [0, 1] (1 = locally acceptable, paper Eq. 5).
+    reward:   in [0, 1] (1 = locally acceptable, paper Eq. 6).
     category: why ("correct", "unparseable", "unexpected_tool", ...).
     detail:   a human-readable explanation.
     valid:    False when the infrastructure failed (sandbox, backend), not the action; such

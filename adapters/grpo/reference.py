@@ -1,5 +1,5 @@
 """The trainable module's setup beside the loop: LoRA adapters, and the frozen reference pi_0 of
-Eq. 6's KL term (a frozen copy of the initial weights, or with LoRA the base model itself).
+Eq. 7's KL term (a frozen copy of the initial weights, or with LoRA the base model itself).
 
 `config` is the run's `GRPOConfig`.
 """
@@ -25,7 +25,7 @@ def with_lora(model: Any, config: Any) -> Any:
 
 
 def frozen_reference(model: Any, config: Any) -> Any:
-    """The frozen pi_0 of Eq. 6: None when beta = 0; with LoRA the base model (adapters disabled) serves."""
+    """The frozen pi_0 of Eq. 7: None when beta = 0; with LoRA the base model (adapters disabled) serves."""
     import copy
 
     if config.beta <= 0.0 or config.lora:

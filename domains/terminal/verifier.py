@@ -1,4 +1,4 @@
-"""The terminal domain's functional verifier (paper Eq. 5): is the sampled command locally acceptable?
+"""The terminal domain's functional verifier (paper Eq. 6): is the sampled command locally acceptable?
 
 Rules, applied in order to a parsed command (an unparseable action already scored 0 with its
 category before reaching here):

@@ -1,4 +1,4 @@
-"""The functional verifier of conversational tool use (paper Eq. 5), and a cached strict one.
+"""The functional verifier of conversational tool use (paper Eq. 6), and a cached strict one.
 
 A sampled assistant turn is locally acceptable when it does what the expert's turn does:
 
@@ -285,7 +285,7 @@ def bipartite_matching(edges: list[list[int]], n_right: int) -> list[int]:
 
 
 class FunctionalVerifier:
-    """Functional reward for tool use (paper Eq. 5); see the module docstring for the rules.
+    """Functional reward for tool use (paper Eq. 6); see the module docstring for the rules.
 
     Build it with a FunctionalConfig or its fields as keywords:
     `FunctionalVerifier(mode="f1", text_threshold=0.6)`. Expert data (parsed calls, compiled

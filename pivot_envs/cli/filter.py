@@ -1,4 +1,4 @@
-"""`pivotrl filter`: profiled candidates -> training pivots (D_adv, paper Eq. 4), optionally deduplicated."""
+"""`pivotrl filter`: profiled candidates -> training pivots (D_adv, paper Eq. 5), optionally deduplicated."""
 
 from __future__ import annotations
 

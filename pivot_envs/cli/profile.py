@@ -1,4 +1,4 @@
-"""`pivotrl profile`: sample K actions per candidate from a reference policy and score them (paper Eq. 3)."""
+"""`pivotrl profile`: sample K actions per candidate from a reference policy and score them (paper Eq. 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""D_adv filtering (paper Eq. 4), near-duplicate removal and the split by trajectory."""
+"""D_adv filtering (paper Eq. 5), near-duplicate removal and the split by trajectory."""
 
 from __future__ import annotations
 
