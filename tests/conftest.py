@@ -1,7 +1,7 @@
 """Shared test set-up.
 
 Under CI=true a skipped test is a failure, unless it is marked `skip_ok_in_ci` (parts CI can never
-have: a GPU, the vLLM wheel). CI installs every other part (Docker, bubblewrap, the model).
+have: a GPU). CI installs every other part (Docker, bubblewrap, the model, vLLM on CPU).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "skip_ok_in_ci(reason): a skip CI accepts (no GPU, no vLLM wheel)")
+    config.addinivalue_line("markers", "skip_ok_in_ci(reason): a skip CI accepts (no GPU)")
 
 
 @pytest.hookimpl(hookwrapper=True)

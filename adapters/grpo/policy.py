@@ -30,7 +30,8 @@ class TrainablePolicy(Protocol):
 
     And one of (checked by `trainable_module` before the first step):
     model:    the torch module it generates with (hf): the trainer updates it in place;
-    update_weights(state_dict): takes the trained weights after each update (vllm).
+    update_weights(state_dict): takes the trained weights after each update (vllm), with
+              `trainable_model()` giving the torch module to train when no `model=` is passed.
 
     Optional: `tokenizer`, saved with each checkpoint so it loads as `hf:CHECKPOINT`.
     """
@@ -50,7 +51,8 @@ def _shares(policy: Any, model: Any) -> bool:
 
 
 def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
-    """The torch module to train: `model`, else the module the policy generates with.
+    """The torch module to train: `model`, else the module the policy generates with, else the one
+    its `trainable_model()` loads (a policy whose engine holds no torch module of ours: vllm).
 
     Raises UntrainablePolicyError naming the policy when there is none, or when the policy
     neither generates with `model` nor takes new weights (`update_weights`): its samples would
@@ -58,6 +60,8 @@ def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
     """
     name = getattr(policy, "name", policy)
     module = model if model is not None else getattr(policy, "model", None)
+    if module is None and hasattr(policy, "trainable_model"):  # vllm: its checkpoint loaded in transformers
+        module = policy.trainable_model()
     if module is None:
         raise UntrainablePolicyError(f"policy {name!r} has no trainable .model; pass model=")
     if not _shares(policy, module) and not hasattr(policy, "update_weights"):

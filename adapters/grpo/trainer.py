@@ -67,7 +67,7 @@ LOSS_DENOMINATORS = ("trained", "sampled")
 class GRPOConfig:
     """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 7 and Algorithm 1)."""
 
-    policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH or hf:smollm2)")
+    policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH, hf:smollm2, vllm:PATH, vllm:smollm2)")
     batch_pivots: int = option(
         4, "B: pivots sampled per step (Algorithm 1, line 6). The paper's SWE-Bench run used 64 (its appendix: "
         "64 prompts x 16 generations, a batch of 1024); 4 fits one GPU, and a CPU"

@@ -318,6 +318,28 @@ def test_a_policy_that_would_never_sample_from_the_trained_weights_is_refused_be
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_a_policy_without_a_model_trains_the_module_its_trainable_model_loads(tokenizer):
+    from pivot_envs.adapters.grpo.policy import trainable_module
+
+    class EngineBacked:  # as the vllm backend: generation elsewhere, weights pushed with update_weights
+        name = "engine:tiny"
+
+        def __init__(self) -> None:
+            self.loaded = tiny_policy(tokenizer).model
+
+        def trainable_model(self):
+            return self.loaded
+
+        def update_weights(self, state_dict) -> None:
+            raise AssertionError("not called here")
+
+    policy = EngineBacked()
+    assert trainable_module(policy) is policy.loaded
+    del EngineBacked.trainable_model
+    with pytest.raises(UntrainablePolicyError, match="policy 'engine:tiny' has no trainable .model"):
+        trainable_module(policy)
+
+
 def test_beta_above_zero_measures_the_kl_to_the_frozen_reference(tokenizer, tmp_path):
     config = tiny_config(tmp_path, steps=3, beta=0.1, iterations=2, learning_rate=2e-3, checkpoint_every=0)
     result = train(config, real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
