@@ -15,11 +15,11 @@ import json
 import re
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from chat_completions_stub import ChatCompletionsStub
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.search.engine import open_engine
@@ -132,56 +132,18 @@ def rewritten(expert: dict, pivot: Pivot) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
-class ScriptedServer:
-    """POST /v1/chat/completions: n choices, sample j the rewritten expert step (j even) or "I do not know"."""
-
-    def __init__(self, pivots: list[Pivot]) -> None:
-        steps = {self.key(pivot.messages): rewritten(pivot.expert, pivot) for pivot in pivots}
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                step = steps[ScriptedServer.key(body["messages"])]
-                wrong = {"role": "assistant", "content": "I do not know."}
-                choices = [
-                    {"index": j, "message": step if j % 2 == 0 else wrong, "finish_reason": "stop"}
-                    for j in range(body.get("n", 1))
-                ]
-                data = json.dumps(
-                    {
-                        "id": "scripted",
-                        "object": "chat.completion",
-                        "model": body["model"],
-                        "choices": choices,
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @staticmethod
-    def key(messages: list[dict]) -> tuple[str, int]:
-        """A pivot by its question and the length of its prefix."""
-        question = next(text_of(m) for m in messages if m["role"] == "user")
-        return question, len(messages)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def question_and_length(messages: list[dict]) -> tuple[str, int]:
+    """A pivot by its question and the length of its prefix."""
+    question = next(text_of(m) for m in messages if m["role"] == "user")
+    return question, len(messages)
 
 
 @pytest.fixture
 def scripted(search_pivots):
-    server = ScriptedServer(search_pivots)
+    """The chat server's "model": sample j is the rewritten expert step (j even) or "I do not know"."""
+    steps = {question_and_length(pivot.messages): rewritten(pivot.expert, pivot) for pivot in search_pivots}
+    wrong = {"role": "assistant", "content": "I do not know."}
+    server = ChatCompletionsStub(lambda body, j: steps[question_and_length(body["messages"])] if j % 2 == 0 else wrong)
     yield server
     server.close()
 
