@@ -7,7 +7,6 @@ a*_t, and `profile` the reference policy's statistics at s_t (Eq. 4).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.errors import PivotEnvsError
+from pivot_envs.jsonl import iter_records
 
 
 class PivotFormatError(PivotEnvsError, ValueError):
@@ -164,16 +164,11 @@ class Pivot:
 
 def iter_pivots(path: str | os.PathLike[str]) -> Iterator[Pivot]:
     """Stream pivots from a JSONL file (or .jsonl.gz); a bad line raises PivotFormatError with its line number."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield Pivot.from_dict(json.loads(line))
-            except (json.JSONDecodeError, PivotFormatError) as error:
-                raise PivotFormatError(f"{path}:{number}: {error}") from None
+    for number, record in iter_records(path, "pivot", PivotFormatError):
+        try:
+            yield Pivot.from_dict(record)
+        except PivotFormatError as error:
+            raise PivotFormatError(f"{path}:{number}: {error}") from None
 
 
 def read_pivots(path: str | os.PathLike[str]) -> list[Pivot]:
