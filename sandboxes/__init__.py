@@ -14,7 +14,8 @@ One module per job:
 - `docker_backend`: the Docker backend;
 - `available`: which backends this machine has; `cleanup`: ownership labels and `gc`;
 - `image`: a Debian root filesystem (debootstrap) and its Docker image;
-- `shell`: an interactive bash inside a sandbox (pexpect).
+- `shell`: an interactive bash inside a sandbox (pexpect);
+- `snapshot_cache`: a least-recently-used cache of snapshot-holding states (prefix and start states).
 
 Importing this package is light: nothing here imports docker or pexpect until a backend needs it.
 """

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from pivot_envs.sandboxes import SandboxError, Snapshot
+from pivot_envs.sandboxes.snapshot_cache import SnapshotCache
 
 from pivot_envs.pivot import Pivot
 
@@ -103,11 +103,10 @@ class PrefixCache:
     ) -> None:
         self.backend = backend
         self.harness = harness
-        self.capacity = max(1, capacity)
         self.builds = 0
         self.starts = 0
-        self._states: OrderedDict[str, PrefixState] = OrderedDict()
-        self._starts: OrderedDict[str, Snapshot] = OrderedDict()
+        self._states: SnapshotCache[PrefixState] = SnapshotCache(backend, capacity, lambda state: state.snapshot)
+        self._starts: SnapshotCache[Snapshot] = SnapshotCache(backend, capacity, lambda snapshot: snapshot)
 
     def harness_of(self, pivot: Pivot) -> str:
         """The pivot's shell harness: the env's choice, else the pivot's `context["harness"]`, else persistent."""
@@ -129,16 +128,7 @@ class PrefixCache:
     def get(self, pivot: Pivot) -> PrefixState:
         """The prefix state of `pivot`, built now if it is not cached."""
         key = self.key(pivot)
-        if key in self._states:
-            self._states.move_to_end(key)
-            return self._states[key]
-        state = self._build(pivot, key)
-        self._states[key] = state
-        while len(self._states) > self.capacity:
-            _, old = self._states.popitem(last=False)
-            if old.snapshot is not None:
-                self.backend.release(old.snapshot)
-        return state
+        return self._states.get(key, lambda: self._build(pivot, key))
 
     def _start(self, pivot: Pivot) -> Snapshot:
         """The task's start state (built once per repository and bug)."""
@@ -146,28 +136,24 @@ class PrefixCache:
 
         repo = repo_of(pivot)
         bug = task_of(pivot).get("bug_patch")
-        key = _digest([repo.to_dict(), bug])
-        if key in self._starts:
-            self._starts.move_to_end(key)
-            return self._starts[key]
-        self.starts += 1
-        if pivot.context.get("image"):
-            if self.backend.name != "docker":
-                raise SandboxError(
-                    f"image {repo.name!r} runs on Docker only (sandbox='docker'), not on bubblewrap"
-                )
-            sandbox = self.backend.create(repo.name, repo.workdir)
-        else:
-            sandbox = start_sandbox(self.backend, repo, bug)
-        try:
-            install_editor(sandbox)
-            snapshot = sandbox.snapshot()
-        finally:
-            sandbox.close()
-        self._starts[key] = snapshot
-        while len(self._starts) > self.capacity:
-            self.backend.release(self._starts.popitem(last=False)[1])
-        return snapshot
+
+        def build() -> Snapshot:
+            self.starts += 1
+            if pivot.context.get("image"):
+                if self.backend.name != "docker":
+                    raise SandboxError(
+                        f"image {repo.name!r} runs on Docker only (sandbox='docker'), not on bubblewrap"
+                    )
+                sandbox = self.backend.create(repo.name, repo.workdir)
+            else:
+                sandbox = start_sandbox(self.backend, repo, bug)
+            try:
+                install_editor(sandbox)
+                return sandbox.snapshot()
+            finally:
+                sandbox.close()
+
+        return self._starts.get(_digest([repo.to_dict(), bug]), build)
 
     def _build(self, pivot: Pivot, key: str) -> PrefixState:
         from .repo import RepoError
@@ -233,12 +219,8 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Release every cached snapshot."""
-        for states in (self._states, self._starts):
-            while states:
-                _, item = states.popitem()
-                snapshot = item.snapshot if isinstance(item, PrefixState) else item
-                if snapshot is not None:
-                    self.backend.release(snapshot)
+        self._states.clear()
+        self._starts.clear()
 
     def __len__(self) -> int:
         return len(self._states)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot
+from pivot_envs.sandboxes.snapshot_cache import SnapshotCache
 
 from pivot_envs.pivot import Pivot
 
@@ -83,11 +83,10 @@ class PrefixCache:
 
     def __init__(self, backend: Any, capacity: int = 16, rootfs: Path | None = None, docker_base: str = "") -> None:
         self.backend = backend
-        self.capacity = max(1, capacity)
         self.rootfs = rootfs
         self.docker_base = docker_base
         self.builds = 0
-        self._states: OrderedDict[str, PrefixState] = OrderedDict()
+        self._states: SnapshotCache[PrefixState] = SnapshotCache(backend, capacity, lambda state: state.snapshot)
         self._keys: dict[int, tuple[Pivot, str]] = {}
 
     def key(self, pivot: Pivot) -> str:
@@ -104,16 +103,7 @@ class PrefixCache:
     def get(self, pivot: Pivot) -> PrefixState:
         """The prefix state of `pivot`, built now if it is not cached."""
         key = self.key(pivot)
-        if key in self._states:
-            self._states.move_to_end(key)
-            return self._states[key]
-        state = self._build(pivot, key)
-        self._states[key] = state
-        while len(self._states) > self.capacity:
-            _, old = self._states.popitem(last=False)
-            if old.snapshot is not None:
-                self.backend.release(old.snapshot)
-        return state
+        return self._states.get(key, lambda: self._build(pivot, key))
 
     def _image(self, pivot: Pivot) -> str:
         image = pivot_image(pivot)
@@ -168,10 +158,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Release every cached snapshot."""
-        while self._states:
-            _, state = self._states.popitem()
-            if state.snapshot is not None:
-                self.backend.release(state.snapshot)
+        self._states.clear()
 
     def __len__(self) -> int:
         return len(self._states)
