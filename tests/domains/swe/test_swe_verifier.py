@@ -103,11 +103,15 @@ def test_submit_scores_one_only_where_the_expert_submits_with_the_fail_to_pass_t
     assert scores(env, "calc-mean/t4", "bash", {"command": "git diff"})[:2] == (0.0, "not_submitted")
     unfixed = calc_pivot(calc_repo, 2)  # the expert "submits" before its edit: the bug is still there
     unfixed = dataclasses.replace(unfixed, id="calc-mean/unfixed", expert=canonical_call("submit", {}))
-    fresh = SweEnv([unfixed], sandbox="bwrap", limits=LIMITS)
-    fresh.reset()
-    _, reward, _, _, info = fresh.step(call_message("submit", {}))
-    assert (reward, info["category"]) == (0.0, "submitted_unfixed")
-    fresh.close()
+    # Its own env builds the prefix state and runs the tests cold: the default 30 s per command, so
+    # a loaded machine (the whole suite on 2 cores) cannot turn the verdict into a timeout.
+    fresh = SweEnv([unfixed], sandbox="bwrap", limits=LIMITS | {"timeout": 30.0})
+    try:
+        fresh.reset()
+        _, reward, _, _, info = fresh.step(call_message("submit", {}))
+        assert (reward, info["category"]) == (0.0, "submitted_unfixed"), info.get("detail")
+    finally:
+        fresh.close()
 
 
 def test_a_refused_call_scores_zero_with_the_tools_category(env):
