@@ -1,0 +1,460 @@
+"""The HTTP server: a FastAPI app hosting one registered pivot env (`create_app`), and uvicorn
+running it (`start_server` in a thread, `serve` in the foreground).
+
+The library's own protocol (docs/serve.md has the reference):
+
+    GET    /v1/info                        env id, pivot ids, domain, max_sessions, version
+    POST   /v1/sessions                    {"pivot"|"index", "seed"} -> a session reset there
+    POST   /v1/sessions/{session}/reset    the same body -> reset the session again
+    POST   /v1/sessions/{session}/step     {"action"} -> observation, reward, terminated, truncated, info
+    POST   /v1/sessions/{session}/steps    {"actions": [...]} -> each scored from the session's pivot
+    DELETE /v1/sessions/{session}          close it (204)
+    GET    /health, /metrics               liveness; Prometheus text
+
+NeMo-Gym's resource-server protocol (`/seed_session`, `/verify`) is on the same app: see
+pivot_envs.serve.nemo_gym. Env calls block, so they run in a thread pool of `max_sessions`
+threads; the event loop only routes, waits and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from pivot_envs.env import json_safe
+from pivot_envs.errors import PivotEnvsError
+from pivot_envs.serve import nemo_gym
+from pivot_envs.serve.config import ServeConfig
+from pivot_envs.serve.sessions import QueueTimeout, Session, UnknownSession
+from pivot_envs.serve.state import HTTPError, ServerState, json_response
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a batch of 64 actions with long completions fits many times over
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class ResetBody(BaseModel):
+    """Where to reset: a pivot id, or an index into the server's pivots, or neither (a seeded draw)."""
+
+    model_config = ConfigDict(extra="forbid")
+    pivot: str | None = None
+    index: int | None = None
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> ResetBody:
+        if self.pivot is not None and self.index is not None:
+            raise ValueError("give at most one of 'pivot' and 'index'")
+        return self
+
+
+def _action(value: Any) -> Any:
+    if not isinstance(value, (str, dict)):
+        raise ValueError(
+            f"must be completion text or an assistant message object, got {type(value).__name__}"
+        )
+    return value
+
+
+class StepBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Any
+
+    _check = field_validator("action")(_action)
+
+
+class StepsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    actions: list[Any]
+
+    @field_validator("actions")
+    @classmethod
+    def _each(cls, actions: list[Any]) -> list[Any]:
+        for index, action in enumerate(actions):
+            try:
+                _action(action)
+            except ValueError as error:
+                raise ValueError(f"action {index} {error}") from None
+        return actions
+
+
+# -- env calls (on the thread pool) --------------------------------------------------------------
+
+
+def _timed_step(env: Any, action: Any) -> tuple[dict, float]:
+    """One step as the protocol's result, and the seconds it took."""
+    started = time.perf_counter()
+    observation, reward, terminated, truncated, info = env.step(action)
+    seconds = time.perf_counter() - started
+    return step_result(observation, reward, terminated, truncated, info), seconds
+
+
+def step_result(observation: Any, reward: float, terminated: bool, truncated: bool, info: dict) -> dict:
+    """A step's return as the protocol's JSON object; info always carries the verdict's fields."""
+    info = json_safe(info)
+    info.setdefault("category", "")
+    info.setdefault("valid", True)
+    info.setdefault("strict_reward", 0.0)
+    info.setdefault("detail", "")
+    return {
+        "observation": json_safe(observation),
+        "reward": float(reward),
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+        "info": info,
+    }
+
+
+def _steps(env: Any, options: dict, actions: list[Any], fresh: bool) -> tuple[list[dict], list[float]]:
+    """Each action stepped from the same pivot state (reset there before each but a fresh first)."""
+    results, seconds = [], []
+    for action in actions:
+        started = time.perf_counter()
+        if not fresh:
+            env.reset(options=options)
+        fresh = False
+        result, _ = _timed_step(env, action)
+        results.append(result)
+        seconds.append(time.perf_counter() - started)
+    return results, seconds
+
+
+def _reset(env: Any, seed: int | None, options: dict) -> dict:
+    observation, info = env.reset(seed=seed, options=options)
+    return {"observation": json_safe(observation), "info": json_safe(info)}
+
+
+# -- the app ---------------------------------------------------------------------------------------
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    """The FastAPI app serving `config.env` (its first env is made now; see ServerState)."""
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_reap(state))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await state.pool.shutdown()
+            state.executor.shutdown(wait=False)
+
+    app = FastAPI(title=f"pivot-envs: {config.env}", version=state.version, lifespan=lifespan)
+    app.state.serve = state
+    _add_error_handlers(app, state)
+    _add_routes(app, state)
+    nemo_gym.add_routes(app, state)
+    app.add_middleware(Guard, state=state)
+    return app
+
+
+async def _reap(state: ServerState) -> None:
+    """Close expired sessions and idle envs every quarter TTL (at most every 15 s)."""
+    interval = max(0.05, min(state.config.session_ttl / 4, 15.0))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            closed = await state.pool.reap()
+        except Exception:  # one env that fails to close must not stop the reaper
+            log.exception("closing expired sessions failed")
+            continue
+        if closed:
+            log.info("closed %d sessions unused for %g s", closed, state.config.session_ttl)
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(HTTPError)
+    async def refused(request: Request, error: HTTPError) -> Response:
+        return JSONResponse({"detail": str(error)}, status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(UnknownSession)
+    async def unknown(request: Request, error: UnknownSession) -> Response:
+        return JSONResponse({"detail": str(error)}, status_code=404)
+
+    @app.exception_handler(QueueTimeout)
+    async def busy(request: Request, error: QueueTimeout) -> Response:
+        state.metrics.queue_timeouts += 1
+        return JSONResponse(
+            {"detail": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after)}
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> Response:
+        return JSONResponse(
+            {"detail": validation_message(error.errors()), "errors": json_safe(error.errors())},
+            status_code=422,
+        )
+
+
+def validation_message(errors: list[dict]) -> str:
+    """pydantic's errors as one line naming each field: 'action: Value error, must be ...'."""
+    parts = []
+    for error in errors:
+        location = [str(part) for part in error.get("loc", ())]
+        if location and location[0] == "body":
+            location = location[1:]
+        parts.append(f"{'.'.join(location) or 'body'}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    pool = state.pool
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {
+            "status": "ok",
+            "env_id": state.config.env,
+            "sessions": len(pool.sessions),
+            "envs_alive": pool.alive,
+            "queue": pool.queue_length,
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = state.metrics.render(len(pool.sessions), pool.alive, pool.queue_length, pool.max_sessions)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/info")
+    async def info() -> Response:
+        return json_response(
+            {
+                "env_id": state.config.env,
+                "pivots": json_safe(state.pivot_ids),
+                "domain": state.domain,
+                "max_sessions": state.config.max_sessions,
+                "version": state.version,
+            }
+        )
+
+    async def reset(session: Session, body: ResetBody) -> Response:
+        options = state.reset_options(body.pivot, body.index)
+        try:
+            result = await pool.run(_reset, session.env, body.seed, options)
+        except Exception as error:
+            await pool.close(session.id, broken=True)
+            log.warning("session %s: reset failed", session.id, exc_info=error)
+            raise HTTPError(
+                500,
+                f"session {session.id}: reset failed ({type(error).__name__}: {error}); the session is closed",
+            ) from error
+        session.pivot_id = result["info"].get("pivot_id")
+        session.stepped = False
+        return json_response({"session": session.id, **result})
+
+    @app.post("/v1/sessions")
+    async def create(body: ResetBody | None = None) -> Response:
+        body = body or ResetBody()
+        state.reset_options(body.pivot, body.index)  # a bad pivot or index is refused before an env is taken
+        session = await pool.open()
+        async with session.lock:
+            return await reset(session, body)
+
+    @app.post("/v1/sessions/{session_id}/reset")
+    async def reset_again(session_id: str, body: ResetBody | None = None) -> Response:
+        session = pool.get(session_id)
+        async with session.lock:
+            _check_open(session)
+            return await reset(session, body or ResetBody())
+
+    @app.post("/v1/sessions/{session_id}/step")
+    async def step(session_id: str, body: StepBody) -> Response:
+        session = pool.get(session_id)
+        async with session.lock:
+            _check_open(session)
+            if session.pivot_id is None or session.stepped:
+                raise HTTPError(
+                    409,
+                    f"session {session_id}: its episode ended (one step per reset); "
+                    f"POST /v1/sessions/{session_id}/reset first, or score a group with /steps",
+                )
+            session.stepped = True
+            try:
+                result, seconds = await pool.run(_timed_step, session.env, body.action)
+            except Exception as error:
+                raise _env_failure(session_id, "step", error) from error
+            session.last_used = time.monotonic()
+        state.observe([seconds])
+        return json_response(result)
+
+    @app.post("/v1/sessions/{session_id}/steps")
+    async def steps(session_id: str, body: StepsBody) -> Response:
+        if len(body.actions) > state.config.max_batch:
+            raise HTTPError(
+                413,
+                f"actions: {len(body.actions)} actions in one request; at most {state.config.max_batch} "
+                f"(--max-batch): split the group",
+            )
+        session = pool.get(session_id)
+        async with session.lock:
+            _check_open(session)
+            if session.pivot_id is None:
+                raise HTTPError(409, f"session {session_id}: never reset")
+            options = {"pivot": session.pivot_id}
+            fresh = not session.stepped
+            session.stepped = bool(body.actions) or session.stepped
+            try:
+                results, seconds = await pool.run(_steps, session.env, options, body.actions, fresh)
+            except Exception as error:
+                raise _env_failure(session_id, "steps", error) from error
+            session.last_used = time.monotonic()
+        state.observe(seconds)
+        return json_response({"results": results})
+
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    async def close(session_id: str) -> Response:
+        await pool.close(session_id)
+        return Response(status_code=204)
+
+
+def _check_open(session: Session) -> None:
+    if session.closed:
+        raise UnknownSession(f"session {session.id!r} was closed while this request waited for it")
+
+
+def _env_failure(session_id: str, what: str, error: Exception) -> HTTPError:
+    """A 500 naming the session for an exception out of the env (step itself never raises on an action)."""
+    log.warning("session %s: %s raised", session_id, what, exc_info=error)
+    return HTTPError(500, f"session {session_id}: the env's {what} raised {type(error).__name__}: {error}")
+
+
+class Guard:
+    """ASGI middleware: the bearer token (everything but /health), the body size bound, and the
+    request counts by route and status."""
+
+    def __init__(self, app: Callable, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        self.expected = f"Bearer {state.token}".encode() if state.token else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        status = [500]
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        refusal = self._refusal(scope["path"], headers)
+        if refusal is not None:
+            await refusal(scope, receive, counted)
+        else:
+            await self.app(scope, receive, counted)
+        route = scope.get("route")
+        self.state.metrics.count_request(scope["method"], getattr(route, "path", "unmatched"), status[0])
+
+    def _refusal(self, path: str, headers: dict[bytes, bytes]) -> Response | None:
+        if self.expected is not None and path != "/health":
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                reason = "missing" if not given else "wrong"
+                return JSONResponse(
+                    {"detail": f"the bearer token is {reason}: send 'Authorization: Bearer <token>'"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse(
+                {"detail": f"body: {length.decode(errors='replace')} bytes; at most {MAX_BODY_BYTES}"},
+                status_code=413,
+            )
+        return None
+
+
+# -- running it --------------------------------------------------------------------------------------
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+class RunningServer:
+    """A server listening in a thread of this process (tests, benchmarks); `stop()` ends it."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        import uvicorn
+
+        config.check_exposure()
+        app = create_app(config)
+        self.sock = bind(config.host, config.port)
+        self.url = url_of(self.sock)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise PivotEnvsError(f"the server at {self.url} did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(config: ServeConfig) -> RunningServer:
+    """Serve `config.env` from a thread of this process; returns once it accepts requests."""
+    return RunningServer(config)
+
+
+def serve(config: ServeConfig, announce: Callable[[str], None] = print) -> None:
+    """Serve `config.env` in the foreground until interrupted; `announce` gets the URL line
+    ('pivotrl serve: listening on http://HOST:PORT') once the server accepts requests."""
+    import uvicorn
+
+    config.check_exposure()
+    app = create_app(config)
+    sock = bind(config.host, config.port)
+    url = url_of(sock)
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets)
+            announce(
+                f"pivotrl serve: listening on {url} ({config.env}, {len(app.state.serve.pivot_ids)} pivots)"
+            )
+
+    try:
+        Announcing(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    finally:
+        sock.close()

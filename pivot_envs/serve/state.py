@@ -1,0 +1,94 @@
+"""What the serve app's handlers share (ServerState), and their refusals (HTTPError): imported by
+both protocols' routes (server, nemo_gym). No web framework here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pivot_envs.errors import PivotEnvsError, did_you_mean
+from pivot_envs.scoring import resolve_env
+from pivot_envs.serve.config import ServeConfig
+from pivot_envs.serve.metrics import Metrics
+from pivot_envs.serve.sessions import SessionPool
+
+
+class HTTPError(PivotEnvsError):
+    """A request the server refuses: `status` and the message naming what was wrong."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+class ServerState:
+    """The config, the env factory, the pool, the pivots and the counters of one server.
+
+    The first env is made here, before the server listens: a bad env id, env argument or pivot
+    file fails at start, not at the first request. It joins the pool as an idle env.
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        from pivot_envs.cli import version
+
+        if not config.env:
+            raise PivotEnvsError("ServeConfig.env is required: the env id to serve (--env pivot/terminal-v0)")
+        self.config = config
+        self.env_kwargs = dict(config.env_kwargs)
+        if config.pivots:
+            self.env_kwargs["pivots"] = config.pivots
+        self.make_env = resolve_env(config.env, [], **self.env_kwargs)
+        first = self.make_env()
+        inner = first.unwrapped
+        self.domain = str(inner.domain)
+        self.pivot_ids = [pivot.id for pivot in inner.pivots]
+        self.pivot_index = {pivot_id: i for i, pivot_id in enumerate(self.pivot_ids)}
+        self.version = version()
+        self.token = config.effective_token()
+        self.metrics = Metrics()
+        self.executor = ThreadPoolExecutor(max_workers=config.max_sessions, thread_name_prefix="pivot-serve")
+        self.pool = SessionPool(
+            self.make_env, self.executor, config.max_sessions, config.queue_timeout, config.session_ttl
+        )
+        self.pool.adopt(first)
+
+    def make_env_for(self, pivots: list[Any]) -> Callable[[], Any]:
+        """A factory of envs holding `pivots` instead of the server's (for a request's own pivot)."""
+        kwargs = {key: value for key, value in self.env_kwargs.items() if key != "pivots"}
+        return resolve_env(self.config.env, pivots, **kwargs)
+
+    def reset_options(self, pivot: str | None, index: int | None) -> dict[str, Any]:
+        """gym reset options for a pivot id or an index (or neither: a seeded draw); raises
+        HTTPError 422 naming an unknown pivot or an index out of range."""
+        if pivot is not None:
+            if pivot not in self.pivot_index:
+                raise HTTPError(
+                    422,
+                    f"pivot: unknown pivot id {pivot!r} in {self.config.env}"
+                    f"{did_you_mean(pivot, [str(p) for p in self.pivot_ids])}",
+                )
+            return {"pivot": pivot}
+        if index is not None:
+            if not 0 <= index < len(self.pivot_ids):
+                raise HTTPError(422, f"index: {index} is out of range [0, {len(self.pivot_ids)})")
+            return {"index": index}
+        return {}
+
+    def observe(self, seconds: list[float]) -> None:
+        """Count env steps that took `seconds` each."""
+        for value in seconds:
+            self.metrics.observe_step(value)
+
+
+def json_response(content: Any, status: int = 200) -> Any:
+    """`content` as a compact JSON response (a starlette Response)."""
+    from starlette.responses import Response
+
+    return Response(
+        json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode(),
+        status_code=status,
+        media_type="application/json",
+    )
