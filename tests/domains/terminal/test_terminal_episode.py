@@ -1,0 +1,160 @@
+"""pivot/terminal-episode-v0: a whole task per episode, one command per step, reward 1 iff the task's check passes."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import pytest
+from gymnasium.error import ResetNeeded
+from gymnasium.utils.env_checker import check_env
+from pivot_envs.domains.terminal import bundled_pivots
+from pivot_envs.domains.terminal.episode import TerminalEpisodeEnv
+from pivot_envs.domains.terminal.tasks import load_tasks
+
+import pivot_envs
+from pivot_envs.errors import UnknownNameError
+
+gym.register_envs(pivot_envs)
+TASKS = {task.id: task for task in load_tasks()}
+
+
+def bash(command: str) -> str:
+    return f"```bash\n{command}\n```"
+
+
+def play(env: TerminalEpisodeEnv, task_id: str, actions: list[str]) -> list[tuple]:
+    """Reset at `task_id` and step `actions` until the episode ends; returns every step's result."""
+    env.reset(options={"task": task_id})
+    steps = []
+    for action in actions:
+        steps.append(env.step(action))
+        if steps[-1][2] or steps[-1][3]:
+            break
+    return steps
+
+
+@pytest.mark.parametrize(
+    "task_id", ["env-var-export", "git-init-commit", "rename-extensions", "python-fix-bug"]
+)
+def test_the_experts_commands_solve_the_task_with_reward_one_at_the_last_step(has_bwrap, task_id):
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    steps = play(env, task_id, [bash(command) for command in TASKS[task_id].expert] + ["Done."])
+    rewards = [reward for _, reward, _, _, _ in steps]
+    assert rewards == [0.0] * len(TASKS[task_id].expert) + [1.0]
+    _, _, terminated, truncated, info = steps[-1]
+    assert (terminated, truncated, info["category"], info["valid"]) == (True, False, "done", True)
+    assert info["turns"] == len(TASKS[task_id].expert) + 1
+    env.close()
+
+
+def test_the_experts_commands_solve_a_task_in_each_sandbox_kind(kind):
+    env = gym.make("pivot/terminal-episode-v0", sandbox=kind)
+    steps = play(
+        env, "sed-config-port", [bash(c) for c in TASKS["sed-config-port"].expert] + ["I changed the port."]
+    )
+    assert steps[-1][1] == 1.0 and steps[-1][4]["check"]["exit_code"] == 0
+    env.close()
+
+
+def test_a_wrong_sequence_does_not_solve_the_task(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    # the expert's commands but the last one, which writes the answer
+    steps = play(
+        env, "count-error-lines", [bash("ls"), bash("grep -c ERROR app.log"), "The answer is above."]
+    )
+    assert [reward for _, reward, _, _, _ in steps] == [0.0, 0.0, 0.0]
+    assert steps[-1][2] is True and steps[-1][4]["check"]["exit_code"] != 0
+    # answering at once, with nothing done, fails too
+    _, reward, terminated, _, info = play(env, "count-error-lines", ["Nothing to do."])[0]
+    assert (reward, terminated, info["turns"]) == (0.0, True, 1)
+    env.close()
+
+
+def test_the_chat_after_each_command_is_the_terminal_pivots_prefix(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    env.reset(options={"task": "awk-average"})
+    pivots = {pivot.id: pivot for pivot in bundled_pivots()}
+    for turn, command in enumerate(TASKS["awk-average"].expert[:-1]):
+        observation, *_ = env.step(bash(command))
+        assert observation["messages"] == pivots[f"terminal/awk-average/t{turn + 1}"].messages
+    env.close()
+
+
+def test_max_turns_truncates_the_episode_and_still_runs_the_check(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap", max_turns=2)
+    # the second of the expert's three commands already solves the task
+    steps = play(env, "symlink-current-release", [bash(c) for c in TASKS["symlink-current-release"].expert])
+    assert len(steps) == 2
+    _, reward, terminated, truncated, info = steps[-1]
+    assert (reward, terminated, truncated, info["category"], info["turns"]) == (
+        1.0,
+        False,
+        True,
+        "max_turns",
+        2,
+    )
+    with pytest.raises(ResetNeeded):
+        env.step(bash("ls"))
+    env.close()
+
+
+def test_a_fork_bomb_is_contained_in_its_episode(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap", limits={"timeout": 3.0})
+    began = time.perf_counter()
+    # The bomb outlives its command (background jobs stay, as a server would) until the episode's sandbox goes.
+    steps = play(env, "count-error-lines", [bash(":(){ :|:& };:"), "Done."])
+    assert time.perf_counter() - began < 30
+    assert [(reward, info["valid"]) for _, reward, _, _, info in steps] == [(0.0, True)] * 2
+    # the next episode starts from the task's start state, with nothing of the bomb left
+    steps = play(env, "count-error-lines", [bash(c) for c in TASKS["count-error-lines"].expert] + ["Done."])
+    assert steps[-1][1] == 1.0 and steps[0][4]["output"]["output"] == "app.log\n"
+    env.close()
+
+
+def test_a_megabyte_of_output_is_cut_and_the_episode_goes_on(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    env.reset(options={"task": "count-error-lines"})
+    observation, _, _, _, info = env.step(bash("head -c 1000000 /dev/zero | tr '\\0' a"))
+    assert info["output"]["truncated"] > 900_000 and len(str(observation["messages"])) < 40_000
+    _, _, _, _, info = env.step(bash("pwd"))
+    assert info["output"]["output"] == "/app\n"
+    env.close()
+
+
+def test_the_env_passes_gymnasiums_checker(kind):
+    env = gym.make(
+        "pivot/terminal-episode-v0", sandbox=kind, tasks=[TASKS["awk-average"], TASKS["dedupe-lines"]]
+    )
+    check_env(env.unwrapped, skip_render_check=True)
+    env.close()
+
+
+def test_gym_make_with_no_arguments_draws_from_every_bundled_task(has_bwrap):
+    env = gym.make("pivot/terminal-episode-v0").unwrapped
+    assert len(env.tasks) == len(TASKS) and env.sandbox_kind == "bwrap"
+    _, info = env.reset(seed=3)
+    assert info["task_id"] in TASKS and info["turns"] == 0
+    env.close()
+
+
+def test_editing_an_observation_leaves_the_episodes_chat_alone(has_bwrap):
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    observation, _ = env.reset(options={"task": "awk-average"})
+    observation["messages"].clear()
+    observation, *_ = env.step(bash("cat scores.txt"))
+    assert [m["role"] for m in observation["messages"]] == ["system", "user", "assistant", "tool"]
+    env.close()
+
+
+def test_an_unknown_task_is_named_with_the_close_match():
+    env = TerminalEpisodeEnv()
+    with pytest.raises(UnknownNameError, match="awk-average"):
+        env.reset(options={"task": "awk-averag"})
+    with pytest.raises(ResetNeeded):
+        env.step(bash("ls"))
+
+
+def test_max_turns_below_one_is_refused():
+    with pytest.raises(ValueError, match="max_turns"):
+        TerminalEpisodeEnv(max_turns=0)
