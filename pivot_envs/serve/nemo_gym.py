@@ -10,7 +10,9 @@ detail and the pivot id. With observability on, NeMo-Gym prefixes the paths with
 `/ng-rollout/{rollout_id}`; those paths are served too.
 
 The reward comes from the served env's executing verifier at the pivot the request names: the
-row's `uuid` (or `id`) when it is one of the server's pivots, else a pivot built from the row
+row's `uuid` (or `id`) when it is one of the server's pivots, else the server's pivot whose row
+has the same `responses_create_params.input` and `expected_action` (NeMo-Gym's own rows carry no
+id: a server started with `--pivots rows.jsonl` finds each row's pivot so), else a pivot built from the row
 itself (`responses_create_params.input` as the prefix, `expected_action` as the expert: see
 pivot_envs.formats.nemo_gym_pivots) in an env of its own for this request. An infrastructure
 failure is reward 0.0 with `verdict.valid` false (NeMo-Gym has no invalid sample).
@@ -18,6 +20,7 @@ failure is reward 0.0 with `verdict.valid` false (NeMo-Gym has no invalid sample
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -25,7 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from pivot_envs.formats.nemo_gym_pivots import nemo_gym_row_to_pivot
+from pivot_envs.formats.nemo_gym_pivots import nemo_gym_row_to_pivot, pivot_to_nemo_gym_row
 from pivot_envs.formats.records import MalformedRecord
 from pivot_envs.formats.responses import responses_to_messages
 from pivot_envs.pivot import Pivot
@@ -77,6 +80,33 @@ def request_pivot(row: dict, domain: str) -> Pivot:
         raise HTTPError(422, f"the request is not a NeMo-Gym pivot row: {error}") from None
 
 
+def row_key(row: dict) -> str | None:
+    """A digest of a row's prefix items and expected action (None when it has neither)."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict) or "expected_action" not in row:
+        return None
+    text = json.dumps([params.get("input"), row["expected_action"]], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def pivot_of_row(state: ServerState, row: dict) -> str | None:
+    """The id of the server's pivot the row names by `uuid`/`id` or matches by content, else None."""
+    named = row.get("uuid") if row.get("uuid") is not None else row.get("id")
+    if named is not None and str(named) in state.pivot_index:
+        return str(named)
+    key = row_key(row)
+    if key is None:
+        return None
+    if state.row_index is None:  # built once, off the event loop, by the first request that needs it
+        state.row_index = await state.pool.run(_row_index, state.pivots)
+    return state.row_index.get(key)
+
+
+def _row_index(pivots: list[Pivot]) -> dict[str | None, str]:
+    """Row digest -> pivot id, for the rows the pivots are written as."""
+    return {row_key(pivot_to_nemo_gym_row(pivot)): pivot.id for pivot in pivots}
+
+
 def _score(env: Any, options: dict, action: dict) -> tuple[dict, float]:
     """Reset `env` with `options`, step `action`: (the verdict fields, seconds)."""
     started = time.perf_counter()
@@ -103,12 +133,12 @@ async def verify(state: ServerState, row: Any) -> dict:
         raise HTTPError(422, "response: required, the model's Responses API output")
     action = response_action(row["response"])
     pool = state.pool
-    named = row.get("uuid") if row.get("uuid") is not None else row.get("id")
-    if named is not None and str(named) in state.pivot_index:
+    named = await pivot_of_row(state, row)
+    if named is not None:
         env = await pool.lease()
         broken = True
         try:
-            verdict, seconds = await pool.run(_score, env, {"pivot": str(named)}, action)
+            verdict, seconds = await pool.run(_score, env, {"pivot": named}, action)
             broken = False
         except Exception as error:
             raise HTTPError(500, f"pivot {named}: the env raised {type(error).__name__}: {error}") from error

@@ -8,6 +8,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import gymnasium as gym
+
+import pivot_envs
 from pivot_envs.errors import PivotEnvsError, did_you_mean
 from pivot_envs.scoring import resolve_env
 from pivot_envs.serve.config import ServeConfig
@@ -37,28 +40,32 @@ class ServerState:
         if not config.env:
             raise PivotEnvsError("ServeConfig.env is required: the env id to serve (--env pivot/terminal-v0)")
         self.config = config
-        self.env_kwargs = dict(config.env_kwargs)
-        if config.pivots:
-            self.env_kwargs["pivots"] = config.pivots
-        self.make_env = resolve_env(config.env, [], **self.env_kwargs)
-        first = self.make_env()
+        gym.register_envs(pivot_envs)
+        self.env_kwargs = {key: value for key, value in config.env_kwargs.items() if key != "pivots"}
+        pivots = config.pivots or config.env_kwargs.get("pivots")
+        first = gym.make(
+            config.env, disable_env_checker=True, **self.env_kwargs, **({"pivots": pivots} if pivots else {})
+        )
         inner = first.unwrapped
         self.domain = str(inner.domain)
-        self.pivot_ids = [pivot.id for pivot in inner.pivots]
+        self.pivots = list(inner.pivots)
+        self.pivot_ids = [pivot.id for pivot in self.pivots]
+        self.row_index: dict[str | None, str] | None = None  # NeMo-Gym row digest -> pivot id (nemo_gym)
         self.pivot_index = {pivot_id: i for i, pivot_id in enumerate(self.pivot_ids)}
         self.version = version()
         self.token = config.effective_token()
         self.metrics = Metrics()
         self.executor = ThreadPoolExecutor(max_workers=config.max_sessions, thread_name_prefix="pivot-serve")
+        # Later envs share the first one's pivots (read once, held once).
+        self.make_env = self.make_env_for(self.pivots)
         self.pool = SessionPool(
             self.make_env, self.executor, config.max_sessions, config.queue_timeout, config.session_ttl
         )
-        self.pool.adopt(first)
+        self.pool.adopt(_share_observations(first))
 
     def make_env_for(self, pivots: list[Any]) -> Callable[[], Any]:
         """A factory of envs holding `pivots` instead of the server's (for a request's own pivot)."""
-        kwargs = {key: value for key, value in self.env_kwargs.items() if key != "pivots"}
-        return resolve_env(self.config.env, pivots, **kwargs)
+        return _sharing(resolve_env(self.config.env, pivots, **self.env_kwargs))
 
     def reset_options(self, pivot: str | None, index: int | None) -> dict[str, Any]:
         """gym reset options for a pivot id or an index (or neither: a seeded draw); raises
@@ -81,6 +88,19 @@ class ServerState:
         """Count env steps that took `seconds` each."""
         for value in seconds:
             self.metrics.observe_step(value)
+
+
+def _share_observations(env: Any) -> Any:
+    """`env` with observation copies off: the server makes each result JSON-safe (a new
+    structure) before anything could edit it, so the env's own copy would be a second one."""
+    if hasattr(env.unwrapped, "copy_observations"):
+        env.unwrapped.copy_observations = False
+    return env
+
+
+def _sharing(make_env: Callable[[], Any]) -> Callable[[], Any]:
+    """`make_env` whose envs share their observations (see _share_observations)."""
+    return lambda: _share_observations(make_env())
 
 
 def json_response(content: Any, status: int = 200) -> Any:
