@@ -38,7 +38,7 @@ from pivot_envs.errors import PivotEnvsError
 from pivot_envs.serve import nemo_gym
 from pivot_envs.serve.config import ServeConfig
 from pivot_envs.serve.sessions import QueueTimeout, Session, UnknownSession
-from pivot_envs.serve.state import HTTPError, ServerState, json_response
+from pivot_envs.serve.state import HTTPError, ServerState, json_bytes, json_response, raw_json
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +105,12 @@ def _timed_step(env: Any, action: Any) -> tuple[dict, float]:
 
 
 def step_result(observation: Any, reward: float, terminated: bool, truncated: bool, info: dict) -> dict:
-    """A step's return as the protocol's JSON object; info always carries the verdict's fields."""
-    info = json_safe(info)
-    info.setdefault("category", "")
-    info.setdefault("valid", True)
-    info.setdefault("strict_reward", 0.0)
-    info.setdefault("detail", "")
+    """A step's return as the protocol's object; info always carries the verdict's fields."""
+    info = dict(info)
+    for key, default in (("category", ""), ("valid", True), ("strict_reward", 0.0), ("detail", "")):
+        info.setdefault(key, default)
     return {
-        "observation": json_safe(observation),
+        "observation": observation,
         "reward": float(reward),
         "terminated": bool(terminated),
         "truncated": bool(truncated),
@@ -120,23 +118,30 @@ def step_result(observation: Any, reward: float, terminated: bool, truncated: bo
     }
 
 
-def _steps(env: Any, options: dict, actions: list[Any], fresh: bool) -> tuple[list[dict], list[float]]:
-    """Each action stepped from the same pivot state (reset there before each but a fresh first)."""
+def _step_body(env: Any, action: Any) -> tuple[bytes, float]:
+    """One step's response body (JSON) and the seconds the step took."""
+    result, seconds = _timed_step(env, action)
+    return json_bytes(result), seconds
+
+
+def _steps_body(env: Any, options: dict, actions: list[Any], fresh: bool) -> tuple[bytes, list[float]]:
+    """Each action stepped from the same pivot state (reset there before each but a fresh first):
+    the response body (JSON) and the seconds each reset + step took."""
     results, seconds = [], []
     for action in actions:
         started = time.perf_counter()
         if not fresh:
             env.reset(options=options)
         fresh = False
-        result, _ = _timed_step(env, action)
-        results.append(result)
+        results.append(_timed_step(env, action)[0])
         seconds.append(time.perf_counter() - started)
-    return results, seconds
+    return json_bytes({"results": results}), seconds
 
 
-def _reset(env: Any, seed: int | None, options: dict) -> dict:
+def _reset_body(env: Any, session_id: str, seed: int | None, options: dict) -> tuple[bytes, Any]:
+    """Reset `env`: the response body (JSON) and the pivot id it is at."""
     observation, info = env.reset(seed=seed, options=options)
-    return {"observation": json_safe(observation), "info": json_safe(info)}
+    return json_bytes({"session": session_id, "observation": observation, "info": info}), info.get("pivot_id")
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -247,7 +252,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def reset(session: Session, body: ResetBody) -> Response:
         options = state.reset_options(body.pivot, body.index)
         try:
-            result = await pool.run(_reset, session.env, body.seed, options)
+            body_bytes, pivot_id = await pool.run(_reset_body, session.env, session.id, body.seed, options)
         except Exception as error:
             await pool.close(session.id, broken=True)
             log.warning("session %s: reset failed", session.id, exc_info=error)
@@ -255,9 +260,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 500,
                 f"session {session.id}: reset failed ({type(error).__name__}: {error}); the session is closed",
             ) from error
-        session.pivot_id = result["info"].get("pivot_id")
+        session.pivot_id = pivot_id
         session.stepped = False
-        return json_response({"session": session.id, **result})
+        return raw_json(body_bytes)
 
     @app.post("/v1/sessions")
     async def create(body: ResetBody | None = None) -> Response:
@@ -287,12 +292,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 )
             session.stepped = True
             try:
-                result, seconds = await pool.run(_timed_step, session.env, body.action)
+                result, seconds = await pool.run(_step_body, session.env, body.action)
             except Exception as error:
                 raise _env_failure(session_id, "step", error) from error
             session.last_used = time.monotonic()
         state.observe([seconds])
-        return json_response(result)
+        return raw_json(result)
 
     @app.post("/v1/sessions/{session_id}/steps")
     async def steps(session_id: str, body: StepsBody) -> Response:
@@ -311,12 +316,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             fresh = not session.stepped
             session.stepped = bool(body.actions) or session.stepped
             try:
-                results, seconds = await pool.run(_steps, session.env, options, body.actions, fresh)
+                results, seconds = await pool.run(_steps_body, session.env, options, body.actions, fresh)
             except Exception as error:
                 raise _env_failure(session_id, "steps", error) from error
             session.last_used = time.monotonic()
         state.observe(seconds)
-        return json_response({"results": results})
+        return raw_json(results)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)
     async def close(session_id: str) -> Response:

@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 
 import pivot_envs
+from pivot_envs.env import json_safe
 from pivot_envs.errors import PivotEnvsError, did_you_mean
 from pivot_envs.scoring import resolve_env
 from pivot_envs.serve.config import ServeConfig
@@ -103,12 +104,23 @@ def _sharing(make_env: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: _share_observations(make_env())
 
 
-def json_response(content: Any, status: int = 200) -> Any:
-    """`content` as a compact JSON response (a starlette Response)."""
+def json_bytes(content: Any) -> bytes:
+    """`content` as compact UTF-8 JSON. Env results are plain JSON already (PivotEnv makes them
+    so) and go straight to the encoder; one that is not (a domain's own info value, a lone
+    surrogate) goes through json_safe first."""
+    try:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError, UnicodeEncodeError):
+        return json.dumps(json_safe(content), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def raw_json(body: bytes, status: int = 200) -> Any:
+    """A JSON response (a starlette Response) of an encoded body."""
     from starlette.responses import Response
 
-    return Response(
-        json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode(),
-        status_code=status,
-        media_type="application/json",
-    )
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def json_response(content: Any, status: int = 200) -> Any:
+    """`content` as a JSON response (see json_bytes)."""
+    return raw_json(json_bytes(content), status)

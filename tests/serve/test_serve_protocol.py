@@ -10,6 +10,7 @@ import time
 
 import gymnasium as gym
 import httpx
+import numpy as np
 import pytest
 
 import pivot_envs
@@ -291,22 +292,36 @@ class RaisingEnv(PivotEnv):
     def step(self, action):
         if action == "raise":
             raise RuntimeError("the env broke")
-        return super().step(action)
+        observation, reward, terminated, truncated, info = super().step(action)
+        if action == "odd info":  # values JSON cannot hold, as a domain's info might carry
+            info.update(score=np.float32(0.5), tags={"x"}, text="lone \ud800 surrogate", blob=object())
+        return observation, reward, terminated, truncated, info
 
 
-def test_an_exception_inside_env_step_is_a_500_naming_the_session_and_the_server_keeps_serving():
+@pytest.fixture(scope="module")
+def raising():
     gym.register("test-serve/raising-v0", entry_point=RaisingEnv)
     with start_server(ServeConfig(env="test-serve/raising-v0", port=0, max_sessions=1)) as running:
         with httpx.Client(base_url=running.url, timeout=30) as client:
-            session = open_session(client)["session"]
-            failed = client.post(f"/v1/sessions/{session}/step", json={"action": "raise"})
-            assert failed.status_code == 500
-            assert (
-                session in failed.json()["detail"]
-                and "RuntimeError: the env broke" in failed.json()["detail"]
-            )
-            client.post(f"/v1/sessions/{session}/reset", json={}).raise_for_status()
-            assert client.post(f"/v1/sessions/{session}/step", json={"action": "ok"}).json()["reward"] == 1.0
+            yield client
+
+
+def test_info_values_json_cannot_hold_come_back_as_plain_json(raising):
+    session = open_session(raising)["session"]
+    info = raising.post(f"/v1/sessions/{session}/step", json={"action": "odd info"}).json()["info"]
+    assert (info["score"], info["tags"], info["text"]) == (0.5, ["x"], "lone \ufffd surrogate")
+    assert info["blob"].startswith("<object object at")
+    raising.delete(f"/v1/sessions/{session}")
+
+
+def test_an_exception_inside_env_step_is_a_500_naming_the_session_and_the_server_keeps_serving(raising):
+    session = open_session(raising)["session"]
+    failed = raising.post(f"/v1/sessions/{session}/step", json={"action": "raise"})
+    assert failed.status_code == 500
+    assert session in failed.json()["detail"] and "RuntimeError: the env broke" in failed.json()["detail"]
+    raising.post(f"/v1/sessions/{session}/reset", json={}).raise_for_status()
+    assert raising.post(f"/v1/sessions/{session}/step", json={"action": "ok"}).json()["reward"] == 1.0
+    raising.delete(f"/v1/sessions/{session}")
 
 
 # -- the token -------------------------------------------------------------------------------------
