@@ -64,12 +64,14 @@ class Server:
 
 @dataclass(eq=False)
 class Session:
-    """A session the pool opened: the server holding it, its id there, its pivot and seed."""
+    """A session the pool opened: the server holding it, its id there, its pivot and seed, and
+    whether the pool closed it (a closed session is opened anew, never sent a request)."""
 
     server: Server
     id: str
     pivot: str
     seed: int | None = None
+    closed: bool = False
 
 
 class _ServerDown(Exception):
@@ -346,21 +348,28 @@ class ServerPool:
                 server.sessions += 1
             return Session(server, str(answer["session"]), pivot, seed), answer
 
-    def call(self, session: Session, action: str, body: dict[str, Any]) -> tuple[Session, Any]:
-        """POST `body` to the session's `action` (reset, step, steps): (the session, the answer).
+    def call(self, session: Session, endpoint: str, body: dict[str, Any]) -> tuple[Session, Any]:
+        """POST `body` to the session's `endpoint` (reset, step, steps): (the session, the answer).
 
         When the session's server fails after its retries, is marked down, or forgot the session,
         the session is opened again at its pivot on another server and the request sent there;
         the returned session is the one that answered. Raises ServersUnavailableError when every
-        server failed, RemoteRequestError on a 4xx.
+        server failed (the session is closed then), RemoteRequestError on a 4xx.
         """
         failed: dict[str, str] = {}
         forgot: set[str] = set()  # servers that forgot a session once here: a second time, they are left out
         while True:
             server = session.server
-            if server.down_until == 0.0 or self._is_up(server):
+            if session.closed:
+                pass  # closed by an earlier failure: opened anew below
+            elif not self._is_up(server):
+                failed.setdefault(server.url, server.failure)
+                self.close(session, delete=False)
+            else:
                 try:
-                    return session, self.request(server, "POST", f"/v1/sessions/{session.id}/{action}", body)
+                    return session, self.request(
+                        server, "POST", f"/v1/sessions/{session.id}/{endpoint}", body
+                    )
                 except _ServerDown as down:
                     failed[server.url] = down.reason
                     if not down.busy:
@@ -371,18 +380,18 @@ class ServerPool:
                         failed[server.url] = str(lost)
                     forgot.add(server.url)
                     self.close(session)
-            else:
-                failed.setdefault(server.url, server.failure)
-                self.close(session, delete=False)
             logger.info(
                 "pivot/remote-v0: session %s at pivot %s moves off %s", session.id, session.pivot, server.url
             )
             session, _ = self.open(session.pivot, session.seed, failed)
 
     def close(self, session: Session, delete: bool = True) -> None:
-        """Forget `session`; with `delete`, ask its server to delete it (one try, a short timeout:
-        a server that cannot answer forgets it with its own state)."""
+        """Forget `session` (once); with `delete`, ask its server to delete it (one try, a short
+        timeout: a server that cannot answer forgets it with its own state)."""
         with self._lock:
+            if session.closed:
+                return
+            session.closed = True
             session.server.sessions -= 1
         if not delete or session.server.down_until:
             return

@@ -42,7 +42,7 @@ class RemoteEnv(gym.Env):
               it; None there too: send none). timeout: seconds per request. retries: retries of a
               failed request on one server before it is marked down. cooldown: seconds before a
               server marked down is tried again.
-    verifier: must be None: the servers' env verifies (start them with the verifier to train with).
+    verifier: must be None: the servers' env verifies (start them with `--env-arg verifier=NAME`).
 
     reset(seed, options) picks a pivot as the local env does (`options={"pivot": id}`,
     `{"index": i}`, or a draw from `self.np_random` over this env's pivots, so a seed picks the
@@ -76,7 +76,7 @@ class RemoteEnv(gym.Env):
         if verifier is not None:
             raise ValueError(
                 f"pivot/remote-v0 takes no verifier (got {verifier!r}): the servers' env verifies; "
-                "start the servers with the verifier to use"
+                "start the servers with the verifier to use (pivotrl serve --env-arg verifier=NAME)"
             )
         if isinstance(urls, str):
             urls = [url.strip() for url in urls.split(",") if url.strip()]
@@ -150,7 +150,7 @@ class RemoteEnv(gym.Env):
             index = int(self.np_random.integers(len(self.pivot_ids)))
         self.pivot, self._prefix, self._stepped = self.pivot_ids[index], None, False
         body = {"pivot": self.pivot, "index": None, "seed": seed}
-        if self._session is None:
+        if self._session is None or self._session.closed:
             self._session, answer = self.pool.open(self.pivot, seed)
         else:
             self._session.pivot, self._session.seed = self.pivot, seed
@@ -193,7 +193,6 @@ class RemoteEnv(gym.Env):
         self._closed = True
         if self._session is not None:
             self.pool.close(self._session)
-            self._session = None
         self.pool.release()
 
     # -- helpers ----------------------------------------------------------------------------------

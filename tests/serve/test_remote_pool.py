@@ -199,6 +199,7 @@ def test_sessions_spread_over_the_servers(servers: list[ScriptedServer]) -> None
         env.close()
     assert held == sorted([servers[0].url, servers[1].url] * 2)
     assert [server.opened() for server in servers] == [2, 2]
+    assert [sum(method == "DELETE" for method, _ in server.requests) for server in servers] == [2, 2]
 
 
 def test_a_step_on_a_dead_server_moves_its_session_to_another_at_the_same_pivot(
@@ -293,3 +294,19 @@ def test_reset_picks_the_pivot_a_local_env_with_the_same_seed_picks(servers: lis
     env.close()
     expected = [PIVOTS[int(np.random.default_rng(seed).integers(len(PIVOTS)))] for seed in range(8)]
     assert picked == expected
+
+
+def test_after_every_server_failed_the_next_reset_opens_a_session_once_one_is_back(
+    servers: list[ScriptedServer],
+) -> None:
+    one = servers[0]
+    env = make_env([one.url], retries=1, cooldown=0.2)
+    env.reset(options={"pivot": "p0"})
+    one.fail("/step", (500, {}, None), (500, {}, None))
+    assert env.step("x")[4]["valid"] is False
+    time.sleep(0.25)
+    env.reset(options={"pivot": "p1"})
+    _, reward, _, _, info = env.step("x")
+    sessions = env.unwrapped.pool.servers[0].sessions
+    env.close()
+    assert (reward, info["valid"], one.opened(), sessions) == (1.0, True, 2, 1)
