@@ -254,7 +254,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         try:
             body_bytes, pivot_id = await pool.run(_reset_body, session.env, session.id, body.seed, options)
         except Exception as error:
-            await pool.close(session.id, broken=True)
+            await pool.discard(session, broken=True)
             log.warning("session %s: reset failed", session.id, exc_info=error)
             raise HTTPError(
                 500,

@@ -65,6 +65,10 @@ class SlotGate:
         self._waiters.append(future)
         try:
             await asyncio.wait({future}, timeout=timeout)
+        except BaseException:  # cancelled while waiting: a permit handed over meanwhile goes back
+            if future.done():
+                self.release()
+            raise
         finally:
             if not future.done():
                 self._waiters.remove(future)
@@ -204,11 +208,17 @@ class SessionPool:
 
     async def close(self, session_id: str, broken: bool = False) -> None:
         """Close a session (after any request using it finishes); its env goes back to the pool."""
-        session = self.sessions.pop(session_id, None)
+        session = self.sessions.get(session_id)
         if session is None:
             raise UnknownSession(f"session {session_id!r} is not open (never opened, closed, or expired)")
         session.closed = True  # a request already waiting on the lock sees it and answers 404
         async with session.lock:
+            await self.discard(session, broken)
+
+    async def discard(self, session: Session, broken: bool = False) -> None:
+        """Close `session` now, its lock held by the caller (a request that found its env broken)."""
+        session.closed = True
+        if self.sessions.pop(session.id, None) is not None:
             await self.give_back(session.env, broken)
 
     async def reap(self) -> int:

@@ -289,6 +289,11 @@ class RaisingEnv(PivotEnv):
             )
         ]
 
+    def reset(self, *, seed=None, options=None):
+        if seed == 666:
+            raise RuntimeError("the restore broke")
+        return super().reset(seed=seed, options=options)
+
     def step(self, action):
         if action == "raise":
             raise RuntimeError("the env broke")
@@ -322,6 +327,27 @@ def test_an_exception_inside_env_step_is_a_500_naming_the_session_and_the_server
     raising.post(f"/v1/sessions/{session}/reset", json={}).raise_for_status()
     assert raising.post(f"/v1/sessions/{session}/step", json={"action": "ok"}).json()["reward"] == 1.0
     raising.delete(f"/v1/sessions/{session}")
+
+
+def test_a_reset_that_raises_is_a_500_that_closes_the_session_and_frees_its_env(raising):
+    for _ in range(2):  # twice with one env: the first failure gave its slot back
+        session = open_session(raising)["session"]
+        failed = raising.post(f"/v1/sessions/{session}/reset", json={"seed": 666})
+        assert failed.status_code == 500, failed.text
+        assert (
+            session in failed.json()["detail"]
+            and "RuntimeError: the restore broke" in failed.json()["detail"]
+        )
+        assert raising.post(f"/v1/sessions/{session}/step", json={"action": "ok"}).status_code == 404
+    refused = raising.post("/v1/sessions", json={"seed": 666})
+    assert refused.status_code == 500 and "the session is closed" in refused.json()["detail"]
+    assert raising.get("/health").json() == {
+        "status": "ok",
+        "env_id": "test-serve/raising-v0",
+        "sessions": 0,
+        "envs_alive": 0,
+        "queue": 0,
+    }
 
 
 # -- the token -------------------------------------------------------------------------------------

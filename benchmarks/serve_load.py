@@ -1,0 +1,280 @@
+"""Serve load: `pivotrl serve` under N concurrent clients for T seconds against 1 and 2 servers
+(loopback only, bounded), the tool-use env at its bundled pivots with each pivot's expert turn.
+
+    .venv/bin/python benchmarks/serve_load.py [--seconds 8] [--clients 1,8,32] [--servers 1,2]
+
+1. In-process baseline: `gym.make("pivot/tool-use-v0")` reset + step at every bundled pivot,
+   one thread: wall-clock p50/p99 and CPU per action.
+2. Overhead: one client, one server, one action at a time: round trip of reset + step (two
+   requests) and of a batch of 8 (`/steps`, one request), against the in-process time; and the
+   server's CPU per action (its process's CPU time over the actions it served) against the
+   in-process CPU per action: the server-side overhead per step (target <= 5 ms).
+3. Load: for each server count and client count, the clients (asyncio tasks of one process,
+   httpx) spread round-robin over the servers, each a session looping reset + step for T
+   seconds: actions/s, p50/p99 latency per action, errors, and lost or doubled actions (the
+   actions the clients were answered for against the steps the servers' /metrics counted;
+   target 0). Servers are `pivotrl serve` subprocesses on 127.0.0.1, so two servers can use two
+   cores; the client process takes CPU too, and the table says how much each side used.
+
+Prints a table, writes benchmarks/out/serve_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import httpx
+
+import pivot_envs
+
+OUT = Path(__file__).resolve().parent / "out" / "serve_load.json"
+ENV = "pivot/tool-use-v0"
+BATCH = 8
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def latency(seconds: list[float]) -> dict:
+    """n, p50 and p99 in ms."""
+    return {
+        "n": len(seconds),
+        "p50_ms": 1000 * statistics.median(seconds),
+        "p99_ms": 1000 * percentile(seconds, 0.99),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def jobs() -> list[tuple[str, dict]]:
+    """(pivot id, expert turn) at every bundled tool-use pivot."""
+    env = gym.make(ENV).unwrapped
+    return [(pivot.id, pivot.expert) for pivot in env.pivots]
+
+
+def in_process(work: list[tuple[str, dict]], passes: int = 3) -> dict:
+    """Reset + step at each pivot in this process (after one warm pass): wall-clock and CPU per action."""
+    env = gym.make(ENV)
+    for pivot_id, action in work:  # warm: parsers, backends and caches as a running server has them
+        env.reset(options={"pivot": pivot_id})
+        env.step(action)
+    seconds, cpu_started = [], time.process_time()
+    for _ in range(passes):
+        for pivot_id, action in work:
+            started = time.perf_counter()
+            env.reset(options={"pivot": pivot_id})
+            env.step(action)
+            seconds.append(time.perf_counter() - started)
+    cpu = (time.process_time() - cpu_started) / len(seconds)
+    env.close()
+    return {**latency(seconds), "cpu_ms_per_action": 1000 * cpu}
+
+
+class Server:
+    """A `pivotrl serve` subprocess on a free loopback port."""
+
+    def __init__(self, max_sessions: int) -> None:
+        pivotrl = Path(sys.executable).with_name("pivotrl")
+        command = [
+            str(pivotrl),
+            "serve",
+            "--env",
+            ENV,
+            "--port",
+            "0",
+            "--max-sessions",
+            str(max_sessions),
+            "-q",
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PIVOT_ENVS_SERVE_TOKEN": ""}
+        )
+        line = self.process.stdout.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        if not match:
+            self.process.kill()
+            raise RuntimeError(f"pivotrl serve did not start: {line!r}")
+        self.url = match.group(1)
+
+    def steps_counted(self) -> int:
+        text = httpx.get(f"{self.url}/metrics").text
+        return int(re.search(r"^pivot_serve_step_seconds_count (\d+)$", text, re.MULTILINE).group(1))
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.process.pid)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+async def overhead(server: Server, work: list[tuple[str, dict]], passes: int = 2) -> dict:
+    """One client, one action (or one batch) at a time: round-trip latency and server CPU per action."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        session = (await client.post("/v1/sessions", json={})).json()["session"]
+        for pivot_id, action in work:  # warm
+            await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
+            await client.post(f"/v1/sessions/{session}/step", json={"action": action})
+        single, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
+        for _ in range(passes):
+            for pivot_id, action in work:
+                started = time.perf_counter()
+                (
+                    await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
+                ).raise_for_status()
+                (
+                    await client.post(f"/v1/sessions/{session}/step", json={"action": action})
+                ).raise_for_status()
+                single.append(time.perf_counter() - started)
+        served = server.steps_counted() - steps_before
+        single_cpu = (server.cpu() - cpu_before) / served
+        batched, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
+        for pivot_id, action in work:
+            started = time.perf_counter()
+            await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
+            answer = await client.post(f"/v1/sessions/{session}/steps", json={"actions": [action] * BATCH})
+            answer.raise_for_status()
+            batched.append((time.perf_counter() - started) / BATCH)
+        batch_cpu = (server.cpu() - cpu_before) / (server.steps_counted() - steps_before)
+        await client.delete(f"/v1/sessions/{session}")
+    return {
+        "reset_step": {**latency(single), "server_cpu_ms_per_action": 1000 * single_cpu},
+        f"steps_batch_{BATCH}": {**latency(batched), "server_cpu_ms_per_action": 1000 * batch_cpu},
+    }
+
+
+async def load(servers: list[Server], clients: int, seconds: float, work: list[tuple[str, dict]]) -> dict:
+    """`clients` sessions looping reset + step for `seconds`, spread round-robin over `servers`."""
+    before = [server.steps_counted() for server in servers]
+    cpu_before = [server.cpu() for server in servers]
+    own_cpu = time.process_time()
+    latencies: list[float] = []
+    errors: list[str] = []
+    answered = 0
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+
+    async def client_loop(number: int, http: httpx.AsyncClient, deadline: float) -> None:
+        nonlocal answered
+        server = servers[number % len(servers)]
+        opened = await http.post(f"{server.url}/v1/sessions", json={})
+        session = opened.json()["session"]
+        position = number
+        while time.perf_counter() < deadline:
+            pivot_id, action = work[position % len(work)]
+            position += clients
+            started = time.perf_counter()
+            try:
+                reset = await http.post(f"{server.url}/v1/sessions/{session}/reset", json={"pivot": pivot_id})
+                step = await http.post(f"{server.url}/v1/sessions/{session}/step", json={"action": action})
+            except httpx.HTTPError as error:
+                errors.append(f"{type(error).__name__}: {error}")
+                continue
+            if reset.status_code != 200 or step.status_code != 200:
+                errors.append(f"{reset.status_code}/{step.status_code}: {step.text[:200]}")
+                continue
+            answered += 1
+            latencies.append(time.perf_counter() - started)
+        await http.delete(f"{server.url}/v1/sessions/{session}")
+
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        started = time.perf_counter()
+        deadline = started + seconds
+        await asyncio.gather(*(client_loop(number, http, deadline) for number in range(clients)))
+        elapsed = time.perf_counter() - started
+    counted = sum(server.steps_counted() - was for server, was in zip(servers, before))
+    return {
+        "servers": len(servers),
+        "clients": clients,
+        "seconds": elapsed,
+        "actions": answered,
+        "actions_per_s": answered / elapsed,
+        **latency(latencies or [0.0]),
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "server_steps_counted": counted,
+        "lost_or_doubled": counted - answered,
+        "server_cpu_s": sum(server.cpu() - was for server, was in zip(servers, cpu_before)),
+        "client_cpu_s": time.process_time() - own_cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each load run")
+    parser.add_argument("--clients", default="1,8,32", help="client counts, comma-separated")
+    parser.add_argument("--servers", default="1,2", help="server counts, comma-separated")
+    args = parser.parse_args()
+    client_counts = [int(n) for n in args.clients.split(",")]
+    server_counts = [int(n) for n in args.servers.split(",")]
+    gym.register_envs(pivot_envs)
+    work = jobs()
+    results: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": os.getloadavg(),
+        },
+        "env": ENV,
+        "pivots": len(work),
+        "in_process": in_process(work),
+    }
+    servers = [Server(max_sessions=max(client_counts)) for _ in range(max(server_counts))]
+    try:
+        results["overhead"] = asyncio.run(overhead(servers[0], work))
+        results["load"] = [
+            asyncio.run(load(servers[:count], clients, args.seconds, work))
+            for count in server_counts
+            for clients in client_counts
+        ]
+    finally:
+        for server in servers:
+            server.stop()
+    results["machine"]["load_after"] = os.getloadavg()
+    report(results)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=2))
+
+
+def report(results: dict) -> None:
+    base, over = results["in_process"], results["overhead"]
+    print(f"in-process reset+step: p50 {base['p50_ms']:.3f} ms, p99 {base['p99_ms']:.3f} ms, "
+          f"CPU {base['cpu_ms_per_action']:.3f} ms per action ({base['n']} actions)")  # fmt: skip
+    for name, r in over.items():
+        added = r["server_cpu_ms_per_action"] - base["cpu_ms_per_action"]
+        print(f"one client, {name}: round trip p50 {r['p50_ms']:.3f} ms (+{r['p50_ms'] - base['p50_ms']:.3f} "
+              f"over in-process), p99 {r['p99_ms']:.3f} ms; server CPU {r['server_cpu_ms_per_action']:.3f} ms "
+              f"per action, +{added:.3f} ms over in-process (target <= 5)")  # fmt: skip
+    rows = [("servers", "clients", "actions/s", "p50 ms", "p99 ms", "errors", "lost/doubled",
+             "server CPU s", "client CPU s", "seconds")]  # fmt: skip
+    for r in results["load"]:
+        rows.append((str(r["servers"]), str(r["clients"]), f"{r['actions_per_s']:.0f}", f"{r['p50_ms']:.2f}",
+                     f"{r['p99_ms']:.2f}", str(r["errors"]), str(r["lost_or_doubled"]),
+                     f"{r['server_cpu_s']:.1f}", f"{r['client_cpu_s']:.1f}", f"{r['seconds']:.1f}"))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    print(
+        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
