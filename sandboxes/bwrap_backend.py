@@ -5,7 +5,10 @@ The base root filesystem's system directories are bound read-only, with a writab
 home, /tmp and state directory per sandbox, all namespaces unshared (no network), limits through
 rlimits (and a cgroup where one can be made, see `cgroups`). A snapshot is a copy of that tree; a
 fork is a copy-on-write copy (`cp -a --reflink=auto`) with its bwrap and command server already
-started in the background (the warm pool), so a fork costs neither a copy nor a bwrap start.
+started in the background (the warm pool), so a fork costs neither a copy nor a bwrap start. The
+snapshot's files are hashed once; a fork's workspace manifest reuses those digests for the files
+its commands left alone (`manifest.KnownDigests`), so it reads only what changed. The pool's copies
+and removals run at the lowest CPU priority: they yield to the commands being measured.
 Killing a sandbox's bwrap kills its PID namespace, so every process the commands left behind.
 When run as root, the sandbox drops to the `nobody` user on the host (inside it is root of its
 own user namespace), so RLIMIT_NPROC bounds fork bombs.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from .channel import LimitExceeded, ServerDown, ServerTimeout, call_server, disk_check, fifo_channel
 from .cleanup import BWRAP_PREFIX
+from .manifest import KnownDigests, file_digests
 from .output import new_marker
 from .processes import (
     NOBODY,
@@ -40,6 +44,9 @@ from .processes import (
 )
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import CHANNEL_DIR, SERVER, STATE_DIR, result_from_files, runner_argv, runner_env
+
+# The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
+BACKGROUND = ("nice", "-n", "19")
 
 
 def _stop_all(servers: set[BwrapServer], root: Path) -> None:
@@ -68,6 +75,8 @@ class BwrapBackend:
         # Forks of each snapshot made ahead in the background: a copy with its server started.
         self.warm_pool = warm_pool
         self._pools: dict[str, queue.SimpleQueue] = {}
+        # Per snapshot: its workspace files' (size, mtime, digest), hashed once for every fork's manifest.
+        self._digests: dict[str, dict[str, tuple[int, int, str]]] = {}
         self._servers: set[BwrapServer] = set()
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
@@ -146,33 +155,46 @@ class BwrapBackend:
         self._own(directory)
         return BwrapSandbox(self, directory, workdir, self.start_server(directory, workdir))
 
-    def _copy(self, snapshot: Snapshot) -> Path:
+    def _copy(self, snapshot: Snapshot) -> tuple[Path, KnownDigests]:
         directory = self._new_dir()
         directory.rmdir()
-        copied = subprocess.run(["cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], capture_output=True)
+        copied = subprocess.run([*BACKGROUND, "cp", "-a", "--reflink=auto", snapshot.ref, str(directory)],
+                                capture_output=True)
         if copied.returncode != 0:  # e.g. the snapshot was released while a warm copy was queued
             shutil.rmtree(directory, ignore_errors=True)
             raise SandboxError(f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}")
-        return directory
+        return directory, KnownDigests.of_copy(directory / "work", self._snapshot_digests(snapshot))
+
+    def _snapshot_digests(self, snapshot: Snapshot) -> dict[str, tuple[int, int, str]]:
+        with self._lock:
+            digests = self._digests.get(snapshot.ref)
+        if digests is None:
+            # The snapshot's tree is never written after it is made: hashing it once holds for every fork.
+            digests = file_digests(Path(snapshot.ref) / "work", self.limits.manifest_files)
+            with self._lock:
+                self._digests[snapshot.ref] = digests
+        return digests
 
     def fork(self, snapshot: Snapshot) -> BwrapSandbox:
         """A new sandbox from the snapshot: a warm one (copied, server started) when ready, else made now."""
         with self._lock:
             pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
         try:
-            directory, server = pool.get_nowait()
+            directory, server, known = pool.get_nowait()
         except queue.Empty:
-            directory = self._copy(snapshot)
+            directory, known = self._copy(snapshot)
             server = self.start_server(directory, snapshot.workdir)
+        # From here on commands may write the workspace: what is older than this stamp is the copy's.
+        known.seal(directory / "stamp")
         self._refill(snapshot, pool)
-        return BwrapSandbox(self, directory, snapshot.workdir, server)
+        return BwrapSandbox(self, directory, snapshot.workdir, server, known)
 
     def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
         def make_one() -> None:
             if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
                 try:
-                    directory = self._copy(snapshot)
-                    pool.put((directory, self.start_server(directory, snapshot.workdir)))
+                    directory, known = self._copy(snapshot)
+                    pool.put((directory, self.start_server(directory, snapshot.workdir), known))
                 except (OSError, SandboxError):
                     return  # the next fork makes its sandbox synchronously
 
@@ -199,7 +221,8 @@ class BwrapBackend:
             if server is not None:
                 self.stop_server(server)
             # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
-            if subprocess.run(["rm", "-rf", "--one-file-system", str(directory)], capture_output=True).returncode:
+            if subprocess.run([*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)],
+                              capture_output=True).returncode:
                 shutil.rmtree(directory, ignore_errors=True)
 
         if self._closed:
@@ -216,8 +239,9 @@ class BwrapBackend:
         """Delete a snapshot's directory and its warm forks."""
         with self._lock:
             pool = self._pools.pop(snapshot.ref, None)
+            self._digests.pop(snapshot.ref, None)
         while pool is not None and not pool.empty():
-            directory, server = pool.get_nowait()
+            directory, server, _ = pool.get_nowait()
             self.stop_server(server)
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(snapshot.ref, ignore_errors=True)
@@ -245,11 +269,14 @@ class BwrapSandbox:
 
     backend = "bwrap"
 
-    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: BwrapServer | None = None) -> None:
+    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: BwrapServer | None = None,
+                 known: KnownDigests | None = None) -> None:
         self.owner = owner
         self.directory = directory
         self.workdir = workdir
         self.server = server
+        # The digests its workspace was forked with, reused by each manifest for files left alone.
+        self.known = known
         self.closed = False
 
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
@@ -288,7 +315,7 @@ class BwrapSandbox:
                 break
         workspace = self.directory / "work" if files else None
         result = result_from_files(self.directory / "state", workspace, command, 137 if exit_code is None else exit_code,
-                                   limits, timeout, time.monotonic() - start, within=self.directory)
+                                   limits, timeout, time.monotonic() - start, within=self.directory, known=self.known)
         result.output += note
         return result
 

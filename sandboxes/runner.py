@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .manifest import inside, manifest, parse_manifest
+from .manifest import KnownDigests, inside, manifest, parse_manifest
 from .output import join_cut, strip_ansi
 from .protocol import CommandRejected, CommandResult, SandboxError, SandboxLimits, command_problem
 
@@ -170,12 +170,13 @@ def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLi
 
 def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike | None, command: str,
                       exit_code: int, limits: SandboxLimits, timeout: float, seconds: float,
-                      within: str | os.PathLike | None = None) -> CommandResult:
+                      within: str | os.PathLike | None = None, known: KnownDigests | None = None) -> CommandResult:
     """A CommandResult read from the host side of a sandbox (the runner ran with report=False).
 
     `within` is the sandbox's tree on the host: a state directory, output file or workspace the
     command replaced by a link pointing out of it is not read (the link would be followed on the
-    host), and the output file itself is opened without following a link.
+    host), and the output file itself is opened without following a link. `known`: digests the
+    workspace manifest may reuse for files left alone (see manifest.KnownDigests).
     """
     out = Path(state_dir) / "out"
     size, body = 0, b""
@@ -197,6 +198,6 @@ def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike
     output = join_cut(body, size - kept, limits.output_bytes)
     files = None
     if workspace is not None:
-        files = manifest(workspace, limits.manifest_files) if inside(workspace, within) else {}
+        files = manifest(workspace, limits.manifest_files, known) if inside(workspace, within) else {}
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
     return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
