@@ -96,6 +96,18 @@ def test_step_group_scores_each_action_from_the_pivot_state(servers: list[str]) 
     assert (reward, step_info["pivot_id"]) == (0.0, info["pivot_id"])
 
 
+def test_a_vector_env_spreads_its_sessions_over_the_servers(servers: list[str]) -> None:
+    envs = gym.make_vec(
+        "pivot/remote-v0", num_envs=2, vectorization_mode="sync", urls=servers, env_id=ENV_ID, retries=2
+    )
+    envs.reset(seed=5)
+    held = sorted(env.unwrapped.server for env in envs.envs)
+    _, rewards, terminated, _, infos = envs.step([WRONG, WRONG])
+    envs.close()
+    assert held == sorted(servers)
+    assert list(rewards) == [0.0, 0.0] and all(terminated) and all(infos["final_info"]["valid"])
+
+
 def test_a_server_token_is_sent_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with start_server(ServeConfig(env=ENV_ID, port=0, token="s3cret", max_sessions=2)) as guarded:
         with pytest.raises(RemoteRequestError, match=f"GET {guarded.url}/v1/info: HTTP 401"):

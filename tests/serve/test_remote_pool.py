@@ -310,3 +310,15 @@ def test_after_every_server_failed_the_next_reset_opens_a_session_once_one_is_ba
     sessions = env.unwrapped.pool.servers[0].sessions
     env.close()
     assert (reward, info["valid"], one.opened(), sessions) == (1.0, True, 2, 1)
+
+
+def test_a_step_answered_409_after_a_lost_answer_is_taken_on_a_session_opened_again(
+    servers: list[ScriptedServer],
+) -> None:
+    one = servers[0]
+    env = make_env([one.url])
+    env.reset(options={"pivot": "p2"})
+    one.fail("/step", (409, {}, {"detail": "its episode ended"}))
+    _, reward, _, _, info = env.step("x")
+    env.close()
+    assert (reward, info["valid"], one.opened(), one.count("/step")) == (1.0, True, 2, 2)
