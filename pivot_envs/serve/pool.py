@@ -383,7 +383,9 @@ class ServerPool:
             logger.info(
                 "pivot/remote-v0: session %s at pivot %s moves off %s", session.id, session.pivot, server.url
             )
-            session, _ = self.open(session.pivot, session.seed, failed)
+            session, answer = self.open(session.pivot, session.seed, failed)
+            if endpoint == "reset":  # opening it reset it to its pivot
+                return session, answer
 
     def close(self, session: Session, delete: bool = True) -> None:
         """Forget `session` (once); with `delete`, ask its server to delete it (one try, a short

@@ -322,3 +322,18 @@ def test_a_step_answered_409_after_a_lost_answer_is_taken_on_a_session_opened_ag
     _, reward, _, _, info = env.step("x")
     env.close()
     assert (reward, info["valid"], one.opened(), one.count("/step")) == (1.0, True, 2, 2)
+
+
+def test_a_reset_on_a_dead_server_opens_the_session_at_the_new_pivot_on_another(
+    servers: list[ScriptedServer],
+) -> None:
+    one, other = servers
+    env = make_env([one.url, other.url])
+    env.reset(options={"pivot": "p0"})
+    holder = next(server for server in servers if server.url == env.server)
+    spare = other if holder is one else one
+    holder.close()
+    _, info = env.reset(options={"pivot": "p1"})
+    env.close()
+    assert (info["pivot_id"], info["index"], env.server) == ("p1", 1, spare.url)
+    assert spare.opened() == 1 and spare.count("/reset") == 0
