@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pivot_envs.config import ConfigError
 from pivot_envs.env import InfrastructureError
 from pivot_envs.errors import MissingExtraError, PivotEnvsError
 
@@ -143,14 +144,14 @@ class ServerPool:
             raise MissingExtraError("pivot/remote-v0", error.name or "httpx", "serve") from None
         urls = [str(url).rstrip("/") for url in urls]
         if not urls:
-            raise ValueError("a server pool needs at least one URL")
+            raise ConfigError("a server pool needs at least one URL")
         bad = [url for url in urls if not url.startswith(("http://", "https://"))]
         if bad:
-            raise ValueError(f"server URLs must start with http:// or https://, got {bad}")
+            raise ConfigError(f"server URLs must start with http:// or https://, got {bad}")
         if len(set(urls)) != len(urls):
-            raise ValueError(f"a server URL is listed twice: {urls}")
+            raise ConfigError(f"a server URL is listed twice: {urls}")
         if timeout <= 0 or retries < 0 or cooldown < 0 or backoff < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"timeout must be > 0 and retries, cooldown, backoff >= 0; got timeout={timeout}, "
                 f"retries={retries}, cooldown={cooldown}, backoff={backoff}"
             )

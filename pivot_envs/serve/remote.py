@@ -19,6 +19,7 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode
 
+from pivot_envs.config import ConfigError
 from pivot_envs.env import PivotSource, action_text, json_safe, load_pivot_file
 from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
@@ -64,7 +65,7 @@ class RemoteEnv(gym.Env):
 
     def __init__(
         self,
-        urls: Sequence[str] | str,
+        urls: Sequence[str] | str | None = None,
         env_id: str | None = None,
         pivots: PivotSource | Iterable[str] = None,
         token: str | None = None,
@@ -74,12 +75,17 @@ class RemoteEnv(gym.Env):
         verifier: str | None = None,
     ) -> None:
         if verifier is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"pivot/remote-v0 takes no verifier (got {verifier!r}): the servers' env verifies; "
                 "start the servers with the verifier to use (pivotrl serve --env-arg verifier=NAME)"
             )
         if isinstance(urls, str):
             urls = [url.strip() for url in urls.split(",") if url.strip()]
+        if not urls:
+            raise ConfigError(
+                "pivot/remote-v0 needs the servers' URLs: gym.make('pivot/remote-v0', urls=[...]), "
+                """or --env-kwargs '{"urls": ["http://HOST:PORT", ...]}'"""
+            )
         self.pool = ServerPool.shared(
             urls,
             env_id=env_id,

@@ -337,3 +337,8 @@ def test_a_reset_on_a_dead_server_opens_the_session_at_the_new_pivot_on_another(
     env.close()
     assert (info["pivot_id"], info["index"], env.server) == ("p1", 1, spare.url)
     assert spare.opened() == 1 and spare.count("/reset") == 0
+
+
+def test_an_env_without_urls_says_how_to_give_them() -> None:
+    with pytest.raises(ValueError, match=r"pivot/remote-v0 needs the servers' URLs: .*--env-kwargs"):
+        RemoteEnv()
