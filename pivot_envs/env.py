@@ -53,6 +53,24 @@ class Outcome:
 PivotSource = str | os.PathLike | Iterable[Pivot] | Iterable[dict] | None
 
 
+def pick_index(
+    options: dict[str, Any] | None, by_id: dict[str, int], count: int, np_random: np.random.Generator
+) -> int:
+    """The pivot a reset goes to: `options["pivot"]` (an id), `options["index"]`, else a draw from
+    `np_random` (the env's seeded generator). Raises KeyError / IndexError naming a bad choice."""
+    options = options or {}
+    if "pivot" in options:
+        if options["pivot"] not in by_id:
+            raise KeyError(f"unknown pivot id {options['pivot']!r} ({count} pivots in this env)")
+        return by_id[options["pivot"]]
+    if "index" in options:
+        index = int(options["index"])
+        if not 0 <= index < count:
+            raise IndexError(f"pivot index {index} out of range [0, {count})")
+        return index
+    return int(np_random.integers(count))
+
+
 class PivotEnv(gym.Env):
     """A single-step environment at the pivots of expert trajectories.
 
@@ -144,19 +162,7 @@ class PivotEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
-        options = options or {}
-        if "pivot" in options:
-            if options["pivot"] not in self._by_id:
-                raise KeyError(
-                    f"unknown pivot id {options['pivot']!r} ({len(self.pivots)} pivots in this env)"
-                )
-            index = self._by_id[options["pivot"]]
-        elif "index" in options:
-            index = int(options["index"])
-            if not 0 <= index < len(self.pivots):
-                raise IndexError(f"pivot index {index} out of range [0, {len(self.pivots)})")
-        else:
-            index = int(self.np_random.integers(len(self.pivots)))
+        index = pick_index(options, self._by_id, len(self.pivots), self.np_random)
         self.pivot = self.pivots[index]
         self._stepped = False
         self._last = None

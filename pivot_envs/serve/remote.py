@@ -20,7 +20,7 @@ from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode
 
 from pivot_envs.config import ConfigError
-from pivot_envs.env import PivotSource, action_text, json_safe, load_pivot_file
+from pivot_envs.env import PivotSource, action_text, json_safe, load_pivot_file, pick_index
 from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
 from pivot_envs.registry import DomainSpec
@@ -141,19 +141,7 @@ class RemoteEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
-        options = options or {}
-        if "pivot" in options:
-            if options["pivot"] not in self._by_id:
-                raise KeyError(
-                    f"unknown pivot id {options['pivot']!r} ({len(self.pivot_ids)} pivots in this env)"
-                )
-            index = self._by_id[options["pivot"]]
-        elif "index" in options:
-            index = int(options["index"])
-            if not 0 <= index < len(self.pivot_ids):
-                raise IndexError(f"pivot index {index} out of range [0, {len(self.pivot_ids)})")
-        else:
-            index = int(self.np_random.integers(len(self.pivot_ids)))
+        index = pick_index(options, self._by_id, len(self.pivot_ids), self.np_random)
         self.pivot, self._prefix, self._stepped = self.pivot_ids[index], None, False
         body = {"pivot": self.pivot, "index": None, "seed": seed}
         if self._session is None or self._session.closed:
