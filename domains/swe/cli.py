@@ -87,16 +87,10 @@ def _repo(spec: str) -> RepoSpec:
 
 
 def _backend(kind: str) -> Any:
-    from pivot_envs.domains.terminal.env import resolve_sandbox
-    from pivot_envs.domains.terminal.image import rootfs_path
-    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-    from pivot_envs.sandboxes.docker_backend import DockerBackend
+    from pivot_envs.domains.terminal.image import image_tag, rootfs_path
+    from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
 
-    return (
-        BwrapBackend(rootfs_path(), warm_pool=0)
-        if resolve_sandbox(kind) == "bwrap"
-        else DockerBackend(warm_pool=0)
-    )
+    return make_backend(resolve_sandbox(kind), None, 0, rootfs_path(), image_tag())[0]
 
 
 def build_pivots(config: BuildConfig) -> list[Pivot]:

@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any
 
 from pivot_envs.sandboxes import SandboxError, SandboxLimits
+from pivot_envs.sandboxes.backends import SANDBOXES, resolve_sandbox
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
@@ -36,7 +37,6 @@ from .prefix import repo_of
 from .tools import HARNESSES, default_tools, execute_call
 from .verifier import EffectVerifier, KindVerifier, NameVerifier, NemoVerifier
 
-SANDBOXES = ("auto", "docker", "bwrap")
 # A test run of the bundled repository takes seconds; the terminal domain's 10 s is too tight.
 DEFAULT_LIMITS = {"timeout": 30.0}
 
@@ -118,10 +118,8 @@ class SweEnv(PivotEnv):
 
     @property
     def sandbox_kind(self) -> str:
-        """'docker' or 'bwrap': chosen on first use (see the terminal domain's `resolve_sandbox`)."""
+        """'docker' or 'bwrap': chosen on first use (see `pivot_envs.sandboxes.backends.resolve_sandbox`)."""
         if self._sandbox_kind is None:
-            from pivot_envs.domains.terminal.env import resolve_sandbox
-
             self._sandbox_kind = resolve_sandbox(self.config.sandbox)
         return self._sandbox_kind
 
@@ -227,18 +225,14 @@ class SweEnv(PivotEnv):
         if self.backend is not None:
             return
         from pivot_envs.domains.terminal import image
-        from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-        from pivot_envs.sandboxes.docker_backend import DockerBackend
+        from pivot_envs.sandboxes.backends import make_backend
 
         from .prefix import PrefixCache
 
-        kind = self.sandbox_kind
         rootfs = image.base_rootfs(build=self.config.build_image)
-        if kind == "docker":
-            image.import_image(rootfs, image.image_tag())
-            self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
-        else:
-            self.backend = BwrapBackend(rootfs, self.limits, warm_pool=self.config.warm_pool)
+        self.backend, _ = make_backend(
+            self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag()
+        )
         verify_effects = isinstance(self.verifier, EffectVerifier)
         self.prefixes = PrefixCache(
             self.backend, self.config.harness, self.config.prefix_cache, verify_effects

@@ -13,24 +13,22 @@ those and nothing of another env's, in this process or any other.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
+from pivot_envs.sandboxes.backends import SANDBOXES, resolve_sandbox
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
-from pivot_envs.errors import MissingExtraError, UnknownNameError
+from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import canonical_message, command_of_message, parse_action, parse_command
 from .verifier import TerminalVerifier
-
-SANDBOXES = ("auto", "docker", "bwrap")
 
 
 @dataclass
@@ -41,29 +39,6 @@ class TerminalConfig:
     prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
     warm_pool: int = option(4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)")
     build_image: bool = option(True, "build the base root filesystem/image when it is missing (needs root and debootstrap)")
-
-
-def resolve_sandbox(kind: str) -> str:
-    """'docker' or 'bwrap' for a requested kind ("auto": Docker when its SDK is installed and a
-    daemon answers, else bubblewrap); raises MissingExtraError without the Docker SDK for
-    kind='docker', SandboxError saying how to install a backend when none is usable."""
-    from pivot_envs.sandboxes.available import INSTALL_HELP, bwrap_available, docker_available
-
-    if kind not in SANDBOXES:
-        raise UnknownNameError("sandbox", kind, SANDBOXES)
-    sdk = importlib.util.find_spec("docker") is not None
-    if kind == "docker" and not sdk:
-        raise MissingExtraError("sandbox='docker'", "docker", "docker")
-    if kind in ("auto", "docker") and docker_available():
-        return "docker"
-    if kind == "docker":
-        raise SandboxError("sandbox='docker': the Docker daemon does not answer (is dockerd running?)\n" + INSTALL_HELP)
-    if bwrap_available():
-        return "bwrap"
-    if kind == "bwrap":
-        raise SandboxError("sandbox='bwrap': bubblewrap is missing or cannot create namespaces here\n" + INSTALL_HELP)
-    no_sdk = "" if sdk else "\n(The Docker SDK is not installed either: pip install 'pivot-envs[docker]'.)"
-    raise SandboxError(INSTALL_HELP + no_sdk)
 
 
 def bundled_pivots() -> list[Pivot]:
@@ -198,21 +173,14 @@ class TerminalEnv(PivotEnv):
         """Choose the backend and make it, with the base image, on first use (the first reset)."""
         if self.backend is not None:
             return
-        from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-        from pivot_envs.sandboxes.docker_backend import DockerBackend
+        from pivot_envs.sandboxes.backends import make_backend
 
         from . import image
         from .prefix import PrefixCache
 
-        kind = self.sandbox_kind
         rootfs = image.base_rootfs(build=self.config.build_image)
-        if kind == "docker":
-            tag = image.import_image(rootfs, image.image_tag())
-            self.backend = DockerBackend(self.limits, warm_pool=self.config.warm_pool)
-            self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, docker_base=tag)
-        else:
-            self.backend = BwrapBackend(rootfs, self.limits, warm_pool=self.config.warm_pool)
-            self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs)
+        self.backend, tag = make_backend(self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag())
+        self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs, docker_base=tag)
 
     def close(self) -> None:
         """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
