@@ -170,7 +170,7 @@ def test_a_deleted_session_is_gone_and_an_unknown_one_is_a_404_naming_it(client)
             "action: Value error, must be completion text or an assistant message object, got int",
         ),
         ("step", {"action": "hi", "actoin": "x"}, "actoin: Extra inputs are not permitted"),
-        ("steps", {"actions": "hi"}, "actions: Input should be a valid list"),
+        ("steps", {"actions": "hi"}, "actions: Input should be a valid array"),
         ("steps", {"actions": ["hi", None]}, "action 1 must be completion text"),
         ("reset", {"pivot": PIVOT, "index": 2}, "give at most one of 'pivot' and 'index'"),
         (
@@ -180,11 +180,13 @@ def test_a_deleted_session_is_gone_and_an_unknown_one_is_a_404_naming_it(client)
         ),
         ("reset", {"index": 10**6}, "index: 1000000 is out of range"),
         ("reset", {"seed": "x"}, "seed: Input should be a valid integer"),
+        ("reset", b"{seed", "body: Invalid JSON"),
     ],
 )
 def test_a_bad_body_is_a_422_naming_the_field(client, path, body, named):
     session = open_session(client)["session"]
-    answer = client.post(f"/v1/sessions/{session}/{path}", json=body)
+    sent = {"content": body} if isinstance(body, bytes) else {"json": body}
+    answer = client.post(f"/v1/sessions/{session}/{path}", **sent)
     assert answer.status_code == 422 and named in answer.json()["detail"], answer.text
 
 
