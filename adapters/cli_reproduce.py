@@ -1,0 +1,69 @@
+"""`pivotrl reproduce`: the paper's claims at small scale, with a verdict per claim decided by its 95% interval.
+
+An adapter's command (it trains with adapters.grpo and adapters.sft): the entry point `reproduce`
+of the group `pivot_envs.commands` names this module. See docs/reproduce.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "reproduce"
+HELP = "Reproduce the paper's claims at small scale (signal, strict vs functional, ablation, SFT, objective, theorems, E2E RL)."
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scale",
+        default="quick",
+        help="quick (toy sizes, minutes), cpu (SmolLM2-135M, about 3 h on "
+        "2 cores) or gpu (more of everything, one GPU)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output folder (default: runs/reproduce-SCALE); a rerun into it skips the finished stages",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=None, metavar="N", help="training seeds (default: the scale's, 3+)"
+    )
+    parser.add_argument(
+        "--only",
+        type=_names,
+        default=None,
+        metavar="CLAIM,...",
+        help="experiments to run: signal, "
+        "strict-functional, ablation, sft, objective, theorems, e2e (default: all)",
+    )
+    parser.add_argument(
+        "--domains",
+        type=_names,
+        default=None,
+        metavar="DOMAIN,...",
+        help="bundled domains to measure (default: the scale's)",
+    )
+    parser.add_argument("--policy", default=None, help="policy spec to start from (default: the scale's)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: the scale's)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pivot_envs.adapters.reproduce.runner import check_only, reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    from pivot_envs.cli._checks import check_domain, check_output
+
+    only = check_only(args.only)
+    domains = tuple(check_domain(name) for name in args.domains) if args.domains else None
+    scale = get_scale(args.scale, seeds=args.seeds, domains=domains, policy=args.policy, device=args.device)
+    out = check_output(args.out or f"runs/reproduce-{scale.name}", "--out", directory=True)
+    path, stages = reproduce(scale, Path(out), only)
+    print(f"\n{len(stages.computed)} stages run, {len(stages.reused)} read from an earlier run")
+    print(f"report: {path}")
+    return 0

@@ -1,0 +1,362 @@
+"""The stages of `pivotrl reproduce`, each a function of a scale that returns JSON-able results.
+
+The order: split every domain's bundled pivots by trajectory into held-out, part A and part B;
+warm the model up with SFT on part A (the base every arm starts from: the raw 135M model never
+succeeds at a pivot); measure the base; profile part B's candidates under the base (the signal
+and miss-rate figures, and D_adv); train each arm from the base on part B (PivotRL, its
+ablations, the per-action objective, SFT) and measure it; run the theorem checks; run the
+end-to-end RL comparison when its module is there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.adapters.reproduce import measure
+from pivot_envs.adapters.reproduce.scales import Scale
+from pivot_envs.adapters.reproduce.stages import Stages, digest
+
+from pivot_envs.extract import split_by_trajectory
+from pivot_envs.pivot import Pivot
+
+# The training arms: (pivots, training verifier, loss level). "pivotrl" is the full method.
+ARMS = {
+    "pivotrl": ("adv", None, "token"),
+    "cand-functional": ("cand", None, "token"),
+    "cand-strict": ("cand", "strict", "token"),
+    "pivotrl-action": ("adv", None, "action"),
+    "sft": ("cand", None, None),
+}
+# The arms each experiment needs (the claims of `--only`).
+EXPERIMENT_ARMS = {
+    "signal": ("pivotrl", "cand-functional"),
+    "strict-functional": (),
+    "ablation": ("pivotrl", "cand-functional", "cand-strict"),
+    "sft": ("pivotrl", "sft"),
+    "objective": ("pivotrl", "pivotrl-action"),
+    "theorems": (),
+    "e2e": (),
+}
+EXPERIMENTS = tuple(EXPERIMENT_ARMS)
+# The arms whose drift out of domain is measured (the SFT comparison); the others only in domain.
+DRIFT_ARMS = ("pivotrl", "sft")
+REPO = Path(__file__).resolve().parents[2]
+THEOREM_TESTS = REPO / "tests" / "adapters" / "test_theorems.py"
+
+
+def bundled_pivots(domain: str) -> list[Pivot]:
+    """The domain's bundled pivots, as its registered env holds them."""
+    import gymnasium as gym
+
+    from pivot_envs.registry import env_id
+
+    env = gym.make(env_id(domain), disable_env_checker=True)
+    try:
+        return list(env.unwrapped.pivots)
+    finally:
+        env.close()
+
+
+def _sample(pivots: list[Pivot], count: int, tag: str) -> list[Pivot]:
+    if count <= 0 or count >= len(pivots):
+        return list(pivots)
+    return random.Random(tag).sample(pivots, count)
+
+
+@dataclass
+class Data:
+    """Each domain's pivots by role: held-out evaluation set, part A (the base's SFT), part B (the arms' data)."""
+
+    evaluation: dict[str, list[Pivot]] = field(default_factory=dict)
+    part_a: dict[str, list[Pivot]] = field(default_factory=dict)
+    candidates: dict[str, list[Pivot]] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def split(scale: Scale) -> Data:
+    """Split every domain by source trajectory (never by turn): held-out, then the rest halved into part A and
+    part B, each by a seeded hash of the trajectory id. The record lists each side's trajectories."""
+    data = Data()
+    for domain in scale.domains:
+        pivots = bundled_pivots(domain)
+        train_side, heldout = split_by_trajectory(pivots, scale.heldout, seed=0)
+        part_a, part_b = split_by_trajectory(train_side, 0.5, seed=1)
+        data.evaluation[domain] = _sample(heldout, scale.eval_pivots, f"{domain}/eval")
+        data.part_a[domain] = _sample(part_a, scale.base_examples, f"{domain}/part-a")
+        data.candidates[domain] = _sample(part_b, scale.candidates, f"{domain}/part-b")
+        sides = {"heldout": heldout, "part_a": part_a, "part_b": part_b}
+        data.record[domain] = {
+            "pivots": len(pivots),
+            **{f"{side}_pivots": len(members) for side, members in sides.items()},
+            **{
+                f"{side}_trajectories": sorted({p.trajectory_id for p in members})
+                for side, members in sides.items()
+            },
+            "evaluated": [p.id for p in data.evaluation[domain]],
+        }
+    return data
+
+
+class Experiments:
+    """The stages of one run: a scale, its output folder, the split, and one policy object that each stage
+    resets to the weights it starts from."""
+
+    def __init__(self, scale: Scale, out: Path, stages: Stages) -> None:
+        self.scale, self.out, self.stages = scale, out, stages
+        self.data = split(scale)
+        self._policy: Any = None
+
+    @property
+    def policy(self) -> Any:
+        if self._policy is None:
+            self._policy = measure.load_policy(
+                self.scale.policy, self.scale.device, self.scale.max_prompt_tokens
+            )
+        return self._policy
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        """What a stage's result depends on: the scale (seeds aside: each seed is its own stage) and `extra`."""
+        return {"scale": {k: v for k, v in self.scale.to_dict().items() if k != "seeds"}, **extra}
+
+    # -- the base: SFT on part A -------------------------------------------------------------------
+
+    def base(self) -> dict[str, Any]:
+        return self.stages.run("base", self.settings(), self._base)
+
+    def _base(self, folder: Path) -> dict[str, Any]:
+        import torch
+        from pivot_envs.adapters.sft import SFTConfig, warm_up
+
+        # The policy as loaded: a stage run after another in this process must not start from trained weights.
+        self._policy = None
+        examples = [p for domain in self.scale.domains for p in self.data.part_a[domain]]
+        torch.manual_seed(0)
+        records = warm_up(
+            self.policy,
+            examples,
+            SFTConfig(
+                epochs=self.scale.base_epochs, learning_rate=self.scale.base_learning_rate, progress=False
+            ),
+        )
+        torch.save(self.policy.model.state_dict(), folder / "weights.pt")
+        losses = [r["loss"] for r in records]
+        return {
+            "examples": len(examples),
+            "epochs": self.scale.base_epochs,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+        }
+
+    def reset_to_base(self) -> Any:
+        """The policy with the base's weights (the base stage must have finished)."""
+        import torch
+
+        state = torch.load(self.stages.folder("base") / "weights.pt", map_location=self.policy.device)
+        self.policy.model.load_state_dict(state)
+        return self.policy
+
+    # -- measuring a policy ------------------------------------------------------------------------
+
+    def ood_pivots(self, domain: str) -> list[Pivot]:
+        """The drift set of `domain`: the first `ood_pivots` of its evaluation set (all with 0)."""
+        pivots = self.data.evaluation[domain]
+        return pivots[: self.scale.ood_pivots] if self.scale.ood_pivots > 0 else pivots
+
+    def measure(self, policy: Any, domains: list[str], ood: list[str] | None) -> dict[str, Any]:
+        """Per-item results of `policy`: turn rewards on the evaluation sets of `domains`; unless `ood` is None,
+        also on the drift sets of the `ood` domains, the Wikipedia losses and the general questions' scores."""
+        scale = self.scale
+        turns = {
+            d: measure.turn_rewards(policy, self.data.evaluation[d], scale.max_new_tokens) for d in domains
+        }
+        if ood is None:
+            return {"turns": turns}
+        texts = measure.wikipedia_texts(scale.wiki_texts)
+        return {
+            "turns": turns,
+            "ood_turns": {
+                d: measure.turn_rewards(policy, self.ood_pivots(d), scale.max_new_tokens) for d in ood
+            },
+            "wiki_loss": measure.text_losses(policy, texts, scale.wiki_tokens),
+            "questions": measure.question_scores(policy, measure.read_questions(scale.questions)),
+        }
+
+    def base_measures(self) -> dict[str, Any]:
+        return self.stages.run("measure-base", self.settings(), self._base_measures)
+
+    def _base_measures(self, folder: Path) -> dict[str, Any]:
+        domains = list(self.scale.domains)
+        return self.measure(self.reset_to_base(), domains, domains)
+
+    # -- profiling part B under the base (the signal and miss-rate figures, D_adv) ---------------------
+
+    def profile(self, domain: str) -> dict[str, Any]:
+        return self.stages.run(
+            f"profile-{domain}", self.settings(domain=domain), lambda f: self._profile(f, domain)
+        )
+
+    def _profile(self, folder: Path, domain: str) -> dict[str, Any]:
+        from pivot_envs.extract import filter_pivots
+        from pivot_envs.pivot import read_pivots
+        from pivot_envs.profile import ProfileConfig, profile
+
+        scale = self.scale
+        config = ProfileConfig(
+            k=scale.k,
+            temperature=1.0,
+            max_new_tokens=scale.max_new_tokens,
+            seed=0,
+            batch_pivots=4,
+            env_workers=measure.ENV_WORKERS,
+            progress=False,
+        )
+        path = folder / "profiled.jsonl"
+        profile(
+            self.data.candidates[domain],
+            self.reset_to_base(),
+            path,
+            config,
+            reference=f"reproduce base {digest(self.settings())}",
+        )
+        profiled = list(read_pivots(path))
+        adv = filter_pivots(profiled, lambda_diff=scale.lambda_diff, mode="adv")
+        kept = adv or filter_pivots(profiled, lambda_diff=scale.lambda_diff, mode="adv-or-unsolved")
+        return {
+            "candidates": [
+                {
+                    "id": p.id,
+                    "rewards": p.profile.rewards,
+                    "strict": p.profile.strict_rewards,
+                    "valid": p.profile.valid or [True] * len(p.profile.rewards),
+                }
+                for p in profiled
+            ],
+            "adv": [p.id for p in adv],
+            "pivots": [p.id for p in kept],
+            "fallback": not adv,
+        }
+
+    # -- training arms -------------------------------------------------------------------------------
+
+    def arm(self, domain: str, arm: str, seed: int) -> dict[str, Any]:
+        settings = self.settings(domain=domain, arm=arm, seed=seed)
+        return self.stages.run(
+            f"train-{domain}-{arm}-s{seed}", settings, lambda f: self._arm(f, domain, arm, seed)
+        )
+
+    def _arm(self, folder: Path, domain: str, arm: str, seed: int) -> dict[str, Any]:
+        import torch
+        from pivot_envs.adapters.grpo import GRPOConfig, train
+        from pivot_envs.adapters.sft import SFTConfig, warm_up
+
+        scale = self.scale
+        selection, verifier, level = ARMS[arm]
+        profiled = self.profile(domain)
+        wanted = set(profiled["pivots"]) if selection == "adv" else {c["id"] for c in profiled["candidates"]}
+        pivots = [p for p in self.data.candidates[domain] if p.id in wanted]
+        policy = self.reset_to_base()
+        history: list[dict[str, Any]] = []
+        if level is None:  # SFT on the same part-B candidates' expert turns
+            torch.manual_seed(seed)
+            warm_up(
+                policy,
+                pivots,
+                SFTConfig(
+                    epochs=scale.sft_epochs, learning_rate=scale.sft_learning_rate, seed=seed, progress=False
+                ),
+            )
+        else:
+            config = GRPOConfig(
+                policy=scale.policy,
+                steps=scale.steps,
+                batch_pivots=scale.batch_pivots,
+                group_size=scale.group_size,
+                learning_rate=scale.learning_rate,
+                max_new_tokens=scale.max_new_tokens,
+                loss_level=level,
+                seed=seed,
+                checkpoint_every=0,
+                eval_every=0,
+                num_envs=measure.ENV_WORKERS,
+                out=str(folder / "train"),
+            )
+            result = train(config, pivots, policy=policy, **({"verifier": verifier} if verifier else {}))
+            keys = (
+                "step",
+                "reward_mean",
+                "reward_std",
+                "strict_reward_mean",
+                "frac_zero_variance",
+                "groups_trained",
+            )
+            history = [{key: record.get(key) for key in keys} for record in result.history]
+            shutil.rmtree(result.final, ignore_errors=True)  # the weights: not needed once measured
+        others = [d for d in scale.domains if d != domain] if arm in DRIFT_ARMS else None
+        return {"pivots": len(pivots), "history": history, **self.measure(policy, [domain], others)}
+
+    # -- the theorems and end-to-end RL ------------------------------------------------------------------
+
+    def theorems(self) -> dict[str, Any]:
+        source = THEOREM_TESTS.read_text() if THEOREM_TESTS.exists() else ""
+        return self.stages.run("theorems", {"tests": digest(source)}, self._theorems)
+
+    def _theorems(self, folder: Path) -> dict[str, Any]:
+        if not THEOREM_TESTS.exists():
+            return {"available": False, "tests": [], "path": str(THEOREM_TESTS)}
+        report = folder / "junit.xml"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(THEOREM_TESTS),
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={report}",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        tests = []
+        if report.exists():
+            for case in ElementTree.parse(report).getroot().iter("testcase"):
+                outcome = next(
+                    (child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed"
+                )
+                tests.append({"name": case.get("name"), "outcome": outcome})
+        return {
+            "available": True,
+            "tests": tests,
+            "returncode": done.returncode,
+            "path": str(THEOREM_TESTS.relative_to(REPO)),
+            "output": done.stdout[-2000:],
+        }
+
+    def e2e(self, seeds: list[int]) -> dict[str, Any] | None:
+        """The end-to-end RL claim from adapters/reproduce/e2e.py's run(), or None when that module is absent."""
+        try:
+            from pivot_envs.adapters.reproduce import e2e
+        except ImportError:
+            return None
+        work = self.out / "e2e"  # e2e.run keeps its own files (and its own resuming) here
+        settings = {
+            "scale": self.scale.name,
+            "seeds": seeds,
+            "module": digest(Path(e2e.__file__).read_text()),
+        }
+        return self.stages.run(
+            "e2e",
+            settings,
+            lambda _: json.loads(json.dumps(e2e.run(self.scale.name, work, seeds), default=str)),
+        )

@@ -1,0 +1,242 @@
+"""The report of `pivotrl reproduce`: report.md and report.json, and the plots when matplotlib is installed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.adapters.reproduce.scales import Scale
+
+log = logging.getLogger(__name__)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning(
+            "the reproduce report has no plots: matplotlib is not installed (pip install 'pivot-envs[plot]')"
+        )
+        return None
+    return plt
+
+
+def _bars(
+    plt: Any,
+    path: Path,
+    title: str,
+    labels: Sequence[str],
+    figures: Sequence[dict[str, float]],
+    paper: Sequence[float | None] = (),
+    ylabel: str = "rate",
+) -> str:
+    """A bar per figure with its 95% interval, and the paper's value as a marker where given."""
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.9 * len(labels) + 2), 3.2))
+    xs = range(len(labels))
+    estimates = [f["estimate"] for f in figures]
+    errors = [
+        [e - f["low"] for e, f in zip(estimates, figures)],
+        [f["high"] - e for e, f in zip(estimates, figures)],
+    ]
+    axes.bar(xs, estimates, yerr=errors, capsize=4, color="#4c72b0", label="ours (95% interval)")
+    marked = [(x, value) for x, value in zip(xs, paper) if value is not None]
+    if marked:
+        axes.scatter(
+            [x for x, _ in marked],
+            [v for _, v in marked],
+            color="#c44e52",
+            marker="D",
+            zorder=3,
+            label="paper",
+        )
+    axes.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title, fontsize=9)
+    axes.axhline(0, color="black", linewidth=0.5)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path.name
+
+
+def plots(
+    out: Path,
+    profiles: dict[str, dict],
+    arms: dict,
+    base: dict | None,
+    scale: Scale,
+    summaries: dict[str, Any],
+) -> dict[str, str]:
+    """The report's figures, by the claim (or group of claims) each belongs to; {} without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return {}
+    made: dict[str, str] = {}
+    if "signal" in summaries:
+        labels, figures, paper = [], [], []
+        for domain, per_k in summaries["signal"].items():
+            for k, figure in per_k.items():
+                labels.append(f"{domain} K={k}")
+                figures.append(figure)
+                paper.append(0.71)
+        made["signal"] = _bars(
+            plt,
+            out / "signal.png",
+            "zero-variance share of random candidates (paper: 71%)",
+            labels,
+            figures,
+            paper,
+            "share",
+        )
+    train_domains = [
+        d for d in scale.train_domains if (d, "pivotrl") in arms and (d, "cand-functional") in arms
+    ]
+    if train_domains:
+        figure, axes = plt.subplots(figsize=(5, 3.2))
+        for arm, label in (("pivotrl", "D_adv"), ("cand-functional", "D_cand")):
+            for domain in train_domains:
+                runs = [run["history"] for run in arms[(domain, arm)] if run["history"]]
+                if not runs:
+                    continue
+                steps = min(len(h) for h in runs)
+                mean = [sum(h[i]["reward_std"] for h in runs) / len(runs) for i in range(steps)]
+                axes.plot(range(1, steps + 1), mean, marker="o", label=f"{label} ({domain})")
+        axes.set_xlabel("GRPO step")
+        axes.set_ylabel("batch reward std (mean over seeds)")
+        axes.set_title("reward std over training: D_adv vs D_cand", fontsize=9)
+        axes.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(out / "signal_training.png", dpi=100)
+        plt.close(figure)
+        made["signal-training"] = "signal_training.png"
+    if "strict" in summaries:
+        labels = list(summaries["strict"])
+        made["strict-functional"] = _bars(
+            plt,
+            out / "strict_functional.png",
+            "miss rate of exact match",
+            labels,
+            [summaries["strict"][d] for d in labels],
+            ylabel="miss rate",
+        )
+    if "arms" in summaries:
+        paper_values = {"pivotrl": 0.6381, "cand-functional": 0.5968, "cand-strict": 0.5734, "sft": 0.5844}
+        labels = list(summaries["arms"])
+        made["arms"] = _bars(
+            plt,
+            out / "arms.png",
+            "held-out turn accuracy by arm (paper: tau2-bench, Table 4)",
+            labels,
+            [summaries["arms"][a] for a in labels],
+            [paper_values.get(a) for a in labels],
+            "turn accuracy",
+        )
+    if "drift" in summaries:
+        labels = list(summaries["drift"])
+        paper_drift = {"pivotrl": 0.0021, "sft": -0.0983}
+        made["sft"] = _bars(
+            plt,
+            out / "ood_drift.png",
+            "change out of domain vs base (paper: Table 2)",
+            labels,
+            [summaries["drift"][a] for a in labels],
+            [paper_drift.get(a) for a in labels],
+            "change",
+        )
+    return made
+
+
+def write(
+    out: Path,
+    scale: Scale,
+    seeds: list[int],
+    claims: list[dict[str, Any]],
+    split: dict[str, Any],
+    extra: dict[str, Any],
+) -> Path:
+    """report.md and report.json in `out`; returns the markdown's path."""
+    lines = [
+        "# PivotRL: the paper's claims at small scale",
+        "",
+        f"Scale `{scale.name}`: policy `{scale.policy}` on `{scale.device}`, domains {', '.join(scale.domains)}, "
+        f"training in {', '.join(scale.train_domains)}, seeds {', '.join(map(str, seeds))}.",
+        *[f"Note: {note}." for note in scale.notes],
+        "",
+        "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
+        "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "
+        "**inconclusive** when it holds the threshold. MDD: the smallest difference the held-out size detects "
+        "(two-sided 5%, 80% power, at 50% accuracy).",
+        "",
+        "| claim | paper | ours | 95% interval | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for item in claims:
+        lines.append(
+            f"| {item['title']} ({item['paper_section']}) | {item['paper']} | {item['ours']} | "
+            f"{_interval(item['interval'])} | **{item['verdict']}** |"
+        )
+    lines.append("")
+    for item in claims:
+        lines += [
+            f"## {item['title']}",
+            "",
+            f"*{item['paper_section']}.* Paper: {item['paper']}.",
+            "",
+            f"Ours: {item['ours']}.",
+            "",
+            f"Verdict: **{item['verdict']}** ({_interval(item['interval'])}).",
+            "",
+            str(item["detail"]),
+            "",
+        ]
+        lines += [f"![{item['claim']}]({figure})" for figure in item.get("figures", [])]
+        lines.append("")
+    lines += [
+        "## Data and split",
+        "",
+        "Held-out pivots are whole source trajectories (a seeded hash of the trajectory id), never single turns; "
+        "the rest is halved the same way into part A (the base's SFT warm-up) and part B (the data every arm "
+        "trains on, PivotRL and SFT alike). The paper trains both arms from the untouched base model; here the "
+        "135M model never succeeds at a pivot without a warm-up, so both start from the warmed-up base.",
+        "",
+        "| domain | pivots | held-out (trajectories) | part A | part B | evaluated | trajectories on two sides |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for domain, record in split.items():
+        sides = [set(record[f"{side}_trajectories"]) for side in ("heldout", "part_a", "part_b")]
+        shared = len((sides[0] & sides[1]) | (sides[0] & sides[2]) | (sides[1] & sides[2]))
+        lines.append(
+            f"| {domain} | {record['pivots']} | {record['heldout_pivots']} ({len(sides[0])}) | "
+            f"{record['part_a_pivots']} | {record['part_b_pivots']} | {len(record['evaluated'])} | {shared} |"
+        )
+    lines += [
+        "",
+        "Stage times (seconds): " + ", ".join(f"{k} {v:.0f}" for k, v in extra.get("seconds", {}).items()),
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    (out / "report.json").write_text(
+        json.dumps(
+            {"scale": scale.to_dict(), "seeds": seeds, "claims": claims, "split": split, **extra},
+            indent=1,
+            default=str,
+        )
+    )
+    return path
+
+
+def _interval(interval: dict[str, Any] | None) -> str:
+    if not interval:
+        return "n/a"
+    text = f"[{interval['low']:.3f}, {interval['high']:.3f}] vs {interval.get('threshold', 0):g}"
+    if "mdd" in interval:
+        text += f"; n {interval.get('n')}, MDD {100 * interval['mdd']:.0f} pts"
+    return text

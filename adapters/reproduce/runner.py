@@ -1,0 +1,110 @@
+"""`reproduce`: run the stages a selection of experiments needs, then decide each claim and write the report."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.adapters.reproduce import claims as claims_of
+from pivot_envs.adapters.reproduce import report
+from pivot_envs.adapters.reproduce.experiments import EXPERIMENT_ARMS, EXPERIMENTS, Experiments
+from pivot_envs.adapters.reproduce.scales import Scale
+from pivot_envs.adapters.reproduce.stages import Stages
+from pivot_envs.adapters.reproduce.stats import bootstrap_mean
+
+from pivot_envs.errors import UnknownNameError
+
+# Which plot each claim shows.
+FIGURES = {
+    "signal": "signal",
+    "signal-training": "signal-training",
+    "strict-functional": "strict-functional",
+    "ablation-filtering": "arms",
+    "ablation-reward": "arms",
+    "sft-in-domain": "arms",
+    "objective": "arms",
+    "sft-ood": "sft",
+}
+
+
+def check_only(only: Sequence[str] | None) -> list[str]:
+    """The experiments to run: all of them, or those named (each checked against EXPERIMENTS)."""
+    if not only:
+        return list(EXPERIMENTS)
+    for name in only:
+        if name not in EXPERIMENTS:
+            raise UnknownNameError("experiment", name, EXPERIMENTS)
+    return [name for name in EXPERIMENTS if name in only]
+
+
+def with_local_figures(item: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The e2e claim with its figures' paths relative to the report (e2e.run writes under OUT/e2e)."""
+    local = []
+    for figure in item.get("figures", []):
+        path = Path(figure)
+        found = next(
+            (c for c in ([path] if path.is_absolute() else [out / path, out / "e2e" / path]) if c.exists()),
+            None,
+        )
+        local.append(os.path.relpath(found, out) if found else figure)
+    return {**item, "figures": local}
+
+
+def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tuple[Path, Stages]:
+    """Run the experiments in `only` (default: all) at `scale` into `out`; returns report.md's path and the
+    stages (which ran, which were read from an earlier run)."""
+    chosen = check_only(only)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(out)
+    runs = Experiments(scale, out, stages)
+    seeds = list(range(scale.seeds))
+    arm_names = sorted({arm for name in chosen for arm in EXPERIMENT_ARMS[name]})
+    needs_profiles = bool(arm_names) or {"signal", "strict-functional"} & set(chosen)
+
+    profiles: dict[str, dict] = {}
+    arms: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    base, warm_up = None, None
+    if needs_profiles:
+        warm_up = runs.base()
+        profile_domains = (
+            scale.domains if {"signal", "strict-functional"} & set(chosen) else scale.train_domains
+        )
+        profiles = {domain: runs.profile(domain) for domain in profile_domains}
+    if arm_names:
+        base = runs.base_measures()
+        for domain in scale.train_domains:
+            for arm in arm_names:
+                arms[(domain, arm)] = [runs.arm(domain, arm, seed) for seed in seeds]
+
+    claims: list[dict[str, Any]] = []
+    summaries: dict[str, Any] = {}
+    if "signal" in chosen:
+        claims += claims_of.signal_claims(profiles, scale.ks, scale.k, arms, scale.train_domains)
+        summaries["signal"] = claims_of.zero_variance(profiles, scale.ks)
+    if "strict-functional" in chosen:
+        claims.append(claims_of.strict_claim(profiles))
+        summaries["strict"] = claims_of.miss_rates(profiles)[0]
+    if arms:
+        claims += claims_of.arm_claims(arms, base, scale.train_domains, scale.domains, set(chosen))
+        summaries["arms"] = {
+            arm: bootstrap_mean(claims_of.in_domain(arms, arm, scale.train_domains)) for arm in arm_names
+        }
+        if "sft" in chosen:
+            summaries["drift"] = {
+                arm: claims_of.drift(arms, base, scale.train_domains, scale.domains, arm)
+                for arm in ("pivotrl", "sft")
+            }
+    if "theorems" in chosen:
+        claims.append(claims_of.theorem_claim(runs.theorems()))
+    if "e2e" in chosen:
+        e2e = runs.e2e(seeds)
+        claims.append(with_local_figures(e2e, out) if e2e is not None else claims_of.e2e_missing())
+
+    figures = report.plots(out, profiles, arms, base, scale, summaries)
+    for item in claims:
+        if FIGURES.get(item["claim"]) in figures:
+            item["figures"] = [figures[FIGURES[item["claim"]]], *item.get("figures", [])]
+    extra = {"experiments": chosen, "seconds": stages.seconds(), "base": warm_up}
+    return report.write(out, scale, seeds, claims, runs.data.record, extra), stages

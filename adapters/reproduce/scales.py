@@ -1,0 +1,172 @@
+"""The sizes of `pivotrl reproduce`: quick (the machinery, in the test suite), cpu and gpu.
+
+Every experiment runs at every scale; only the sizes change. `quick` uses a randomly initialised
+two-layer model of SmolLM2's architecture (with SmolLM2's tokenizer), so its numbers say nothing
+about the method: it checks that every stage runs, resumes and reports. `cpu` is the real
+small-scale run (SmolLM2-135M-Instruct, every bundled domain, about 3 hours on 2 cores); `gpu`
+the same with more of everything for one GPU (a bigger model through --policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from pivot_envs.errors import UnknownNameError
+
+TINY = "tiny"  # the quick scale's random model (see measure.load_policy)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The sizes of one scale. Counts of pivots are per domain; 0 means all there are."""
+
+    name: str
+    policy: str  # TINY or a policy spec (hf:smollm2, hf:PATH)
+    device: str
+    domains: tuple[str, ...]  # bundled domains measured (signal, miss rate, OOD)
+    train_domains: tuple[str, ...]  # domains the training arms train in (one run per domain, seed, arm)
+    seeds: int  # training seeds (0 .. seeds-1)
+    heldout: float  # fraction of each domain's trajectories held out
+    eval_pivots: int  # held-out pivots evaluated per domain (greedy; 0: all)
+    ood_pivots: int  # another domain's held-out pivots evaluated for drift
+    base_examples: int  # expert turns per domain in the warm-up SFT (part A)
+    base_epochs: int
+    base_learning_rate: float
+    candidates: int  # part-B candidates profiled and trained at, per training domain
+    k: int  # samples per candidate in profiling; the zero-variance fraction is also given at each k in ks
+    ks: tuple[int, ...]
+    lambda_diff: float
+    steps: int  # GRPO steps of every RL arm (the same budget for each)
+    batch_pivots: int
+    group_size: int
+    learning_rate: float
+    max_new_tokens: int
+    sft_epochs: int  # the SFT arm's epochs on part B's expert turns
+    sft_learning_rate: float
+    wiki_texts: int  # Wikipedia summaries whose loss is measured before and after
+    wiki_tokens: int  # tokens of each summary scored
+    questions: int  # general questions with exact answers asked (0: all bundled)
+    max_prompt_tokens: int = 1024
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SCALES = {
+    "quick": Scale(
+        name="quick",
+        policy=TINY,
+        device="cpu",
+        domains=("tool-use", "search"),
+        train_domains=("tool-use",),
+        seeds=3,
+        heldout=0.25,
+        eval_pivots=8,
+        ood_pivots=4,
+        base_examples=6,
+        base_epochs=1,
+        base_learning_rate=1e-3,
+        candidates=6,
+        k=4,
+        ks=(2, 4),
+        lambda_diff=0.9,
+        steps=2,
+        batch_pivots=2,
+        group_size=4,
+        learning_rate=1e-3,
+        max_new_tokens=6,
+        sft_epochs=1,
+        sft_learning_rate=1e-3,
+        wiki_texts=4,
+        wiki_tokens=48,
+        questions=6,
+        # the prompt's cost is the random model's: its vocabulary projection dominates each forward
+        max_prompt_tokens=256,
+        notes=("a random two-layer model: the numbers check the machinery, not the method",),
+    ),
+    "cpu": Scale(
+        name="cpu",
+        policy="hf:smollm2",
+        device="cpu",
+        domains=("tool-use", "search", "terminal", "swe"),
+        train_domains=("tool-use", "search"),
+        seeds=3,
+        heldout=0.3,
+        eval_pivots=0,
+        ood_pivots=60,
+        base_examples=48,
+        base_epochs=2,
+        base_learning_rate=5e-5,
+        candidates=48,
+        k=8,
+        ks=(4, 8),
+        lambda_diff=0.9,
+        steps=12,
+        batch_pivots=4,
+        group_size=8,
+        learning_rate=2e-5,
+        max_new_tokens=48,
+        sft_epochs=2,
+        sft_learning_rate=5e-5,
+        wiki_texts=100,
+        wiki_tokens=128,
+        questions=0,
+    ),
+    "gpu": Scale(
+        name="gpu",
+        policy="hf:smollm2",
+        device="cuda",
+        domains=("tool-use", "search", "terminal", "swe"),
+        train_domains=("tool-use", "search", "terminal", "swe"),
+        seeds=5,
+        heldout=0.3,
+        eval_pivots=0,
+        ood_pivots=0,
+        base_examples=128,
+        base_epochs=2,
+        base_learning_rate=5e-5,
+        candidates=160,
+        k=16,
+        ks=(4, 8, 16),
+        lambda_diff=0.9,
+        steps=100,
+        batch_pivots=16,
+        group_size=16,
+        learning_rate=1e-5,
+        max_new_tokens=128,
+        sft_epochs=2,
+        sft_learning_rate=5e-5,
+        wiki_texts=400,
+        wiki_tokens=256,
+        questions=0,
+        max_prompt_tokens=4096,
+    ),
+}
+
+
+def get_scale(
+    name: str,
+    seeds: int | None = None,
+    domains: tuple[str, ...] | None = None,
+    policy: str | None = None,
+    device: str | None = None,
+) -> Scale:
+    """The named scale, with --seeds, --domains, --policy and --device applied (training stays in the
+    scale's training domains that are among `domains`, else in the first of them)."""
+    if name not in SCALES:
+        raise UnknownNameError("scale", name, sorted(SCALES))
+    scale = SCALES[name]
+    if seeds is not None:
+        if seeds < 1:
+            raise ValueError(f"--seeds must be at least 1, got {seeds}")
+        scale = replace(scale, seeds=seeds)
+    if domains:
+        kept = tuple(d for d in scale.train_domains if d in domains) or domains[:1]
+        scale = replace(scale, domains=tuple(domains), train_domains=kept)
+    if policy:
+        scale = replace(scale, policy=policy)
+    if device:
+        scale = replace(scale, device=device)
+    return scale

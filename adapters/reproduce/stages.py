@@ -1,0 +1,78 @@
+"""Resumable stages: each writes its result once it is done, and a rerun reads it instead of running it.
+
+A stage named N works in OUT/stages/N.partial/ and, when its function returns, writes the result
+into it as result.json and renames the folder to OUT/stages/N/. A rerun finds OUT/stages/N/result.json
+and returns it without running anything. An interrupted stage leaves only N.partial/, which the
+next run deletes and starts over: no stage ever resumes from half its work. A finished stage whose
+recorded settings differ from this run's is run again (its folder is replaced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def digest(settings: Any) -> str:
+    """A short stable digest of JSON-able settings."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Stages:
+    """The stages of one output folder; `computed` and `reused` list the names run and read by this object."""
+
+    def __init__(self, out: Path) -> None:
+        self.root = Path(out) / "stages"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.computed: list[str] = []
+        self.reused: list[str] = []
+
+    def folder(self, name: str) -> Path:
+        """Where a finished stage keeps its files (weights, logs) beside result.json."""
+        return self.root / name
+
+    def run(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """The result of stage `name`: read when it finished earlier with the same `settings`, else
+        `work(folder)` run in a fresh folder and recorded. The result must be JSON-able."""
+        key = digest(settings)
+        done = self.root / name / "result.json"
+        if done.exists():
+            record = json.loads(done.read_text())
+            if record.get("settings_digest") == key:
+                self.reused.append(name)
+                return record["result"]
+            log.info("stage %s: finished with other settings; running it again", name)
+        partial = self.root / f"{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)  # an interrupted attempt: start over
+        partial.mkdir(parents=True)
+        began = time.perf_counter()
+        print(f"[reproduce] stage {name} ...", flush=True)
+        result = work(partial)
+        seconds = time.perf_counter() - began
+        (partial / "result.json").write_text(
+            json.dumps(
+                {"settings_digest": key, "settings": settings, "seconds": seconds, "result": result},
+                indent=1,
+                default=str,
+            )
+        )
+        shutil.rmtree(self.root / name, ignore_errors=True)
+        partial.replace(self.root / name)
+        print(f"[reproduce] stage {name} done in {seconds:.0f} s", flush=True)
+        self.computed.append(name)
+        return result
+
+    def seconds(self) -> dict[str, float]:
+        """Each finished stage's own running time, as recorded when it ran."""
+        out = {}
+        for path in sorted(self.root.glob("*/result.json")):
+            out[path.parent.name] = json.loads(path.read_text()).get("seconds", 0.0)
+        return out

@@ -1,0 +1,97 @@
+"""The statistics of `pivotrl reproduce`: intervals, the verdict rule, and the power of a held-out set.
+
+Every claim's verdict is decided by one 95% interval and the paper's direction: "reproduced"
+when the interval lies wholly on the paper's side of the threshold (0 for a difference),
+"not reproduced" when it lies wholly on the other side, "inconclusive" when it holds the
+threshold. Differences between training arms are paired by held-out item and resampled
+hierarchically (seeds, then items), so both the seed-to-seed and the item-to-item variation
+widen the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from pivot_envs.evaluate import wilson_interval
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+Z_95 = 1.959963984540054  # two-sided 5%
+Z_80 = 0.8416212335729143  # 80% power
+RESAMPLES = 2000
+
+
+def verdict(low: float, high: float, direction: int = 1, threshold: float = 0.0) -> str:
+    """The verdict of a claim from its 95% interval [low, high]: "reproduced" when the interval lies
+    wholly on the paper's side of `threshold` (above it for direction +1, below for -1), "not
+    reproduced" when wholly on the other side, else "inconclusive"."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, got {direction}")
+    if low > high:
+        raise ValueError(f"interval [{low}, {high}]: low is above high")
+    above, below = low > threshold, high < threshold
+    if above or below:
+        return "reproduced" if (above if direction == 1 else below) else "not reproduced"
+    return "inconclusive"
+
+
+def wilson(successes: int, n: int) -> dict[str, float]:
+    """A rate with its 95% Wilson interval: {"estimate", "low", "high", "n"}."""
+    low, high = wilson_interval(successes, n)
+    return {"estimate": successes / n if n else 0.0, "low": low, "high": high, "n": n}
+
+
+def minimum_detectable_difference(n: int, p: float = 0.5) -> float:
+    """The smallest difference of two accuracies measured on n items each that a two-sided 5% test
+    detects with 80% power, at accuracy p (0.5 is the worst case). Paired arms on the same items
+    do better; this is the conservative figure the report states."""
+    if n <= 0:
+        return 1.0
+    return (Z_95 + Z_80) * math.sqrt(2 * p * (1 - p) / n)
+
+
+def _nanmean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def bootstrap_mean(
+    table: Sequence[Sequence[float | None]], resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, float]:
+    """The mean of a seeds x items table (None: an item without a value in that seed) with a 95%
+    percentile interval, resampling seeds and then items with replacement.
+
+    For a difference between arms, pass the table of per-item differences (arm A minus arm B at
+    the same item and seed): the interval is then paired. Returns {"estimate", "low", "high", "n"}
+    where n is the number of items; an empty table gives (0, -1, 1), an interval holding 0."""
+    rows = [list(row) for row in table if any(v is not None for v in row)]
+    flat = [v for row in rows for v in row if v is not None]
+    if not flat:
+        return {"estimate": 0.0, "low": -1.0, "high": 1.0, "n": 0}
+    estimate = sum(flat) / len(flat)
+    width = max(len(row) for row in rows)
+    draw = random.Random(seed)
+    means = []
+    for _ in range(resamples):
+        chosen = [rows[draw.randrange(len(rows))] for _ in rows]
+        items = [draw.randrange(width) for _ in range(width)]
+        value = _nanmean([row[i] if i < len(row) else None for row in chosen for i in items])
+        if value is not None:
+            means.append(value)
+    means.sort()
+    low = means[int(0.025 * (len(means) - 1))]
+    high = means[int(math.ceil(0.975 * (len(means) - 1)))]
+    return {"estimate": estimate, "low": min(low, estimate), "high": max(high, estimate), "n": width}
+
+
+def paired_differences(
+    a: Sequence[Sequence[float | None]], b: Sequence[Sequence[float | None]]
+) -> list[list[float | None]]:
+    """Per seed and item, a - b (None where either is missing); b may have one row, used for every seed of a
+    (a deterministic baseline such as the base model's greedy accuracy)."""
+    out = []
+    for index, row in enumerate(a):
+        other = b[index] if len(b) > 1 else b[0]
+        out.append([x - y if x is not None and y is not None else None for x, y in zip(row, other)])
+    return out

@@ -1,0 +1,183 @@
+"""`pivotrl reproduce`: the quick scale end to end (once per module), its report, resuming, and the verdict rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pivot_envs.adapters.reproduce.stats import (  # noqa: E402
+    VERDICTS,
+    bootstrap_mean,
+    minimum_detectable_difference,
+    paired_differences,
+    verdict,
+)
+
+from pivot_envs.errors import UnknownNameError  # noqa: E402
+
+CLAIMS = {
+    "signal",
+    "signal-training",
+    "strict-functional",
+    "ablation-filtering",
+    "ablation-reward",
+    "sft-in-domain",
+    "sft-ood",
+    "objective",
+    "theorems",
+    "e2e",
+}
+FIELDS = {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval", "detail", "figures"}
+
+
+def run_quick(out: Path) -> subprocess.CompletedProcess:
+    # The command as a user runs it, in its own process (it loads torch and trains).
+    return subprocess.run(
+        [sys.executable, "-m", "pivot_envs", "reproduce", "--scale", "quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    first = run_quick(out)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    return out, first
+
+
+@pytest.fixture(scope="module")
+def report(quick):
+    out, _ = quick
+    return json.loads((out / "report.json").read_text())
+
+
+# -- the verdict rule ---------------------------------------------------------------------------------
+
+
+def test_an_interval_wholly_on_the_papers_side_reproduces_the_claim():
+    assert verdict(0.01, 0.2) == "reproduced"
+    assert verdict(-0.3, -0.1, direction=-1) == "reproduced"
+    assert verdict(0.55, 0.8, threshold=0.5) == "reproduced"
+
+
+def test_an_interval_wholly_on_the_other_side_does_not_reproduce_the_claim():
+    assert verdict(-0.2, -0.01) == "not reproduced"
+    assert verdict(0.1, 0.3, direction=-1) == "not reproduced"
+    assert verdict(0.2, 0.45, threshold=0.5) == "not reproduced"
+
+
+def test_an_interval_holding_the_threshold_is_inconclusive():
+    assert verdict(-0.1, 0.1) == "inconclusive"
+    assert verdict(0.0, 0.3) == "inconclusive"  # touching 0 does not exclude it
+    assert verdict(0.4, 0.6, threshold=0.5) == "inconclusive"
+
+
+def test_an_inverted_interval_is_refused():
+    with pytest.raises(ValueError, match="low is above high"):
+        verdict(0.3, 0.1)
+
+
+def test_a_paired_bootstrap_of_a_constant_gain_excludes_zero_and_noise_does_not():
+    better = [[1.0, 1.0, 0.0, 1.0] * 10] * 3
+    worse = [[0.0, 1.0, 0.0, 0.0] * 10] * 3
+    gain = bootstrap_mean(paired_differences(better, worse))
+    assert gain["estimate"] == pytest.approx(0.5)
+    assert 0.0 < gain["low"] < 0.5 < gain["high"] <= 1.0
+    noise = bootstrap_mean(paired_differences([[1.0, 0.0] * 20] * 3, [[0.0, 1.0] * 20] * 3))
+    assert noise["low"] < 0.0 < noise["high"]
+
+
+def test_the_minimum_detectable_difference_shrinks_with_the_held_out_size():
+    # 392 items per arm detect 10 points at 50% accuracy (two-sided 5%, 80% power)
+    assert minimum_detectable_difference(392) == pytest.approx(0.100, abs=0.001)
+    assert minimum_detectable_difference(100) > minimum_detectable_difference(400)
+
+
+def test_an_unknown_experiment_is_named_with_a_suggestion():
+    from pivot_envs.adapters.reproduce.runner import check_only
+
+    with pytest.raises(UnknownNameError, match="ablaton.*ablation"):
+        check_only(["ablaton"])
+
+
+# -- the quick scale, end to end -------------------------------------------------------------------------
+
+
+def test_the_quick_report_decides_every_claim(quick, report):
+    out, _ = quick
+    assert {c["claim"] for c in report["claims"]} == CLAIMS
+    for item in report["claims"]:
+        assert set(item) >= FIELDS, item["claim"]
+        assert item["verdict"] in VERDICTS, item
+    text = (out / "report.md").read_text()
+    for item in report["claims"]:
+        assert item["title"] in text
+        assert f"**{item['verdict']}**" in text
+
+
+def test_every_verdict_follows_from_its_interval(report):
+    decided = [
+        c for c in report["claims"] if isinstance(c["interval"], dict) and "direction" in c["interval"]
+    ]
+    assert len(decided) >= 7
+    for item in decided:
+        interval = item["interval"]
+        assert item["verdict"] == verdict(
+            interval["low"], interval["high"], interval["direction"], interval["threshold"]
+        ), item["claim"]
+
+
+def test_the_theorem_checks_ran_and_passed(report):
+    theorems = next(c for c in report["claims"] if c["claim"] == "theorems")
+    assert theorems["verdict"] == "reproduced", theorems["ours"]
+    assert "test_theorems.py" in theorems["detail"]
+
+
+def test_no_trajectory_is_on_two_sides_of_the_split(report):
+    for domain, record in report["split"].items():
+        heldout, part_a, part_b = (
+            set(record[f"{side}_trajectories"]) for side in ("heldout", "part_a", "part_b")
+        )
+        assert heldout and part_a and part_b, domain
+        assert not heldout & part_a and not heldout & part_b and not part_a & part_b, domain
+
+
+def test_a_rerun_reads_every_finished_stage_instead_of_running_it(quick):
+    out, first = quick
+    results = sorted((out / "stages").glob("*/result.json"))
+    assert len(results) >= 10
+    before = {path: path.stat().st_mtime_ns for path in results}
+    again = run_quick(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 stages run" in again.stdout
+    assert {path: path.stat().st_mtime_ns for path in results} == before
+    assert (out / "report.md").exists()
+
+
+def test_an_interrupted_stage_is_run_again_from_scratch(tmp_path):
+    from pivot_envs.adapters.reproduce.stages import Stages
+
+    stages = Stages(tmp_path)
+    (tmp_path / "stages" / "x.partial").mkdir(parents=True)
+    (tmp_path / "stages" / "x.partial" / "left-over").write_text("half done")
+
+    def work(folder):
+        assert not (folder / "left-over").exists()
+        (folder / "weights").write_text("w")
+        return {"value": 1}
+
+    assert stages.run("x", {"a": 1}, work) == {"value": 1}
+    assert stages.computed == ["x"] and (tmp_path / "stages" / "x" / "weights").exists()
+    assert Stages(tmp_path).run("x", {"a": 1}, lambda f: {"value": 2}) == {"value": 1}
+    assert Stages(tmp_path).run("x", {"a": 2}, lambda f: {"value": 3}) == {
+        "value": 3
+    }  # other settings: run again
