@@ -1,0 +1,355 @@
+"""End-to-end RL: GRPO on whole episodes, the baseline PivotRL is compared with per rollout turn.
+
+The paper's E2E RL (its Sec. 2 objective, Sec. 4.3 comparison) with the pivot trainer's own parts:
+per step, sample B tasks, play G episodes of each with the policy turn by turn (`rollout`, batched
+across the episodes still running), take each episode's final reward as its outcome, normalise the
+rewards over the G episodes of a task (`group_advantages`, Eq. 1), and apply the clipped objective
+(`update`, Eq. 7, with its KL to the frozen reference when beta > 0) to the tokens of every
+assistant turn of every episode, each turn with its episode's advantage. Each turn trains on the
+exact tokens it was sampled after and sampled (`build_group`), so a turn is a group of one action.
+
+It counts the **rollout turns** as the paper does (the assistant turns generated, summed over the
+training episodes; a PivotRL training sample is one turn) and logs them per step, cumulatively,
+beside the pivot trainer's metrics. The episodes come from an episode env such as
+`pivot/terminal-episode-v0` (reset with `options={"task": id}`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.adapters.grpo.checkpoints import (
+    MetricsLog,
+    latest_checkpoint,
+    load_checkpoint,
+    refuse_earlier_run,
+    save_checkpoint,
+)
+from pivot_envs.adapters.grpo.groups import Group, build_group
+from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
+from pivot_envs.adapters.grpo.reference import frozen_reference, with_lora
+from pivot_envs.adapters.grpo.trainer import GRPOConfig, group_advantages, loss_units, update
+
+from pivot_envs.config import option, progress_disabled
+from pivot_envs.policy import Completion, SamplingParams, load_policy
+
+logger = logging.getLogger(__name__)
+
+EPISODE_ENV = "pivot/terminal-episode-v0"
+
+
+@dataclass
+class EpisodeConfig:
+    """E2E RL's settings: the GRPO hyperparameters as the pivot trainer's (`train`: batch_pivots is B, the
+    tasks per step; group_size is G, the episodes per task; max_new_tokens bounds each turn; num_envs is
+    unused, an episode holds its env) and the episodes' own."""
+
+    train: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "the GRPO update (Eq. 1 and 7)"})
+    env: str = option(EPISODE_ENV, "gymnasium id of the episode env (reset with options={'task': id})")
+    max_turns: int = option(
+        8, "assistant turns before an episode is truncated (the paper's SWE runs: 12-25 turns)"
+    )
+    sandbox: str = option("bwrap", "sandbox of the episode env: bwrap, docker or auto")
+    env_kwargs: dict[str, Any] = option(
+        factory=dict, help="further keyword arguments of gym.make (JSON data: e.g. tasks, a tasks TOML file)"
+    )
+
+
+@dataclass
+class Episode:
+    """One episode as played: its task, every assistant turn as sampled, its final reward and validity."""
+
+    task_id: str
+    completions: list[Completion] = field(default_factory=list)
+    reward: float = 0.0
+    valid: bool = True
+    category: str = ""
+
+    @property
+    def turns(self) -> int:
+        """Rollout turns: the assistant turns generated in this episode."""
+        return len(self.completions)
+
+
+@dataclass
+class EpisodeTrainResult:
+    """What `train_episodes` leaves behind: where, how far, the rollout turns spent and every step's metrics."""
+
+    out: Path
+    steps: int
+    final: Path
+    metrics_path: Path
+    rollout_turns: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def episode_envs(config: EpisodeConfig, count: int) -> list[Any]:
+    """`count` episode envs of `config.env` (each plays one episode at a time, in its own sandbox)."""
+    import gymnasium as gym
+
+    import pivot_envs
+
+    gym.register_envs(pivot_envs)
+    # The passive checker re-validates every step; check_env is part of the env's own tests.
+    return [
+        gym.make(
+            config.env,
+            disable_env_checker=True,
+            max_turns=config.max_turns,
+            sandbox=config.sandbox,
+            **config.env_kwargs,
+        )
+        for _ in range(count)
+    ]
+
+
+def rollout(
+    policy: Any, envs: Sequence[Any], task_ids: Sequence[str], sampling: SamplingParams
+) -> list[Episode]:
+    """Play one episode of `task_ids[i]` in `envs[i]` each, turn by turn: one generate call per turn for the
+    episodes still running (`sampling.seed`, when set, advances by one per turn). Returns the episodes in order."""
+    if len(envs) < len(task_ids):
+        raise ValueError(f"{len(task_ids)} episodes need as many envs, got {len(envs)}")
+    episodes = [Episode(task_id) for task_id in task_ids]
+    observations = [env.reset(options={"task": task_id})[0] for env, task_id in zip(envs, task_ids)]
+    running, turn = list(range(len(task_ids))), 0
+    while running:
+        seed = None if sampling.seed is None else sampling.seed + turn
+        completions = policy.generate([observations[i] for i in running], 1, replace(sampling, seed=seed))
+        still = []
+        for i, (completion,) in zip(running, completions):
+            episodes[i].completions.append(completion)
+            observations[i], reward, terminated, truncated, info = envs[i].step(completion.action)
+            if terminated or truncated:
+                episodes[i].reward, episodes[i].valid, episodes[i].category = (
+                    reward,
+                    info["valid"],
+                    info["category"],
+                )
+            else:
+                still.append(i)
+        running, turn = still, turn + 1
+    return episodes
+
+
+def success_rate(
+    policy: Any, envs: Sequence[Any], task_ids: Sequence[str], max_new_tokens: int
+) -> dict[str, Any]:
+    """Greedy task success on `task_ids` (one episode each, `len(envs)` at a time): {"success" (mean reward
+    over the valid episodes), "rewards" by task id (None where the env failed), "turns", "invalid"}."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=0)
+    episodes: list[Episode] = []
+    for start in range(0, len(task_ids), len(envs)):
+        episodes += rollout(policy, envs, task_ids[start : start + len(envs)], greedy)
+    valid = [e for e in episodes if e.valid]
+    return {
+        "success": sum(e.reward for e in valid) / len(valid) if valid else 0.0,
+        "rewards": {e.task_id: e.reward if e.valid else None for e in episodes},
+        "turns": sum(e.turns for e in episodes),
+        "invalid": len(episodes) - len(valid),
+    }
+
+
+def episode_groups(task_id: str, episodes: Sequence[Episode], advantages: Sequence[float]) -> list[Group]:
+    """Every assistant turn of the valid episodes as a group of one action with its episode's advantage."""
+    groups = []
+    for index, (episode, advantage) in enumerate(zip(episodes, advantages)):
+        if not episode.valid:
+            continue
+        for turn, completion in enumerate(episode.completions):
+            group = build_group(f"{task_id}/episode-{index}/turn-{turn}", [completion], [advantage], [True])
+            if group.actions:
+                groups.append(group)
+    return groups
+
+
+def train_episodes(
+    config: EpisodeConfig,
+    tasks: Sequence[str],
+    policy: TrainablePolicy | None = None,
+    heldout: Sequence[str] | None = None,
+    model: Any = None,
+) -> EpisodeTrainResult:
+    """E2E RL: train `policy` with GRPO on whole episodes of `tasks` (task ids of `config.env`).
+
+    policy:  a TrainablePolicy (hf; vllm with `model`), loaded from `config.train.policy` when None.
+    heldout: task ids whose greedy success is logged every `config.train.eval_every` steps (eval_success).
+    Writes metrics.jsonl (with rollout_turns and rollout_turns_total per step), checkpoints/ and final/
+    into `config.train.out`, and resumes from its latest checkpoint with `config.train.resume`.
+    """
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    began_run = time.perf_counter()
+    grpo, tasks, heldout = config.train, list(tasks), list(heldout or [])
+    if not tasks:
+        raise ValueError("no tasks to train on")
+    out = Path(grpo.out)
+    checkpoint = latest_checkpoint(out) if grpo.resume else None
+    if checkpoint is None:
+        refuse_earlier_run(out, resuming=grpo.resume)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(grpo.seed)
+    np.random.seed(grpo.seed)
+    torch.manual_seed(grpo.seed)
+
+    # setup: the policy, its trainable module, the frozen reference and the optimizer, as the pivot trainer's
+    if policy is None:
+        policy = load_policy(grpo.policy)
+    model = trainable_module(policy, model)
+    if grpo.lora:
+        model = with_lora(model, grpo)
+    model.eval()
+    reference = frozen_reference(model, grpo)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=grpo.learning_rate,
+        weight_decay=grpo.weight_decay,
+    )
+    sampler = np.random.default_rng(grpo.seed)
+    start = 0
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, sampler, grpo)
+        sync_weights(policy, model)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    log = MetricsLog(out, start)
+    kept = [json.loads(line) for line in log.path.read_text().splitlines() if line]
+    total_turns = kept[-1]["rollout_turns_total"] if kept else 0
+    batch_tasks = min(grpo.batch_pivots, len(tasks))
+    envs = episode_envs(config, batch_tasks * grpo.group_size)
+    history: list[dict[str, Any]] = []
+    bar = tqdm(
+        total=grpo.steps,
+        initial=start,
+        unit="step",
+        desc="E2E RL",
+        file=sys.stderr,
+        disable=progress_disabled(),
+    )
+
+    try:
+        for step in range(start + 1, grpo.steps + 1):
+            began = time.perf_counter()
+            # B tasks, G episodes of each, played turn by turn with pi_theta_old (seeded per step and turn)
+            chosen = sampler.choice(len(tasks), size=batch_tasks, replace=False)
+            batch = [tasks[int(i)] for i in chosen]
+            sampling = SamplingParams(
+                grpo.temperature, grpo.top_p, grpo.max_new_tokens, seed=(grpo.seed * 1_000_003 + step) * 1_000
+            )
+            episodes = rollout(
+                policy, envs, [task for task in batch for _ in range(grpo.group_size)], sampling
+            )
+            played = time.perf_counter()
+
+            # Eq. 1 over the G episodes of each task; every turn of an episode carries its episode's advantage
+            groups: list[Group] = []
+            uninformative: list[Group] = []
+            zero_variance = 0
+            for index, task in enumerate(batch):
+                mine = episodes[index * grpo.group_size : (index + 1) * grpo.group_size]
+                advantages = group_advantages(
+                    [e.reward for e in mine],
+                    [e.valid for e in mine],
+                    grpo.std_epsilon,
+                    grpo.leave_one_out,
+                    grpo.scale_by_std,
+                )
+                if advantages is None:
+                    zero_variance += 1
+                    if (
+                        grpo.loss_denominator == "sampled"
+                    ):  # counted in the average as zeros, as the pivot trainer
+                        uninformative += episode_groups(task, mine, [0.0] * len(mine))
+                    continue
+                groups += episode_groups(task, mine, advantages)
+
+            # Eq. 7 on every assistant turn's tokens, then the weights to the generator
+            denominator = loss_units(groups + uninformative, grpo.loss_level)
+            stats = update(model, reference, optimizer, groups, grpo, denominator) if groups else {}
+            if groups:
+                sync_weights(policy, model)
+            updated = time.perf_counter()
+
+            turns = sum(e.turns for e in episodes)
+            total_turns += turns
+            valid = [e for e in episodes if e.valid]
+            rewards = [e.reward for e in valid]
+            sampled_tokens = sum(len(c.token_ids) for e in episodes for c in e.completions)
+            record: dict[str, Any] = {
+                "step": step,
+                "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                "reward_std": float(np.std(rewards)) if rewards else 0.0,
+                "frac_zero_variance": zero_variance / len(batch),
+                "frac_invalid": 1.0 - len(valid) / len(episodes),
+                "episodes_trained": len({g.pivot_id.rsplit("/turn-", 1)[0] for g in groups}),
+                "turns_trained": len(groups),
+                "rollout_turns": turns,
+                "rollout_turns_total": total_turns,
+                "episode_turns_mean": turns / len(episodes),
+                "action_tokens": sampled_tokens,
+                "tokens_per_s": sampled_tokens / (updated - began),
+                "time_rollout_s": played - began,
+                "time_update_s": updated - played,
+                **{
+                    key: stats.get(key, 0.0)
+                    for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")
+                },
+            }
+            if heldout and grpo.eval_every and step % grpo.eval_every == 0:
+                evaluation = success_rate(policy, envs, heldout[: grpo.eval_pivots], grpo.max_new_tokens)
+                record["eval_success"] = evaluation["success"]
+            log.write(record)
+            history.append(record)
+            bar.update()
+            logger.info(
+                "step %d/%d: success %.3f std %.3f, zero-variance groups %.2f, %d rollout turns (%d in all), "
+                "loss %.4f, KL %.4f",
+                step,
+                grpo.steps,
+                record["reward_mean"],
+                record["reward_std"],
+                record["frac_zero_variance"],
+                turns,
+                total_turns,
+                record["loss"],
+                record["kl"],
+            )
+            if grpo.checkpoint_every and step % grpo.checkpoint_every == 0:
+                save_checkpoint(
+                    out / "checkpoints" / f"step-{step}",
+                    model,
+                    getattr(policy, "tokenizer", None),
+                    optimizer,
+                    sampler,
+                    step,
+                    grpo,
+                )
+    finally:
+        bar.close()
+        log.close()
+        for env in envs:
+            env.close()
+
+    final = out / "final"
+    save_checkpoint(
+        final, model, getattr(policy, "tokenizer", None), optimizer, sampler, max(start, grpo.steps), grpo
+    )
+    return EpisodeTrainResult(
+        out=out,
+        steps=grpo.steps,
+        final=final,
+        metrics_path=log.path,
+        rollout_turns=total_turns,
+        history=history,
+        seconds=time.perf_counter() - began_run,
+    )
