@@ -9,12 +9,15 @@
    requests) and of a batch of 8 (`/steps`, one request), against the in-process time; and the
    server's CPU per action (its process's CPU time over the actions it served) against the
    in-process CPU per action: the server-side overhead per step (target <= 5 ms).
-3. Load: for each server count and client count, the clients (asyncio tasks of one process,
-   httpx) spread round-robin over the servers, each a session looping reset + step for T
-   seconds: actions/s, p50/p99 latency per action, errors, and lost or doubled actions (the
-   actions the clients were answered for against the steps the servers' /metrics counted;
-   target 0). Servers are `pivotrl serve` subprocesses on 127.0.0.1, so two servers can use two
-   cores; the client process takes CPU too, and the table says how much each side used.
+3. Load: for each server count and client count, the clients spread round-robin over the
+   servers, each a session looping reset + step for T seconds: actions/s, p50/p99 latency per
+   action, errors, and lost or doubled actions (the actions the clients were answered for
+   against the steps the servers' /metrics counted; target 0). Servers are `pivotrl serve`
+   subprocesses on 127.0.0.1, so two servers can use two cores. The clients are threads of this
+   process, each with its own keep-alive connection through stdlib http.client, which costs
+   little CPU per request (httpx's async pool cost ~28 ms of client CPU per action at 32
+   connections on the loaded VM and made the client the bottleneck); the table says how much
+   CPU each side used.
 
 Prints a table, writes benchmarks/out/serve_load.json.
 """
@@ -22,7 +25,7 @@ Prints a table, writes benchmarks/out/serve_load.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import http.client
 import json
 import os
 import platform
@@ -30,11 +33,11 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import gymnasium as gym
-import httpx
 
 import pivot_envs
 
@@ -115,7 +118,10 @@ class Server:
         self.url = match.group(1)
 
     def steps_counted(self) -> int:
-        text = httpx.get(f"{self.url}/metrics").text
+        connection = Connection(self.url)
+        connection.http.request("GET", "/metrics")
+        text = connection.http.getresponse().read().decode()
+        connection.close()
         return int(re.search(r"^pivot_serve_step_seconds_count (\d+)$", text, re.MULTILINE).group(1))
 
     def cpu(self) -> float:
@@ -126,91 +132,109 @@ class Server:
         self.process.wait(timeout=30)
 
 
-async def overhead(server: Server, work: list[tuple[str, dict]], passes: int = 2) -> dict:
+class Connection:
+    """One keep-alive HTTP/1.1 connection (stdlib http.client: a client that costs little CPU per
+    request, so the servers, not the client, are what the load measures)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.http = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def call(self, method: str, path: str, body: object = None) -> tuple[int, dict | None]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        self.http.request(method, path, body=data, headers=headers)
+        response = self.http.getresponse()
+        content = response.read()
+        return response.status, json.loads(content) if content else None
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def overhead(server: Server, work: list[tuple[str, dict]], passes: int = 2) -> dict:
     """One client, one action (or one batch) at a time: round-trip latency and server CPU per action."""
-    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-        session = (await client.post("/v1/sessions", json={})).json()["session"]
-        for pivot_id, action in work:  # warm
-            await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
-            await client.post(f"/v1/sessions/{session}/step", json={"action": action})
-        single, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
-        for _ in range(passes):
-            for pivot_id, action in work:
-                started = time.perf_counter()
-                (
-                    await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
-                ).raise_for_status()
-                (
-                    await client.post(f"/v1/sessions/{session}/step", json={"action": action})
-                ).raise_for_status()
-                single.append(time.perf_counter() - started)
-        served = server.steps_counted() - steps_before
-        single_cpu = (server.cpu() - cpu_before) / served
-        batched, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
+    client = Connection(server.url)
+    session = client.call("POST", "/v1/sessions", {})[1]["session"]
+    for pivot_id, action in work:  # warm
+        client.call("POST", f"/v1/sessions/{session}/reset", {"pivot": pivot_id})
+        client.call("POST", f"/v1/sessions/{session}/step", {"action": action})
+    single, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
+    for _ in range(passes):
         for pivot_id, action in work:
             started = time.perf_counter()
-            await client.post(f"/v1/sessions/{session}/reset", json={"pivot": pivot_id})
-            answer = await client.post(f"/v1/sessions/{session}/steps", json={"actions": [action] * BATCH})
-            answer.raise_for_status()
-            batched.append((time.perf_counter() - started) / BATCH)
-        batch_cpu = (server.cpu() - cpu_before) / (server.steps_counted() - steps_before)
-        await client.delete(f"/v1/sessions/{session}")
+            assert client.call("POST", f"/v1/sessions/{session}/reset", {"pivot": pivot_id})[0] == 200
+            assert client.call("POST", f"/v1/sessions/{session}/step", {"action": action})[0] == 200
+            single.append(time.perf_counter() - started)
+    single_cpu = (server.cpu() - cpu_before) / (server.steps_counted() - steps_before)
+    batched, cpu_before, steps_before = [], server.cpu(), server.steps_counted()
+    for pivot_id, action in work:
+        started = time.perf_counter()
+        client.call("POST", f"/v1/sessions/{session}/reset", {"pivot": pivot_id})
+        status, _ = client.call("POST", f"/v1/sessions/{session}/steps", {"actions": [action] * BATCH})
+        assert status == 200
+        batched.append((time.perf_counter() - started) / BATCH)
+    batch_cpu = (server.cpu() - cpu_before) / (server.steps_counted() - steps_before)
+    client.call("DELETE", f"/v1/sessions/{session}")
+    client.close()
     return {
         "reset_step": {**latency(single), "server_cpu_ms_per_action": 1000 * single_cpu},
         f"steps_batch_{BATCH}": {**latency(batched), "server_cpu_ms_per_action": 1000 * batch_cpu},
     }
 
 
-async def load(servers: list[Server], clients: int, seconds: float, work: list[tuple[str, dict]]) -> dict:
-    """`clients` sessions looping reset + step for `seconds`, spread round-robin over `servers`."""
+def load(servers: list[Server], clients: int, seconds: float, work: list[tuple[str, dict]]) -> dict:
+    """`clients` sessions (a thread and a connection each) looping reset + step for `seconds`,
+    spread round-robin over `servers`."""
     before = [server.steps_counted() for server in servers]
     cpu_before = [server.cpu() for server in servers]
     own_cpu = time.process_time()
-    latencies: list[float] = []
+    latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
-    answered = 0
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
 
-    async def client_loop(number: int, http: httpx.AsyncClient, deadline: float) -> None:
-        nonlocal answered
-        server = servers[number % len(servers)]
-        opened = await http.post(f"{server.url}/v1/sessions", json={})
-        session = opened.json()["session"]
+    def client_loop(number: int, deadline: float) -> None:
+        connection = Connection(servers[number % len(servers)].url)
+        session = connection.call("POST", "/v1/sessions", {})[1]["session"]
         position = number
         while time.perf_counter() < deadline:
             pivot_id, action = work[position % len(work)]
             position += clients
             started = time.perf_counter()
             try:
-                reset = await http.post(f"{server.url}/v1/sessions/{session}/reset", json={"pivot": pivot_id})
-                step = await http.post(f"{server.url}/v1/sessions/{session}/step", json={"action": action})
-            except httpx.HTTPError as error:
+                reset, _ = connection.call("POST", f"/v1/sessions/{session}/reset", {"pivot": pivot_id})
+                step, answer = connection.call("POST", f"/v1/sessions/{session}/step", {"action": action})
+            except (OSError, http.client.HTTPException) as error:
                 errors.append(f"{type(error).__name__}: {error}")
+                connection.close()
+                connection = Connection(servers[number % len(servers)].url)
                 continue
-            if reset.status_code != 200 or step.status_code != 200:
-                errors.append(f"{reset.status_code}/{step.status_code}: {step.text[:200]}")
+            if reset != 200 or step != 200:
+                errors.append(f"{reset}/{step}: {str(answer)[:200]}")
                 continue
-            answered += 1
-            latencies.append(time.perf_counter() - started)
-        await http.delete(f"{server.url}/v1/sessions/{session}")
+            latencies[number].append(time.perf_counter() - started)
+        connection.call("DELETE", f"/v1/sessions/{session}")
+        connection.close()
 
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-        started = time.perf_counter()
-        deadline = started + seconds
-        await asyncio.gather(*(client_loop(number, http, deadline) for number in range(clients)))
-        elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, args=(n, started + seconds)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    answered = [value for own in latencies for value in own]
     counted = sum(server.steps_counted() - was for server, was in zip(servers, before))
     return {
         "servers": len(servers),
         "clients": clients,
         "seconds": elapsed,
-        "actions": answered,
-        "actions_per_s": answered / elapsed,
-        **latency(latencies or [0.0]),
+        "actions": len(answered),
+        "actions_per_s": len(answered) / elapsed,
+        **latency(answered or [0.0]),
         "errors": len(errors),
         "first_errors": errors[:3],
         "server_steps_counted": counted,
-        "lost_or_doubled": counted - answered,
+        "lost_or_doubled": counted - len(answered),
         "server_cpu_s": sum(server.cpu() - was for server, was in zip(servers, cpu_before)),
         "client_cpu_s": time.process_time() - own_cpu,
     }
@@ -238,9 +262,9 @@ def main() -> None:
     }
     servers = [Server(max_sessions=max(client_counts)) for _ in range(max(server_counts))]
     try:
-        results["overhead"] = asyncio.run(overhead(servers[0], work))
+        results["overhead"] = overhead(servers[0], work)
         results["load"] = [
-            asyncio.run(load(servers[:count], clients, args.seconds, work))
+            load(servers[:count], clients, args.seconds, work)
             for count in server_counts
             for clients in client_counts
         ]
