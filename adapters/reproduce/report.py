@@ -178,10 +178,14 @@ def write(
         "|---|---|---|---|---|",
     ]
     for item in claims:
-        lines.append(
-            f"| {item['title']} ({item['paper_section']}) | {item['paper']} | {item['ours']} | "
-            f"{_interval(item['interval'])} | **{item['verdict']}** |"
-        )
+        cells = [
+            f"{item['title']} ({item['paper_section']})",
+            item["paper"],
+            _ours(item["ours"]),
+            _interval(item["interval"]),
+            f"**{item['verdict']}**",
+        ]
+        lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
     lines.append("")
     for item in claims:
         lines += [
@@ -189,7 +193,7 @@ def write(
             "",
             f"*{item['paper_section']}.* Paper: {item['paper']}.",
             "",
-            f"Ours: {item['ours']}.",
+            f"Ours: {_ours(item['ours'])}.",
             "",
             f"Verdict: **{item['verdict']}** ({_interval(item['interval'])}).",
             "",
@@ -233,10 +237,26 @@ def write(
     return path
 
 
-def _interval(interval: dict[str, Any] | None) -> str:
+def _interval(interval: dict[str, Any] | Sequence[float] | None) -> str:
+    """An interval as the report shows it: [low, high] vs its threshold, with n and the MDD where known."""
     if not interval:
         return "n/a"
+    if not isinstance(interval, dict):  # [low, high], as a claim module may give it
+        low, high = interval
+        return f"[{low:.3f}, {high:.3f}]"
     text = f"[{interval['low']:.3f}, {interval['high']:.3f}] vs {interval.get('threshold', 0):g}"
     if "mdd" in interval:
         text += f"; n {interval.get('n')}, MDD {100 * interval['mdd']:.0f} pts"
     return text
+
+
+def _ours(ours: Any) -> str:
+    """A claim's own figures in one line: text as it is; a dict of figures as key: value (rates with intervals)."""
+    if not isinstance(ours, dict):
+        return str(ours)
+    parts = []
+    for key, value in ours.items():
+        if isinstance(value, dict) and {"estimate", "low", "high"} <= set(value):
+            value = f"{value['estimate']:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
+        parts.append(f"{key.replace('_', ' ')}: {value}")
+    return "; ".join(parts)

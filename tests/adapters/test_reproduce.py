@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,28 +33,19 @@ CLAIMS = {
 FIELDS = {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval", "detail", "figures"}
 
 
-def run_quick(out: Path) -> subprocess.CompletedProcess:
-    # The command as a user runs it, in its own process (it loads torch and trains).
-    return subprocess.run(
-        [sys.executable, "-m", "pivot_envs", "reproduce", "--scale", "quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
+    """The quick scale run once through the command, in this process (it trains: about 250 CPU-seconds)."""
+    from pivot_envs.cli import main
+
     out = tmp_path_factory.mktemp("reproduce")
-    first = run_quick(out)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    return out, first
+    assert main(["reproduce", "--scale", "quick", "--out", str(out)]) == 0
+    return out
 
 
 @pytest.fixture(scope="module")
 def report(quick):
-    out, _ = quick
-    return json.loads((out / "report.json").read_text())
+    return json.loads((quick / "report.json").read_text())
 
 
 # -- the verdict rule ---------------------------------------------------------------------------------
@@ -113,7 +101,7 @@ def test_an_unknown_experiment_is_named_with_a_suggestion():
 
 
 def test_the_quick_report_decides_every_claim(quick, report):
-    out, _ = quick
+    out = quick
     assert {c["claim"] for c in report["claims"]} == CLAIMS
     for item in report["claims"]:
         assert set(item) >= FIELDS, item["claim"]
@@ -152,15 +140,17 @@ def test_no_trajectory_is_on_two_sides_of_the_split(report):
 
 
 def test_a_rerun_reads_every_finished_stage_instead_of_running_it(quick):
-    out, first = quick
-    results = sorted((out / "stages").glob("*/result.json"))
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    results = sorted((quick / "stages").glob("*/result.json"))
     assert len(results) >= 10
     before = {path: path.stat().st_mtime_ns for path in results}
-    again = run_quick(out)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "0 stages run" in again.stdout
+    path, stages = reproduce(get_scale("quick"), quick)
+    assert stages.computed == []
+    assert sorted(stages.reused) == sorted(p.parent.name for p in results)
     assert {path: path.stat().st_mtime_ns for path in results} == before
-    assert (out / "report.md").exists()
+    assert path.exists()
 
 
 def test_an_interrupted_stage_is_run_again_from_scratch(tmp_path):
