@@ -77,6 +77,8 @@ class BwrapBackend:
         self._pools: dict[str, queue.SimpleQueue] = {}
         # Per snapshot: its workspace files' (size, mtime, digest), hashed once for every fork's manifest.
         self._digests: dict[str, dict[str, tuple[int, int, str]]] = {}
+        # Per snapshot: a command each warm fork runs once its server is up (see `prewarm`).
+        self._setups: dict[str, str] = {}
         self._servers: set[BwrapServer] = set()
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
@@ -194,17 +196,28 @@ class BwrapBackend:
             if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
                 try:
                     directory, known = self._copy(snapshot)
-                    pool.put((directory, self.start_server(directory, snapshot.workdir), known))
+                    server = self.start_server(directory, snapshot.workdir)
                 except (OSError, SandboxError):
                     return  # the next fork makes its sandbox synchronously
+                setup = self._setups.get(snapshot.ref)
+                if setup:
+                    try:
+                        BwrapSandbox(self, directory, snapshot.workdir, server).run(setup)
+                    except SandboxError:
+                        self.discard(directory, server)
+                        return
+                pool.put((directory, server, known))
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
             self._submit(make_one)
 
-    def prewarm(self, snapshot: Snapshot) -> None:
-        """Start making forks of the snapshot in the background."""
+    def prewarm(self, snapshot: Snapshot, setup: str = "") -> None:
+        """Start making forks of the snapshot in the background; each runs `setup` (a command, when
+        given) before it is handed out, e.g. to start a process its first command will talk to."""
         with self._lock:
             pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
+            if setup:
+                self._setups[snapshot.ref] = setup
         self._refill(snapshot, pool)
 
     def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
@@ -240,6 +253,7 @@ class BwrapBackend:
         with self._lock:
             pool = self._pools.pop(snapshot.ref, None)
             self._digests.pop(snapshot.ref, None)
+            self._setups.pop(snapshot.ref, None)
         while pool is not None and not pool.empty():
             directory, server, _ = pool.get_nowait()
             self.stop_server(server)

@@ -285,12 +285,12 @@ def undo_edit(arguments, path):
     return f"Last edit to {path} undone successfully. Here's the result of running `cat -n` on {path}:\n{numbered(read_text(path))}\n"
 
 
-def main():
+def answer(source):
+    """The reply to one request (the category line, then the text)."""
     try:
-        request = eval(sys.stdin.read(), {"__builtins__": {}})  # a literal the host wrote with repr
+        request = eval(source, {"__builtins__": {}})  # a literal the host wrote with repr
     except Exception:  # a value repr cannot write back (inf, nan): the call's arguments
-        sys.stdout.write("invalid_arguments\nThe arguments hold a value that is not plain JSON (inf, nan).")
-        return
+        return "invalid_arguments\nThe arguments hold a value that is not plain JSON (inf, nan)."
     arguments, workdir, limit = request["arguments"], request["workdir"], request["max_bytes"]
     command = arguments.get("command")
     try:
@@ -314,7 +314,31 @@ def main():
     data = text.encode("utf-8", "replace")
     if len(data) > limit:
         text = data[: limit - len(CLIPPED) - 1].decode("utf-8", "ignore") + "\n" + CLIPPED
-    sys.stdout.write(f"{category}\n{text}")
+    return f"{category}\n{text}"
+
+
+def main():
+    sys.stdout.write(answer(sys.stdin.read()))
+
+
+def serve(folder):
+    """Answer one request sent through the FIFOs in `folder`, started ahead of the call (warm_up).
+
+    The request comes on `in` as the caller's PID, a newline and the literal; the reply goes to the
+    caller's own stdout (/proc/PID/fd/1, appended), then its exit status to `done`. `in` is removed
+    once read, so a later call starts an editor of its own.
+    """
+    with open(os.path.join(folder, "in"), encoding="utf-8", errors="surrogateescape") as fifo:
+        caller, _, source = fifo.read().partition("\n")
+    os.unlink(os.path.join(folder, "in"))
+    status = 1
+    try:
+        with open(f"/proc/{int(caller)}/fd/1", "a", encoding="utf-8") as out:
+            out.write(answer(source))
+        status = 0
+    finally:
+        with open(os.path.join(folder, "done"), "w") as done:
+            done.write(f"{status}\n")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pivot_envs.pivot import Pivot
 
 from .effects import EditEffect, edit_effect, task_test_results
 from .parse import call_of
-from .tools import ToolResult, execute_call, install_editor, tree_hash
+from .tools import EDITOR_WARM_UP, ToolResult, execute_call, install_editor, tree_hash
 
 SETUP_TIMEOUT = 120.0
 
@@ -105,15 +105,30 @@ class PrefixCache:
         self.harness = harness
         self.builds = 0
         self.starts = 0
-        self._states: SnapshotCache[PrefixState] = SnapshotCache(backend, capacity, lambda state: state.snapshot)
+        self._states: SnapshotCache[PrefixState] = SnapshotCache(
+            backend, capacity, lambda state: state.snapshot
+        )
         self._starts: SnapshotCache[Snapshot] = SnapshotCache(backend, capacity, lambda snapshot: snapshot)
+        # Each pivot's key, by the pivot object (every reset asks; making it costs ~3 ms).
+        self._keys: dict[int, tuple[Pivot, str]] = {}
 
     def harness_of(self, pivot: Pivot) -> str:
         """The pivot's shell harness: the env's choice, else the pivot's `context["harness"]`, else persistent."""
         return self.harness or str(pivot.context.get("harness") or "persistent")
 
     def key(self, pivot: Pivot) -> str:
-        """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's."""
+        """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's
+        (remembered per pivot object)."""
+        known = self._keys.get(id(pivot))
+        if known is not None and known[0] is pivot:
+            return known[1]
+        if len(self._keys) >= 4096:
+            self._keys.clear()
+        key = self._key(pivot)
+        self._keys[id(pivot)] = (pivot, key)
+        return key
+
+    def _key(self, pivot: Pivot) -> str:
         return _digest(
             [
                 repo_of(pivot).to_dict(),
@@ -188,7 +203,10 @@ class PrefixCache:
             if sandbox is not None:
                 sandbox.close()
         state = PrefixState(key, True, snapshot=snapshot, before=before, tree_hash=digest)
-        if hasattr(self.backend, "prewarm"):
+        if self.backend.name == "bwrap":
+            # Each warm fork starts the editor ahead: an editor call there starts no Python.
+            self.backend.prewarm(snapshot, setup=EDITOR_WARM_UP)
+        elif hasattr(self.backend, "prewarm"):
             self.backend.prewarm(snapshot)
         return state
 
