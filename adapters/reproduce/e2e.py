@@ -1,0 +1,381 @@
+"""The end-to-end RL claim: PivotRL against E2E RL per rollout turn (the paper's Sec. 4.3, Figure 3).
+
+Both arms start from the same policy and train in the terminal domain on the same tasks; the
+bundled terminal tasks are split by trajectory (`split_by_trajectory`, the split the rest of
+`pivotrl reproduce` uses for the terminal pivots), so no held-out task's trajectory trains either
+arm. E2E RL (`adapters.grpo.episodes`) plays whole episodes of the training tasks in
+`pivot/terminal-episode-v0`; PivotRL (the bundled `pivotrl`) profiles the training tasks' pivots
+under the start policy and trains at the selected ones in `pivot/terminal-v0`. Rollout turns are
+counted as the paper counts them: for E2E RL the assistant turns of every training episode, for
+PivotRL one per training sample (the profiling samples are reported beside them, not added, as the
+paper leaves them out). PivotRL trains for the steps that spend as many turns as E2E RL spent.
+Both arms are measured the same way: greedy task success in the episode env on the held-out tasks,
+at each checkpoint, plotted against the rollout turns spent.
+
+The verdict: the paper reports competitive accuracy at about 4x fewer turns, so at an equal
+budget PivotRL should be no worse. "reproduced" when the paired 95% interval of (PivotRL - E2E RL)
+held-out success at the final, matched budget lies above -MARGIN, "not reproduced" when it lies
+below, "inconclusive" otherwise, and always when neither arm solved a held-out task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.errors import UnknownNameError
+
+MARGIN = 0.10  # how much worse than E2E RL still counts as "competitive" (10 points of task success)
+PAPER = (
+    "SWE-Bench: PivotRL reaches E2E RL's 32.67% with ~133K cumulative rollout turns against E2E RL's ~542K "
+    "(~4x fewer turns, ~5.5x less wall-clock time; Figure 3)"
+)
+
+
+@dataclass(frozen=True)
+class E2EScale:
+    """The sizes of the comparison at one scale (E2E RL's budget; PivotRL gets the same number of turns)."""
+
+    name: str
+    policy: str  # the start policy of both arms: "tiny" (the quick scale's random model) or a policy spec
+    device: str
+    heldout: float  # fraction of the tasks' trajectories held out
+    train_tasks: int  # training tasks used (0: all of the training side)
+    heldout_tasks: int  # held-out tasks evaluated (0: all)
+    steps: int  # E2E RL steps
+    batch_tasks: int  # E2E RL's B: tasks per step
+    episodes: int  # E2E RL's G: episodes per task
+    max_turns: int
+    pivot_batch: int  # PivotRL's B: pivots per step
+    pivot_group: int  # PivotRL's G: actions per pivot (one rollout turn each)
+    k: int  # PivotRL's profiling samples per candidate
+    lambda_diff: float
+    learning_rate: float
+    max_new_tokens: int
+    evaluations: int  # checkpoints evaluated per arm besides the start (the curve's points)
+    max_prompt_tokens: int = 2048
+
+
+SCALES = {
+    "quick": E2EScale(
+        "quick",
+        "tiny",
+        "cpu",
+        heldout=0.3,
+        train_tasks=2,
+        heldout_tasks=2,
+        steps=1,
+        batch_tasks=2,
+        episodes=2,
+        max_turns=2,
+        pivot_batch=2,
+        pivot_group=2,
+        k=2,
+        lambda_diff=0.9,
+        learning_rate=1e-3,
+        max_new_tokens=8,
+        evaluations=1,
+        max_prompt_tokens=768,
+    ),
+    "cpu": E2EScale(
+        "cpu",
+        "hf:smollm2",
+        "cpu",
+        heldout=0.3,
+        train_tasks=0,
+        heldout_tasks=0,
+        steps=12,
+        batch_tasks=4,
+        episodes=8,
+        max_turns=6,
+        pivot_batch=4,
+        pivot_group=8,
+        k=8,
+        lambda_diff=0.9,
+        learning_rate=2e-5,
+        max_new_tokens=64,
+        evaluations=3,
+    ),
+    "gpu": E2EScale(
+        "gpu",
+        "hf:smollm2",
+        "cuda",
+        heldout=0.3,
+        train_tasks=0,
+        heldout_tasks=0,
+        steps=60,
+        batch_tasks=8,
+        episodes=16,
+        max_turns=12,
+        pivot_batch=16,
+        pivot_group=16,
+        k=16,
+        lambda_diff=0.9,
+        learning_rate=1e-5,
+        max_new_tokens=192,
+        evaluations=6,
+        max_prompt_tokens=4096,
+    ),
+}
+
+
+def split_tasks(scale: E2EScale) -> tuple[list[str], list[str]]:
+    """(training task ids, held-out task ids): the bundled terminal tasks split by trajectory, as the terminal pivots."""
+    from pivot_envs.domains.terminal import bundled_pivots
+
+    from pivot_envs.extract import split_by_trajectory
+
+    train, heldout = split_by_trajectory(bundled_pivots(), scale.heldout, seed=0)
+    train_ids = sorted({p.context["task"] for p in train})
+    heldout_ids = sorted({p.context["task"] for p in heldout})
+    return train_ids[: scale.train_tasks or None], heldout_ids[: scale.heldout_tasks or None]
+
+
+def start_policy(scale: E2EScale) -> Any:
+    """A fresh copy of the start policy (the same weights every call)."""
+    from pivot_envs.adapters.reproduce.measure import load_policy
+
+    return load_policy(scale.policy, scale.device, scale.max_prompt_tokens)
+
+
+def load_weights(policy: Any, checkpoint: Path) -> None:
+    """Put a checkpoint's weights (`save_checkpoint`'s save_pretrained) into the policy's model."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(policy.model.parameters()).dtype
+    policy.model.load_state_dict(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).state_dict())
+
+
+def checkpoint_steps(run: Path, steps: int) -> list[tuple[int, Path]]:
+    """(step, folder) of a run's checkpoints in order of step, its final weights (step `steps`) last."""
+    found = dict((int(p.name.split("-")[1]), p) for p in (run / "checkpoints").glob("step-*"))
+    found[steps] = run / "final"
+    return sorted(found.items())
+
+
+def curve(
+    policy: Any,
+    run: Path,
+    turns_at: dict[int, int],
+    heldout: Sequence[str],
+    envs: Sequence[Any],
+    scale: E2EScale,
+) -> list[dict[str, Any]]:
+    """Held-out success at each checkpoint of `run`: [{"step", "turns", "rewards" by task}]."""
+    from pivot_envs.adapters.grpo.episodes import success_rate
+
+    points = []
+    for step, folder in checkpoint_steps(run, max(turns_at)):
+        load_weights(policy, folder)
+        rewards = success_rate(policy, envs, heldout, scale.max_new_tokens)["rewards"]
+        points.append({"step": step, "turns": turns_at[step], "rewards": rewards})
+    return points
+
+
+def run_seed(
+    scale: E2EScale, out: Path, seed: int, train_ids: list[str], heldout_ids: list[str]
+) -> dict[str, Any]:
+    """Both arms from the start policy at one seed: their curves of held-out success against rollout turns."""
+    from pivot_envs.adapters.grpo.episodes import EpisodeConfig, episode_envs, success_rate, train_episodes
+    from pivot_envs.adapters.grpo.trainer import GRPOConfig, NoPivotsError, PivotRLConfig, pivotrl
+    from pivot_envs.domains.terminal import bundled_pivots
+
+    from pivot_envs.extract import FilterConfig
+    from pivot_envs.profile import ProfileConfig
+
+    every = max(1, math.ceil(scale.steps / scale.evaluations))
+    grpo = GRPOConfig(
+        policy=scale.policy,
+        batch_pivots=scale.batch_tasks,
+        group_size=scale.episodes,
+        learning_rate=scale.learning_rate,
+        max_new_tokens=scale.max_new_tokens,
+        steps=scale.steps,
+        seed=seed,
+        checkpoint_every=every,
+        eval_every=0,
+        out=str(out / "e2e"),
+    )
+    episodes = EpisodeConfig(train=grpo, max_turns=scale.max_turns, sandbox="bwrap")
+    envs = episode_envs(episodes, max(1, min(len(heldout_ids), 8)))
+    try:
+        policy = start_policy(scale)
+        start = success_rate(policy, envs, heldout_ids, scale.max_new_tokens)
+        e2e = train_episodes(episodes, train_ids, policy=policy)
+        e2e_turns = {record["step"]: record["rollout_turns_total"] for record in e2e.history}
+        e2e_curve = curve(policy, Path(grpo.out), e2e_turns, heldout_ids, envs, scale)
+
+        # PivotRL: as many training turns as E2E RL spent, B x G per step
+        per_step = scale.pivot_batch * scale.pivot_group
+        pivot_steps = max(1, round(e2e.rollout_turns / per_step))
+        candidates = [p for p in bundled_pivots() if p.context["task"] in set(train_ids)]
+        config = PivotRLConfig(
+            out=str(out / "pivotrl"),
+            profile=ProfileConfig(
+                k=scale.k,
+                max_new_tokens=scale.max_new_tokens,
+                seed=seed,
+                env="pivot/terminal-v0",
+                env_kwargs={"sandbox": "bwrap"},
+                progress=False,
+            ),
+            filter=FilterConfig(mode="adv-or-unsolved", lambda_diff=scale.lambda_diff),
+            train=replace(
+                grpo,
+                batch_pivots=scale.pivot_batch,
+                group_size=scale.pivot_group,
+                steps=pivot_steps,
+                checkpoint_every=max(1, math.ceil(pivot_steps / scale.evaluations)),
+                out="",
+            ),
+        )
+        policy = start_policy(scale)
+        pivot: dict[str, Any] = {"profile_turns": len(candidates) * scale.k}
+        try:
+            result = pivotrl(candidates, policy, config)
+            trained = min(scale.pivot_batch, len(result.selection.pivots)) * scale.pivot_group
+            turns_at = {step: step * trained for step in range(1, pivot_steps + 1)}
+            pivot.update(
+                pivots=len(result.selection.pivots),
+                rollout_turns=pivot_steps * trained,
+                curve=curve(policy, Path(config.out) / "train", turns_at, heldout_ids, envs, scale),
+            )
+        except NoPivotsError as error:  # nothing to train at: the arm stays at the start policy
+            pivot.update(pivots=0, rollout_turns=0, curve=[], note=str(error))
+    finally:
+        for env in envs:
+            env.close()
+    return {
+        "seed": seed,
+        "start": start["rewards"],
+        "e2e": {"rollout_turns": e2e.rollout_turns, "steps": scale.steps, "curve": e2e_curve},
+        "pivotrl": {**pivot, "steps": pivot_steps},
+    }
+
+
+def final_rewards(arm: dict[str, Any], start: dict[str, float | None]) -> dict[str, float | None]:
+    """An arm's held-out rewards at its last evaluated point (the start policy's when it never trained)."""
+    return arm["curve"][-1]["rewards"] if arm["curve"] else start
+
+
+def plot(seeds: list[dict[str, Any]], png: Path) -> Path:
+    """Held-out task success against cumulative rollout turns, one line per arm and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def rate(rewards: dict[str, float | None]) -> float:
+        kept = [r for r in rewards.values() if r is not None]
+        return sum(kept) / len(kept) if kept else 0.0
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for arm, colour in (("pivotrl", "tab:blue"), ("e2e", "tab:orange")):
+        for index, result in enumerate(seeds):
+            points = [(0, rate(result["start"]))] + [
+                (p["turns"], rate(p["rewards"])) for p in result[arm]["curve"]
+            ]
+            label = ("PivotRL" if arm == "pivotrl" else "E2E RL") if index == 0 else None
+            axis.plot(
+                [t for t, _ in points], [s for _, s in points], "o-", color=colour, alpha=0.7, label=label
+            )
+    axis.set_xlabel("cumulative rollout turns (training)")
+    axis.set_ylabel("held-out task success")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_title("PivotRL vs E2E RL per rollout turn (terminal tasks)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(png)
+    plt.close(figure)
+    return png
+
+
+def run(scale: str, out: Path, seeds: Sequence[int]) -> dict[str, Any]:
+    """Run the comparison at `scale` ("quick", "cpu", "gpu") for `seeds` into `out` (each seed's result is kept
+    in seed-N.json and reused by a rerun) and return the claim: {"claim", "title", "paper_section", "paper",
+    "ours", "verdict", "interval", "detail", "figures"}."""
+    from pivot_envs.adapters.reproduce.stats import bootstrap_mean, paired_differences, wilson
+
+    if scale not in SCALES:
+        raise UnknownNameError("scale", scale, sorted(SCALES))
+    sizes, out = SCALES[scale], Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_ids, heldout_ids = split_tasks(sizes)
+    results = []
+    for seed in seeds:
+        path = out / f"seed-{seed}.json"
+        if not path.is_file():
+            result = run_seed(sizes, out / f"seed-{seed}", seed, train_ids, heldout_ids)
+            path.write_text(json.dumps({"scale": asdict(sizes), **result}, indent=2))
+        results.append(json.loads(path.read_text()))
+
+    def table(arm: str) -> list[list[float | None]]:
+        rows = [final_rewards(r[arm], r["start"]) if arm != "start" else r["start"] for r in results]
+        return [[row.get(task) for task in heldout_ids] for row in rows]
+
+    def successes(rows: list[list[float | None]]) -> dict[str, float]:
+        kept = [v for row in rows for v in row if v is not None]
+        return wilson(int(sum(kept)), len(kept))
+
+    pivot, e2e, start = table("pivotrl"), table("e2e"), table("start")
+    difference = bootstrap_mean(paired_differences(pivot, e2e))
+    solved_any = any(v for rows in (pivot, e2e, start) for row in rows for v in row if v)
+    low, high = difference["low"], difference["high"]
+    if not solved_any:
+        verdict = "inconclusive"
+    elif low > -MARGIN:
+        verdict = "reproduced"
+    elif high < -MARGIN:
+        verdict = "not reproduced"
+    else:
+        verdict = "inconclusive"
+    turns = {arm: [r[arm]["rollout_turns"] for r in results] for arm in ("pivotrl", "e2e")}
+    ours = {
+        "heldout_tasks": len(heldout_ids),
+        "train_tasks": len(train_ids),
+        "seeds": list(seeds),
+        "start_success": successes(start),
+        "e2e_success": successes(e2e),
+        "pivotrl_success": successes(pivot),
+        "difference_pivotrl_minus_e2e": difference,
+        "rollout_turns": turns,
+        "pivotrl_profile_turns": [r["pivotrl"]["profile_turns"] for r in results],
+        "pivotrl_pivots": [r["pivotrl"]["pivots"] for r in results],
+    }
+    figure = plot(results, out / "e2e_success_vs_turns.png")
+    detail = (
+        f"Terminal tasks ({len(train_ids)} training, {len(heldout_ids)} held out by trajectory), {len(results)} "
+        f"seed(s), scale {scale}: E2E RL spent {turns['e2e']} rollout turns ({sizes.steps} steps of "
+        f"{sizes.batch_tasks} tasks x {sizes.episodes} episodes, up to {sizes.max_turns} turns each); PivotRL "
+        f"{turns['pivotrl']} (one per training sample) plus {ours['pivotrl_profile_turns']} profiling samples. "
+        f"Held-out greedy success: start {as_text(ours['start_success'])}, E2E RL "
+        f"{as_text(ours['e2e_success'])}, PivotRL {as_text(ours['pivotrl_success'])}; PivotRL - E2E RL "
+        f"{difference['estimate']:+.3f} [{low:+.3f}, {high:+.3f}] (paired by seed and task; 'competitive' means "
+        f"the interval lies above -{MARGIN:.2f})."
+        + (
+            ""
+            if solved_any
+            else " Neither arm nor the start policy solved any held-out task: no evidence either way."
+        )
+        + (" The quick scale's random model checks the machinery only." if sizes.policy == "tiny" else "")
+    )
+    return {
+        "claim": "e2e",
+        "title": "PivotRL vs end-to-end RL per rollout turn",
+        "paper_section": "Sec. 4.3 (Comparison to End-to-End RL on SWE-Bench), Figure 3",
+        "paper": PAPER,
+        "ours": ours,
+        "verdict": verdict,
+        "interval": [low, high],
+        "detail": detail,
+        "figures": [str(figure)],
+    }
+
+
+def as_text(figure: dict[str, float]) -> str:
+    """A rate with its interval, as the detail shows it."""
+    return f"{figure['estimate']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}] (n={figure['n']})"
