@@ -34,6 +34,25 @@ class EndpointError(PivotEnvsError, RuntimeError):
         self.status = status
 
 
+def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """The request fields of `sampling`: temperature, top_p, max_tokens, and seed, top_k, min_p and
+    stop when set (top_k and min_p are vLLM's and SGLang's extensions of the OpenAI API)."""
+    fields: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_new_tokens,
+    }
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    if sampling.top_k:
+        fields["top_k"] = sampling.top_k
+    if sampling.min_p:
+        fields["min_p"] = sampling.min_p
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    return fields
+
+
 def chat_completions_url(base_url: str) -> str:
     """`http://host:8000` or `http://host:8000/v1` -> `http://host:8000/v1/chat/completions`."""
     base = base_url.strip().rstrip("/")
@@ -101,20 +120,12 @@ class OpenAIPolicy:
 
     def request_body(self, chat: dict[str, Any], n: int, sampling: SamplingParams) -> dict[str, Any]:
         """The JSON body of one chat completions request."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": list(chat["messages"]),
-            "n": n,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_new_tokens,
-        }
+        body: dict[str, Any] = {"model": self.model, "messages": list(chat["messages"]), "n": n}
+        body.update(sampling_fields(sampling))
         if chat.get("tools"):
             body["tools"] = [tool_to_chat(tool) for tool in chat["tools"]]
         if self.logprobs:
             body["logprobs"] = True
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
         body.update(self.extra_body)
         return body
 
@@ -142,27 +153,37 @@ class OpenAIPolicy:
                 try:
                     return answer.json()
                 except ValueError:
-                    raise EndpointError(f"POST {url}: HTTP 200 but the body is not JSON: {answer.text[:200]!r}", url, status) from None
+                    raise EndpointError(
+                        f"POST {url}: HTTP 200 but the body is not JSON: {answer.text[:200]!r}", url, status
+                    ) from None
             failure = f"HTTP {status}: {answer.text[:300]}"
             if status not in RETRIED_STATUS:
                 break
-        attempts = f"after {self.max_retries + 1} attempts" if status in RETRIED_STATUS or status is None else ""
+        attempts = (
+            f"after {self.max_retries + 1} attempts" if status in RETRIED_STATUS or status is None else ""
+        )
         raise EndpointError(f"POST {url}: {failure} {attempts}".rstrip(), url, status)
 
     def _generate_one(self, chat: dict[str, Any], n: int, sampling: SamplingParams) -> list[Completion]:
         answer = self.post(self.request_body(chat, n, sampling))
         choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != n:
-            raise EndpointError(f"{self.endpoints[0]}: asked for n={n} choices, got {len(choices)} (does the server support n?)")
+            raise EndpointError(
+                f"{self.endpoints[0]}: asked for n={n} choices, got {len(choices)} (does the server support n?)"
+            )
         return [_completion(choice) for choice in choices]
 
-    def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
         """n completions per chat, requested concurrently (one request per chat, carrying the
         chat's seed from `sampling.seeds`, else `sampling.seed`)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        jobs = [(chat, replace(sampling, seed=seed, seeds=None))
-                for chat, seed in zip(chats, sampling.chat_seeds(len(chats)))]
+        jobs = [
+            (chat, replace(sampling, seed=seed, seeds=None))
+            for chat, seed in zip(chats, sampling.chat_seeds(len(chats)))
+        ]
         if len(jobs) <= 1 or self.concurrency == 1:
             return [self._generate_one(chat, n, chat_sampling) for chat, chat_sampling in jobs]
         with ThreadPoolExecutor(min(self.concurrency, len(jobs))) as pool:

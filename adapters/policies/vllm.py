@@ -22,6 +22,10 @@ KV cache (`VLLM_CPU_KVCACHE_SPACE`, unless the environment sets it; vLLM's own C
 `gpu_memory_utilization` of a NUMA node's memory). Engines start in this process, so a script
 needs no `if __name__ == "__main__":` guard.
 
+With `enable_sleep_mode=True` (CUDA and ROCm; vLLM has no sleep mode on a CPU, where the option
+raises SleepModeUnavailableError) the engine sleeps after each `generate`, so a trainer on the
+same GPU has its memory; `update_weights` wakes the weights alone, the next `generate` the rest.
+
 `trainable_model()` loads the same checkpoint as a transformers model in float32: the module
 the GRPO trainer updates and hands back through `update_weights`.
 
@@ -37,12 +41,16 @@ from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
 
-from pivot_envs.errors import MissingExtraError
+from pivot_envs.errors import MissingExtraError, PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
 
 class VLLMMissingError(MissingExtraError, RuntimeError):
     """vllm is not installed (a RuntimeError too, as it was before it had a type)."""
+
+
+class SleepModeUnavailableError(PivotEnvsError, ValueError):
+    """Sleep mode was asked for on a platform where vLLM has none (a CPU)."""
 
 
 class VLLMPolicy:
@@ -58,6 +66,11 @@ class VLLMPolicy:
                              (fixed-length samples for benchmarks; the hf backend's `stop_token_ids=[]`).
     max_prompt_tokens:       fit longer prompts to this many tokens (`chat_template.fit_prompt`,
                              as the hf backend does); None renders every prompt whole.
+    enable_sleep_mode:       release the engine's GPU memory between generate calls, for a trainer
+                             on the same GPU: after each `generate` the engine sleeps at `sleep_level`
+                             (1: weights offloaded to CPU memory, KV cache freed; 2: both freed),
+                             `update_weights` wakes the weights alone, the next `generate` the rest.
+                             CUDA and ROCm only: on a CPU it raises SleepModeUnavailableError.
     engine_options:          further `vllm.LLM` keyword arguments (tensor_parallel_size,
                              enforce_eager: True by default on CPU, ...).
     """
@@ -72,6 +85,8 @@ class VLLMPolicy:
         name: str | None = None,
         max_prompt_tokens: int | None = None,
         ignore_eos: bool = False,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 1,
         **engine_options: Any,
     ) -> None:
         import torch
@@ -92,6 +107,8 @@ class VLLMPolicy:
             ):  # vllm is there but one of its own imports is not: its traceback says which
                 raise
             raise VLLMMissingError("the vllm backend", "vllm", "vllm") from None
+        if enable_sleep_mode:
+            require_sleep_mode(sleep_level)
 
         if path == "smollm2":
             from pivot_envs.adapters import smollm2
@@ -101,6 +118,9 @@ class VLLMPolicy:
         self.max_prompt_tokens = max_prompt_tokens or None
         self.ignore_eos = ignore_eos
         self.name = name or f"vllm:{path}"
+        self.enable_sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
+        self.asleep: set[str] = set()  # the memory kinds ("weights", "kv_cache") asleep now
+        self.stale_cache = False  # new weights arrived while the KV cache slept: reset it on waking
         self.llm = LLM(
             model=path,
             dtype=dtype or ("float32" if on_cpu else "auto"),
@@ -108,6 +128,7 @@ class VLLMPolicy:
             max_model_len=max_model_len,
             seed=seed,
             enable_prefix_caching=True,
+            enable_sleep_mode=enable_sleep_mode,
             **engine_options,
         )
         self.tokenizer = self.llm.get_tokenizer()
@@ -126,6 +147,7 @@ class VLLMPolicy:
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        self.wake_up()
         prompts = [self.encode(chat) for chat in chats]
         # vLLM refuses n > 1 when greedy: one sample then stands for the n identical ones.
         distinct = 1 if sampling.temperature <= 0 else n
@@ -162,22 +184,42 @@ class VLLMPolicy:
                     )
                 )
             groups.append(group + [deepcopy(group[0]) for _ in range(n - distinct)])
+        if self.enable_sleep_mode:
+            self.sleep()
         return groups
+
+    def sleep(self, level: int | None = None) -> None:
+        """Release the engine's GPU memory (`LLM.sleep`; level None: `sleep_level`) until `wake_up`."""
+        if not self.enable_sleep_mode:
+            raise SleepModeUnavailableError(
+                f"{self.name}: sleep() needs the policy built with enable_sleep_mode=True"
+            )
+        if not self.asleep:
+            self.llm.sleep(level=self.sleep_level if level is None else level)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Give the engine back the memory of `tags` ("weights", "kv_cache"; None: all) after `sleep`."""
+        waking = self.asleep if tags is None else self.asleep & set(tags)
+        if not waking:
+            return
+        self.llm.wake_up(tags=sorted(waking))
+        self.asleep -= waking
+        if not self.asleep and self.stale_cache:
+            self.llm.reset_prefix_cache()
+            self.stale_cache = False
 
     def trainable_model(self) -> Any:
         """The engine's checkpoint as a float32 transformers causal LM (on CUDA when there is one),
         for a trainer to update and hand back through `update_weights`."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32)
-        return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+        return trainable_checkpoint(self.path)
 
     def update_weights(self, state_dict: dict[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Load new weights (a transformers state dict of the same architecture) into the engine."""
         import importlib.util
 
         weights = list(state_dict.items()) if isinstance(state_dict, dict) else list(state_dict)
+        self.wake_up(["weights"])  # a sleeping engine's KV cache stays asleep until the next generate
         if importlib.util.find_spec("vllm.model_executor.model_loader.reload") is not None:
             # In-place reload: restores the layers' checkpoint-format parameters first, so it works where
             # loading has repacked them for the kernels (vLLM's CPU GEMMs, quantised layers).
@@ -186,7 +228,36 @@ class VLLMPolicy:
             self.llm.apply_model(lambda model: model.load_weights(weights))
         else:
             self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
-        self.llm.reset_prefix_cache()
+        if self.asleep:
+            self.stale_cache = True
+        else:
+            self.llm.reset_prefix_cache()
+
+
+def require_sleep_mode(level: int) -> None:
+    """Raise SleepModeUnavailableError unless this platform has vLLM's sleep mode and `level` is 1 or 2."""
+    from vllm.platforms import current_platform
+
+    if level not in (1, 2):
+        raise SleepModeUnavailableError(
+            f"sleep_level must be 1 (offload the weights) or 2 (free them), got {level}"
+        )
+    if not current_platform.is_sleep_mode_available():
+        raise SleepModeUnavailableError(
+            f"enable_sleep_mode=True needs a CUDA or ROCm GPU: vLLM's sleep mode frees GPU memory through its "
+            f"CUDA memory allocator, and on this platform ({current_platform.device_type}) vLLM has none "
+            f"(its CPU worker ignores sleep); leave enable_sleep_mode off here"
+        )
+
+
+def trainable_checkpoint(path: str) -> Any:
+    """The checkpoint at `path` (a directory or hub name) as a float32 transformers causal LM in eval
+    mode, on CUDA when there is one: the module a trainer updates for an engine serving `path`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 def from_spec(rest: str, **options: Any) -> VLLMPolicy:

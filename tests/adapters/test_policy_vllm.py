@@ -193,3 +193,18 @@ def test_trained_weights_reach_the_engine_and_its_logprobs_follow_them(vllm_poli
         vllm_policy.update_weights(original)
     (restored,) = vllm_policy.generate(CHATS[:1], n=2, sampling=sampling)
     assert [c.token_ids for c in restored] == [c.token_ids for c in before]
+
+
+def test_sleep_mode_on_a_cpu_is_refused_naming_why():
+    from pivot_envs.adapters.policies.vllm import SleepModeUnavailableError
+    from vllm.platforms import current_platform
+
+    if current_platform.is_sleep_mode_available():
+        pytest.skip("this machine's GPU has sleep mode")
+
+    with pytest.raises(
+        SleepModeUnavailableError, match=r"enable_sleep_mode=True needs a CUDA or ROCm GPU.*\(cpu\)"
+    ):
+        load_policy("vllm:smollm2", enable_sleep_mode=True)
+    with pytest.raises(SleepModeUnavailableError, match="sleep_level must be 1 .* or 2 .*, got 3"):
+        load_policy("vllm:smollm2", enable_sleep_mode=True, sleep_level=3)
