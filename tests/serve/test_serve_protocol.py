@@ -299,6 +299,8 @@ class RaisingEnv(PivotEnv):
     def step(self, action):
         if action == "raise":
             raise RuntimeError("the env broke")
+        if action == "slow":
+            time.sleep(1.5)
         observation, reward, terminated, truncated, info = super().step(action)
         if action == "odd info":  # values JSON cannot hold, as a domain's info might carry
             info.update(score=np.float32(0.5), tags={"x"}, text="lone \ud800 surrogate", blob=object())
@@ -328,6 +330,23 @@ def test_an_exception_inside_env_step_is_a_500_naming_the_session_and_the_server
     assert session in failed.json()["detail"] and "RuntimeError: the env broke" in failed.json()["detail"]
     raising.post(f"/v1/sessions/{session}/reset", json={}).raise_for_status()
     assert raising.post(f"/v1/sessions/{session}/step", json={"action": "ok"}).json()["reward"] == 1.0
+    raising.delete(f"/v1/sessions/{session}")
+
+
+def test_a_slow_step_blocks_neither_health_nor_other_requests(raising):
+    session = open_session(raising)["session"]
+    answers = []
+    stepping = threading.Thread(
+        target=lambda: answers.append(raising.post(f"/v1/sessions/{session}/step", json={"action": "slow"}))
+    )
+    stepping.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert raising.get("/health").json()["sessions"] == 1
+    assert raising.get("/v1/info").status_code == 200
+    assert time.monotonic() - started < 0.5  # answered while the step still runs in its thread
+    stepping.join()
+    assert answers[0].json()["reward"] == 0.0
     raising.delete(f"/v1/sessions/{session}")
 
 
