@@ -42,6 +42,7 @@ from pivot_envs.adapters.grpo.checkpoints import (
     refuse_earlier_run,
     save_checkpoint,
 )
+from pivot_envs.adapters.grpo.distributed import DistributedSetupError, Ranks, setup
 from pivot_envs.adapters.grpo.groups import Group, build_group, pack_groups, pass_budget
 from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
 from pivot_envs.adapters.grpo.reference import frozen_reference, reference_logprobs, with_lora
@@ -355,6 +356,7 @@ def update(
     groups: Sequence[Group],
     config: GRPOConfig,
     denominator: int | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
     """`config.iterations` AdamW steps on the batch's groups; returns the loss and its statistics.
 
@@ -364,12 +366,14 @@ def update(
     `pass_budget` padded tokens (`pack_groups`): per pass, one forward over the prefixes, one over
     the actions, one backward, so only one pass's activations are alive at a time.
     Statistics (clip_fraction, kl) are means over the units trained, entropy over the tokens.
+    Under torchrun (`ranks`, grpo.distributed) `groups` are this rank's share: units, `denominator`
+    and statistics count every rank's, and the gradients are summed over the ranks before clipping.
     """
     import torch
 
+    ranks = ranks or Ranks()
     params = [p for p in model.parameters() if p.requires_grad]
-    tokens = loss_units(groups, "token")
-    units = loss_units(groups, config.loss_level)
+    tokens, units = ranks.total(loss_units(groups, "token"), loss_units(groups, config.loss_level))
     denominator = denominator or units
     passes = pack_groups(groups, pass_budget(config, model))
     old_logprobs, ref_logprobs = [], []  # per pass, fixed by the first iteration
@@ -394,10 +398,13 @@ def update(
             totals["loss"] += float(loss.detach()) / denominator / config.iterations
             totals["clip_fraction"] += stats["clipped"] / units / config.iterations
             totals["kl"] += stats.get("kl", 0.0) / units / config.iterations
+        ranks.all_reduce_gradients(params)
         limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
         totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, limit)) / config.iterations
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    summed = ("loss", "clip_fraction", "kl", "entropy")  # grad_norm is the same on every rank
+    totals.update(zip(summed, ranks.total(*(totals[key] for key in summed))))
     return totals
 
 
@@ -422,6 +429,8 @@ def train(
              `pivot/<domain>-v0` of the pivots' domain, built with `env_kwargs`.
     heldout: pivots for the turn accuracy logged every `config.eval_every` steps, graded by the
              domain's functional verifier whatever `env_kwargs["verifier"]` trains with.
+    Under torchrun every rank calls it alike and trains its share of each step's pivots; rank 0
+    alone evaluates and writes (grpo.distributed).
     """
     import numpy as np
     import torch
@@ -433,10 +442,15 @@ def train(
         raise ValueError("no pivots to train on")
     if config.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
+    ranks = setup()
+    if min(config.batch_pivots, len(pivots)) < ranks.world_size:
+        raise DistributedSetupError(f"{min(config.batch_pivots, len(pivots))} pivots per step for {ranks.world_size} "
+                                    "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)")
     out = Path(config.out)
     checkpoint = latest_checkpoint(out) if config.resume else None
     if checkpoint is None:  # a fresh run (a resume with no checkpoint starts afresh)
         refuse_earlier_run(out, resuming=config.resume)
+    ranks.barrier()  # every rank has looked at --out before rank 0 writes there
     out.mkdir(parents=True, exist_ok=True)
     random.seed(config.seed)
     np.random.seed(config.seed)
@@ -457,9 +471,12 @@ def train(
     start = 0
     if checkpoint is not None:
         start = load_checkpoint(checkpoint, model, optimizer, sampler, config)
+    ranks.broadcast_parameters(model)  # under torchrun every rank starts from rank 0's weights
+    if checkpoint is not None or ranks.world_size > 1:
         sync_weights(policy, model)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    log = MetricsLog(out, start)
+    log = MetricsLog(out, start) if ranks.main else None
+    if ranks.main:
+        (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     make_env = resolve_env(env_id, pivots + heldout, **env_kwargs)
     # Held-out accuracy is always graded by the domain's functional verifier, even when training uses another
     # (a strict ablation): an env id is built without `verifier`; a factory of envs is used as given.
@@ -467,7 +484,8 @@ def train(
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
-    bar = tqdm(total=config.steps, initial=start, unit="step", desc="GRPO", file=sys.stderr, disable=progress_disabled())
+    bar = tqdm(total=config.steps, initial=start, unit="step", desc="GRPO", file=sys.stderr,
+               disable=progress_disabled() or not ranks.main)
 
     try:
         # line 5: for k = 1, ..., K_train (line 14 ends it)
@@ -475,11 +493,14 @@ def train(
             began = time.perf_counter()
             # line 6: sample a minibatch of B pivots from D_pivot
             chosen = sampler.choice(len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False)
-            batch = [pivots[int(i)] for i in chosen]
+            share = ranks.share(len(chosen))  # under torchrun this rank's B/N of them; all B in one process
+            batch = [pivots[int(chosen[i])] for i in share]
 
             # line 7: for each s_b (lines 8-11 run batched over the B pivots)
-            # line 8: G actions at each pivot from pi_theta_old (seeded per step: a resumed run samples the same)
-            sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seed=config.seed * 1_000_003 + step)
+            # line 8: G actions at each pivot from pi_theta_old, seeded per step and pivot: a resumed run samples
+            # the same, and so does a rank given the pivot
+            seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in share]
+            sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seeds=seeds)
             completions = policy.generate([pivot.observation for pivot in batch], config.group_size, sampling)
             generated = time.perf_counter()
 
@@ -505,23 +526,27 @@ def train(
                     groups.append(built)
 
             # line 12 ends the per-pivot loop; line 13: update theta with Eq. 7, then hand the weights to the generator
-            denominator = loss_units(groups + uninformative, config.loss_level)
-            stats = update(model, reference, optimizer, groups, config, denominator) if groups else {}
-            if groups:
+            # (under torchrun: counted over every rank, and every rank updates when any has a group)
+            trained, denominator, zero_variance, sampled_tokens = ranks.total(
+                len(groups), loss_units(groups + uninformative, config.loss_level), zero_variance,
+                sum(len(c.token_ids) for group in completions for c in group),
+            )
+            stats = update(model, reference, optimizer, groups, config, denominator, ranks) if trained else {}
+            if trained:
                 sync_weights(policy, model)
             updated = time.perf_counter()
 
+            scores = ranks.gather(scores)  # every rank's, in the batch's order
             valid_scores = [s for s in scores if s.valid]
             rewards = [s.reward for s in valid_scores]
-            sampled_tokens = sum(len(c.token_ids) for group in completions for c in group)
             record: dict[str, Any] = {
                 "step": step,
                 "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
                 "reward_std": float(np.std(rewards)) if rewards else 0.0,
                 "strict_reward_mean": float(np.mean([s.strict_reward for s in valid_scores])) if valid_scores else 0.0,
-                "frac_zero_variance": zero_variance / len(batch),
+                "frac_zero_variance": zero_variance / len(chosen),
                 "frac_invalid": 1.0 - len(valid_scores) / len(scores),
-                "groups_trained": len(groups),
+                "groups_trained": trained,
                 "action_tokens": sampled_tokens,
                 "tokens_per_s": sampled_tokens / (updated - began),
                 "time_generate_s": generated - began,
@@ -529,6 +554,10 @@ def train(
                 "time_update_s": updated - scored,
                 **{key: stats.get(key, 0.0) for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")},
             }
+            history.append(record)
+            bar.update()
+            if not ranks.main:  # rank 0 alone evaluates, logs and saves
+                continue
             if heldout and config.eval_every and step % config.eval_every == 0:
                 report = evaluate(
                     policy, heldout[: config.eval_pivots],
@@ -538,8 +567,6 @@ def train(
                 record["eval_turn_accuracy"] = greedy.functional.mean
                 record["eval_strict_accuracy"] = greedy.strict.mean
             log.write(record)
-            history.append(record)
-            bar.update()
             logger.info(
                 "step %d/%d: reward mean %.3f std %.3f, zero-variance groups %.2f, invalid %.2f, loss %.4f, "
                 "KL %.4f, %.0f tokens/s%s", step, config.steps, record["reward_mean"], record["reward_std"],
@@ -552,11 +579,14 @@ def train(
     finally:
         bar.close()
         pool.close()
-        log.close()
+        if log is not None:
+            log.close()
 
     final = out / "final"
-    save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
-    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=log.path, history=history,
+    if ranks.main:
+        save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
+    ranks.barrier()  # the run's outputs are complete when any rank returns
+    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=out / "metrics.jsonl", history=history,
                        seconds=time.perf_counter() - began_run)
 
 
