@@ -214,3 +214,46 @@ def test_a_server_that_cannot_start_is_a_clear_error_with_its_log(tmp_path):
         ServerStartError, match=r"vllm serve .*missing exited with code \d+ before it was healthy"
     ):
         VLLMServer(str(tmp_path / "missing"), start_timeout=120)
+
+
+def test_a_server_without_its_development_endpoints_raises_weight_sync_error_saying_how_to_start_it():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import torch
+    from pivot_envs.adapters.policies.vllm_server import VLLMServerPolicy, WeightSyncError
+
+    class NotFound(
+        BaseHTTPRequestHandler
+    ):  # as vllm serve without VLLM_SERVER_DEV_MODE=1 answers /collective_rpc
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    policy = VLLMServerPolicy(url + "/v1", "smollm2", sync_timeout=5)
+    try:
+        with pytest.raises(
+            WeightSyncError,
+            match=rf"vLLM server {url}: reload_weights failed: POST /collective_rpc is 404; "
+            r"start the server with VLLM_SERVER_DEV_MODE=1",
+        ):
+            policy.update_weights({"model.norm.weight": torch.ones(576)})
+    finally:
+        policy.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_server_spec_without_a_model_is_refused_naming_the_form():
+    from pivot_envs.policy import PolicySpecError
+
+    with pytest.raises(PolicySpecError, match=r"must be vllm-server:BASE_URL\[,BASE_URL\.\.\.\]#MODEL"):
+        load_policy("vllm-server:http://127.0.0.1:8000")
