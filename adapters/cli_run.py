@@ -38,8 +38,28 @@ log = logging.getLogger(__name__)
 class SplitError(PivotEnvsError, ValueError):
     """The held-out split left the train or the held-out side without a pivot."""
 
+
 NAME = "run"
 HELP = "Run the whole method (extract, profile, filter, split, train, evaluate) and write a report."
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A domain's token budgets when the run's flags leave them unset."""
+
+    max_new_tokens: int
+    max_prompt_tokens: int
+
+
+# Tool-use actions fit 48 tokens and its prompts are fitted to 1024 (see docs/main-job.md). The SWE
+# domain's expert calls are 24-258 tokens (median 52; an edit carries old_str and new_str), and the
+# system prompt, task and tool schemas alone are about 920 of its 900-8,200-token prompts (median
+# 2,200): 128 new tokens hold four calls in five, 2048 prompt tokens the task and the latest turns.
+BUDGETS = {"swe": Budget(max_new_tokens=128, max_prompt_tokens=2048)}
+DEFAULT_BUDGET = Budget(max_new_tokens=48, max_prompt_tokens=1024)
+
+# The embedded model under either local backend: it never succeeds without the warm-up.
+EMBEDDED = ("hf:smollm2", "vllm:smollm2")
 
 
 def _profile_preset() -> ProfileConfig:
@@ -60,8 +80,16 @@ def _filter_preset() -> FilterConfig:
 def _train_preset() -> GRPOConfig:
     # 3 steps of B=2, G=8 fit the nine-minute budget; 2e-5 (not 1e-6) so that 3 steps of a 135M
     # model move it measurably; the run evaluates before and after itself (eval_every=0).
-    return GRPOConfig(steps=3, batch_pivots=2, group_size=8, learning_rate=2e-5, max_new_tokens=48,
-                      checkpoint_every=0, eval_every=0, num_envs=2)
+    return GRPOConfig(
+        steps=3,
+        batch_pivots=2,
+        group_size=8,
+        learning_rate=2e-5,
+        max_new_tokens=48,
+        checkpoint_every=0,
+        eval_every=0,
+        num_envs=2,
+    )
 
 
 def _eval_preset() -> EvalConfig:
@@ -76,30 +104,55 @@ class RunConfig:
     preset below says why."""
 
     domain: str = option("tool-use", "domain whose env scores actions (pivot/<domain>-v0)")
-    input: str | None = option(None, "trajectories or pivots to extract from (default: the domain's bundled pivots)")
-    policy: str = option("hf:smollm2", "reference and initial policy (hf:PATH, hf:smollm2, ...); sets train.policy")
+    input: str | None = option(
+        None, "trajectories or pivots to extract from (default: the domain's bundled pivots)"
+    )
+    policy: str = option(
+        "hf:smollm2", "reference and initial policy (hf:PATH, hf:smollm2, ...); sets train.policy"
+    )
     device: str = option("cpu", "device of the policy: cpu or cuda")
-    max_prompt_tokens: int = option(
-        1024, "prompt budget: older turns, then the middle of long messages, are left out beyond it (0: no limit)"
+    max_prompt_tokens: int | None = option(
+        None,
+        "prompt budget: older turns, then the middle of long messages, are left out beyond it (0: no "
+        "limit; default: the domain's, 2048 for swe, else 1024)",
     )
     candidates: int = option(16, "candidates profiled (a seeded sample of the training side; 0: all)")
     sft_epochs: int | None = option(
-        None, "epochs of the SFT warm-up on expert turns of the training side before profiling "
-        "(default: 2 for the embedded hf:smollm2, which never succeeds without it; 0 for any other policy)"
+        None,
+        "epochs of the SFT warm-up on expert turns of the training side before profiling "
+        "(default: 2 for the embedded hf:smollm2 or vllm:smollm2, which never succeeds without it; 0 for any "
+        "other policy)",
     )
     sft_examples: int = option(
-        32, "expert turns in the warm-up: the candidates to be profiled, then a seeded sample of the "
-        "other training candidates (0: the whole training side)"
+        32,
+        "expert turns in the warm-up: the candidates to be profiled, then a seeded sample of the "
+        "other training candidates (0: the whole training side)",
     )
     sft_learning_rate: float = option(5e-5, "AdamW learning rate of the warm-up")
-    max_new_tokens: int = option(48, "longest action, in tokens, in every stage (sets each stage's max_new_tokens)")
+    max_new_tokens: int | None = option(
+        None,
+        "longest action, in tokens, in every stage (sets each stage's max_new_tokens; default: the domain's, "
+        "128 for swe, else 48)",
+    )
     eval_pivots: int = option(8, "held-out pivots evaluated before and after training (greedy)")
-    seed: int = option(0, "seed of the run's draws and of every stage: sampling, splitting, training (sets each stage's seed)")
-    out: str = option("runs/pivotrl", "output directory: pivots, profile, metrics, checkpoints, report (train.out is OUT/train)")
-    split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "the held-out split by trajectory"})
+    seed: int = option(
+        0,
+        "seed of the run's draws and of every stage: sampling, splitting, training (sets each stage's seed)",
+    )
+    out: str = option(
+        "runs/pivotrl",
+        "output directory: pivots, profile, metrics, checkpoints, report (train.out is OUT/train)",
+    )
+    split: SplitConfig = field(
+        default_factory=SplitConfig, metadata={"help": "the held-out split by trajectory"}
+    )
     profile: ProfileConfig = field(default_factory=_profile_preset, metadata={"help": "profiling (Eq. 4)"})
-    filter: FilterConfig = field(default_factory=_filter_preset, metadata={"help": "keeping the pivots (Eq. 5)"})
-    train: GRPOConfig = field(default_factory=_train_preset, metadata={"help": "GRPO at the pivots (Algorithm 1)"})
+    filter: FilterConfig = field(
+        default_factory=_filter_preset, metadata={"help": "keeping the pivots (Eq. 5)"}
+    )
+    train: GRPOConfig = field(
+        default_factory=_train_preset, metadata={"help": "GRPO at the pivots (Algorithm 1)"}
+    )
     eval: EvalConfig = field(default_factory=_eval_preset, metadata={"help": "evaluation on held-out pivots"})
 
     def __post_init__(self) -> None:
@@ -108,17 +161,28 @@ class RunConfig:
         between(self, "sft_learning_rate", 0, 1, open_low=True)
         # One value for every stage: the run's own settings win over the stages' copies of them.
         for stage in (self.profile, self.train, self.eval):
-            stage.max_new_tokens = self.max_new_tokens
+            stage.max_new_tokens = self.budget().max_new_tokens
         for stage in (self.split, self.profile, self.train, self.eval):
             stage.seed = self.seed
         self.train.policy = self.policy
         self.train.out = str(Path(self.out) / "train")
 
+    def budget(self) -> Budget:
+        """The token budgets of the run: the flags', else the domain's (unset stays unset in the config,
+        so a config file that changes the domain gets that domain's budgets)."""
+        domain = BUDGETS.get(self.domain, DEFAULT_BUDGET)
+        return Budget(
+            max_new_tokens=self.max_new_tokens or domain.max_new_tokens,
+            max_prompt_tokens=domain.max_prompt_tokens
+            if self.max_prompt_tokens is None
+            else self.max_prompt_tokens,
+        )
+
     def warm_up_epochs(self) -> int:
         """The SFT warm-up's epochs: `sft_epochs`, or its default for the policy."""
         if self.sft_epochs is not None:
             return self.sft_epochs
-        return 2 if self.policy == "hf:smollm2" else 0
+        return 2 if self.policy in EMBEDDED else 0
 
 
 # The flags of `pivotrl run` before its stages had configs of their own: aliases that warn.
@@ -195,9 +259,11 @@ class Signal:
         if self.varied_groups:
             return f"learning signal: {self.varied_groups} of {self.groups} GRPO groups had mixed rewards"
         if not self.successes:
-            return (f"no learning signal: none of the {self.samples} profiling samples scored 1, so every group "
-                    "had zero reward variance and GRPO made no update (a stronger reference policy is needed, "
-                    "or the SFT warm-up: --sft-epochs)")
+            return (
+                f"no learning signal: none of the {self.samples} profiling samples scored 1, so every group "
+                "had zero reward variance and GRPO made no update (a stronger reference policy is needed, "
+                "or the SFT warm-up: --sft-epochs)"
+            )
         return f"no learning signal: none of the {self.groups} GRPO groups had mixed rewards"
 
     def table(self) -> list[str]:
@@ -242,16 +308,30 @@ class WarmUp:
     def summary(self) -> str:
         if not self.epochs:
             return "off"
-        how = "reused from an earlier run" if self.reused else f"loss {self.first_loss:.3f} -> {self.last_loss:.3f}"
+        how = (
+            "reused from an earlier run"
+            if self.reused
+            else f"loss {self.first_loss:.3f} -> {self.last_loss:.3f}"
+        )
         return f"{self.examples} expert turns x {self.epochs} epochs, {how}"
 
 
-def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profiled: list[Any], epochs: int,
-                  out: Path) -> WarmUp:
-    """Fine-tune the policy on expert turns of the training side (adapters.sft): the candidates
-    that will be profiled, then a seeded sample of the others up to `sft_examples`. Or load the
-    weights an earlier run into `out` made with the same settings."""
+def warm_up_stage(
+    config: RunConfig,
+    policy: Any,
+    model: Any,
+    train_side: list[Any],
+    profiled: list[Any],
+    epochs: int,
+    out: Path,
+) -> WarmUp:
+    """Fine-tune `model`, the policy's trainable module, on expert turns of the training side
+    (adapters.sft): the candidates that will be profiled, then a seeded sample of the others up to
+    `sft_examples`. Or load the weights an earlier run into `out` made with the same settings.
+    Either way the policy then generates with the warmed-up weights (an engine gets them through
+    `update_weights`)."""
     import torch
+    from pivot_envs.adapters.grpo.policy import sync_weights
     from pivot_envs.adapters.sft import SFTConfig, warm_up
 
     from pivot_envs.profile import reference_of
@@ -264,28 +344,70 @@ def warm_up_stage(config: RunConfig, policy: Any, train_side: list[Any], profile
     others = [pivot for pivot in train_side if pivot.id not in chosen]
     wanted = len(train_side) if config.sft_examples <= 0 else config.sft_examples
     examples = list(profiled)[:wanted]
-    examples += random.Random(f"{config.seed}/sft").sample(others, min(max(wanted - len(examples), 0), len(others)))
-    settings = {"policy": reference_of(config.policy), "epochs": epochs, "examples": sorted(p.id for p in examples),
-                "learning_rate": config.sft_learning_rate, "seed": config.seed,
-                "max_prompt_tokens": config.max_prompt_tokens}
+    examples += random.Random(f"{config.seed}/sft").sample(
+        others, min(max(wanted - len(examples), 0), len(others))
+    )
+    settings = {
+        "policy": reference_of(config.policy),
+        "epochs": epochs,
+        "examples": sorted(p.id for p in examples),
+        "learning_rate": config.sft_learning_rate,
+        "seed": config.seed,
+        "max_prompt_tokens": config.budget().max_prompt_tokens,
+    }
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     saved, record = out / "sft" / "weights.pt", out / "sft" / "warm_up.json"
     saved.parent.mkdir(parents=True, exist_ok=True)
     figures = json.loads(record.read_text()) if saved.exists() and record.exists() else {}
     if figures.get("settings") == settings:
-        policy.model.load_state_dict(torch.load(saved, map_location=policy.device))
+        model.load_state_dict(torch.load(saved, map_location=next(model.parameters()).device))
+        sync_weights(policy, model)
         print(f"      reused the warmed-up weights in {saved.parent}")
-        return WarmUp(len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True, digest=digest)
+        return WarmUp(
+            len(examples), epochs, figures["first_loss"], figures["last_loss"], reused=True, digest=digest
+        )
     torch.manual_seed(config.seed)
     (out / "sft" / "metrics.jsonl").unlink(missing_ok=True)  # an earlier warm-up's steps, with other settings
-    records = warm_up(policy, examples, SFTConfig(epochs=epochs, learning_rate=config.sft_learning_rate, seed=config.seed,
-                                                  metrics=str(out / "sft" / "metrics.jsonl")))
+    records = warm_up(
+        policy,
+        examples,
+        SFTConfig(
+            epochs=epochs,
+            learning_rate=config.sft_learning_rate,
+            seed=config.seed,
+            metrics=str(out / "sft" / "metrics.jsonl"),
+        ),
+        model=model,
+    )
+    sync_weights(policy, model)
     losses = [[r["loss"] for r in records if r["epoch"] == e] for e in range(epochs)]
     first, last = (sum(losses[0]) / len(losses[0]), sum(losses[-1]) / len(losses[-1]))
-    torch.save(policy.model.state_dict(), saved)
+    torch.save(model.state_dict(), saved)
     record.write_text(json.dumps({"settings": settings, "first_loss": first, "last_loss": last}, indent=2))
-    print(f"      {len(examples)} expert turns, mean loss {first:.3f} (epoch 1) -> {last:.3f} (epoch {epochs})")
+    print(
+        f"      {len(examples)} expert turns, mean loss {first:.3f} (epoch 1) -> {last:.3f} (epoch {epochs})"
+    )
     return WarmUp(len(examples), epochs, first, last, digest=digest)
+
+
+class EngineWithModel:
+    """A policy that generates with weights of its own (vllm), paired with the torch module the run
+    trains: its `trainable_model()` is that module (warmed up), not the checkpoint loaded again, so
+    GRPO starts from pi_0. Everything else is the policy's."""
+
+    def __init__(self, policy: Any, model: Any) -> None:
+        self.policy, self.model_trained = policy, model
+
+    @classmethod
+    def of(cls, policy: Any, model: Any) -> Any:
+        """`policy` itself when it generates with `model` (hf), else the pair."""
+        return policy if getattr(policy, "model", None) is model else cls(policy, model)
+
+    def trainable_model(self) -> Any:
+        return self.model_trained
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -305,6 +427,7 @@ def run(config: RunConfig) -> Path:
     an empty D_adv stops the run with NoPivotsError before training.
     """
     from pivot_envs.adapters.grpo import PivotRLConfig, pivotrl
+    from pivot_envs.adapters.grpo.policy import trainable_module
 
     from pivot_envs.cli._checks import check_domain, check_env_id, check_output, load_named_policy
     from pivot_envs.diagnostics import diagnose, format_report
@@ -335,18 +458,30 @@ def run(config: RunConfig) -> Path:
         # Separate seeded draws, so changing one size does not change the other set.
         eval_set = random.Random(f"{config.seed}/eval").sample(heldout, min(config.eval_pivots, len(heldout)))
         write_pivot_file(heldout, out / "heldout.jsonl")
-        print(f"      {len(train_side)} train candidates, {len(heldout)} held out ({len(eval_set)} evaluated)")
+        print(
+            f"      {len(train_side)} train candidates, {len(heldout)} held out ({len(eval_set)} evaluated)"
+        )
     timings["split"] = stage.seconds
 
-    policy = load_named_policy(config.policy, device=config.device, max_prompt_tokens=config.max_prompt_tokens)
+    policy = load_named_policy(
+        config.policy, device=config.device, max_prompt_tokens=config.budget().max_prompt_tokens
+    )
+    # The module the warm-up and GRPO train: the hf policy's own, or an engine's checkpoint in transformers (vllm).
+    model = trainable_module(policy)
     epochs = config.warm_up_epochs()
 
     # D_cand of Algorithm 1: a seeded sample of the training side (all of it with --candidates 0).
     draw = random.Random(f"{config.seed}/candidates")
-    sample = train_side if config.candidates <= 0 else draw.sample(train_side, min(config.candidates, len(train_side)))
+    sample = (
+        train_side
+        if config.candidates <= 0
+        else draw.sample(train_side, min(config.candidates, len(train_side)))
+    )
 
-    with Stage(3, f"SFT warm-up on expert turns ({epochs} epochs)" if epochs else "SFT warm-up: off") as stage:
-        warm = warm_up_stage(config, policy, train_side, sample, epochs, out)
+    with Stage(
+        3, f"SFT warm-up on expert turns ({epochs} epochs)" if epochs else "SFT warm-up: off"
+    ) as stage:
+        warm = warm_up_stage(config, policy, model, train_side, sample, epochs, out)
     timings["sft"] = stage.seconds
 
     eval_config = config.eval
@@ -360,29 +495,44 @@ def run(config: RunConfig) -> Path:
         (out / "train").replace(out / "train.previous")
     grpo, lambda_diff = config.train, config.filter.lambda_diff
     reference = f"{config.policy} after the warm-up" if epochs else config.policy
-    title = (f"Algorithm 1 (grpo.pivotrl): profile {len(sample)} candidates under {reference} (K={config.profile.k}), "
-             f"keep D_adv (lambda_diff {lambda_diff}), train with GRPO ({grpo.steps} steps, B={grpo.batch_pivots}, "
-             f"G={grpo.group_size})")
+    title = (
+        f"Algorithm 1 (grpo.pivotrl): profile {len(sample)} candidates under {reference} (K={config.profile.k}), "
+        f"keep D_adv (lambda_diff {lambda_diff}), train with GRPO ({grpo.steps} steps, B={grpo.batch_pivots}, "
+        f"G={grpo.group_size})"
+    )
     with Stage(5, title) as stage:
         method = PivotRLConfig(out=config.out, profile=config.profile, filter=config.filter, train=grpo)
         # The warmed-up weights are pi_0: an earlier run's profiles are reused only when they come
         # from the same policy and warm-up settings. The trainer logs a line per step as it goes.
-        result = pivotrl(sample, policy, method, env_id=env_id(config.domain),
-                         reference_name=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy)
+        result = pivotrl(
+            sample,
+            EngineWithModel.of(policy, model),
+            method,
+            env_id=env_id(config.domain),
+            reference_name=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
+        )
         selection = result.selection
         if selection.profile_run.moved_aside:
-            print(f"      profiles of an earlier run with other settings moved to {selection.profile_run.moved_aside}")
+            print(
+                f"      profiles of an earlier run with other settings moved to {selection.profile_run.moved_aside}"
+            )
         if selection.profile_run.skipped:
-            print(f"      {selection.profile_run.skipped} candidates reused from an earlier run with the same settings")
+            print(
+                f"      {selection.profile_run.skipped} candidates reused from an earlier run with the same settings"
+            )
         diagnostics = format_report(diagnose(selection.profiled, lambda_diff=lambda_diff))
         print(indented(diagnostics))
         note = ""
         if config.filter.mode == "adv-or-unsolved" and not any(p.profile.var > 0 for p in selection.pivots):
             # D_adv's pivots are all mixed: none is, so these are the fallback's.
-            note = (f"D_adv was empty at K={config.profile.k}; trained at the {len(selection.pivots)} candidates "
-                    "the reference never solved instead")
+            note = (
+                f"D_adv was empty at K={config.profile.k}; trained at the {len(selection.pivots)} candidates "
+                "the reference never solved instead"
+            )
             print(f"      {note}")
-        print(f"      {len(selection.pivots)} of {len(selection.profiled)} profiled candidates kept as pivots")
+        print(
+            f"      {len(selection.pivots)} of {len(selection.profiled)} profiled candidates kept as pivots"
+        )
     timings["profile"] = selection.profile_run.seconds
     timings["train"] = result.training.seconds
     timings["filter"] = max(stage.seconds - timings["profile"] - timings["train"], 0.0)
@@ -394,8 +544,22 @@ def run(config: RunConfig) -> Path:
 
     signal = Signal.of(result, grpo.batch_pivots)
     print(f"\n{signal.verdict()}")
-    return write_report(out, config, extracted, trajectories, train_side, heldout, result, note, diagnostics,
-                        before, after, timings, signal, warm)
+    return write_report(
+        out,
+        config,
+        extracted,
+        trajectories,
+        train_side,
+        heldout,
+        result,
+        note,
+        diagnostics,
+        before,
+        after,
+        timings,
+        signal,
+        warm,
+    )
 
 
 def plot_rewards(metrics: Path, png: Path) -> str | None:
@@ -413,17 +577,32 @@ def plot_rewards(metrics: Path, png: Path) -> str | None:
         return None
 
 
-def write_report(out: Path, config: RunConfig, extracted: list, trajectories: set, train_side: list,
-                 heldout: list, result: PivotRLResult, note: str, diagnostics: str, before: Any, after: Any,
-                 timings: dict[str, float], signal: Signal, warm: WarmUp) -> Path:
+def write_report(
+    out: Path,
+    config: RunConfig,
+    extracted: list,
+    trajectories: set,
+    train_side: list,
+    heldout: list,
+    result: PivotRLResult,
+    note: str,
+    diagnostics: str,
+    before: Any,
+    after: Any,
+    timings: dict[str, float],
+    signal: Signal,
+    warm: WarmUp,
+) -> Path:
     """The markdown report of a run, with its reward plot when matplotlib is installed (and
     report.json with the same figures)."""
     selection, training = result.selection, result.training
     png = plot_rewards(training.metrics_path, out / "rewards.png")
+    budget = config.budget()
     lines = [
         "# PivotRL run",
         "",
-        f"Policy `{config.policy}` on `{config.device}`, domain `{config.domain}`, seed {config.seed}.",
+        f"Policy `{config.policy}` on `{config.device}`, domain `{config.domain}`, seed {config.seed}, "
+        f"actions up to {budget.max_new_tokens} tokens, prompts fitted to {budget.max_prompt_tokens or 'any number of'} tokens.",
         "",
         "| stage | result | seconds |",
         "|---|---|---|",
@@ -440,11 +619,32 @@ def write_report(out: Path, config: RunConfig, extracted: list, trajectories: se
     ]
     if note:
         lines += [f"Note: {note}.", ""]
-    lines += ["## Learning signal", "", f"{signal.verdict()[0].upper()}{signal.verdict()[1:]}.", "", *signal.table(), ""]
+    lines += [
+        "## Learning signal",
+        "",
+        f"{signal.verdict()[0].upper()}{signal.verdict()[1:]}.",
+        "",
+        *signal.table(),
+        "",
+    ]
     lines += ["## Profile diagnostics", "", "```", diagnostics, "```", ""]
-    lines += ["## Turn accuracy on held-out pivots", "", "Before training:", "", "```", before.format(), "```", ""]
+    lines += [
+        "## Turn accuracy on held-out pivots",
+        "",
+        "Before training:",
+        "",
+        "```",
+        before.format(),
+        "```",
+        "",
+    ]
     lines += ["After training:", "", "```", after.format(), "```", ""]
-    lines += ["## Training", "", "| step | reward mean | reward std | zero-variance groups | loss |", "|---|---|---|---|---|"]
+    lines += [
+        "## Training",
+        "",
+        "| step | reward mean | reward std | zero-variance groups | loss |",
+        "|---|---|---|---|---|",
+    ]
     for record in training.history:
         lines.append(
             f"| {record['step']} | {record['reward_mean']:.3f} | {record['reward_std']:.3f} "
@@ -453,14 +653,22 @@ def write_report(out: Path, config: RunConfig, extracted: list, trajectories: se
     if png:
         lines += ["", f"![reward mean and std over steps]({png})", ""]
     else:
-        lines += ["", "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`).", ""]
-    lines += [f"Outputs: `{out}` (extracted, heldout, candidates, profiled, pivots JSONL; train/ metrics and weights).", ""]
+        lines += [
+            "",
+            "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`).",
+            "",
+        ]
+    lines += [
+        f"Outputs: `{out}` (extracted, heldout, candidates, profiled, pivots JSONL; train/ metrics and weights).",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     (out / "report.json").write_text(
         json.dumps(
             {
                 "config": asdict(config),
+                "budget": asdict(budget),
                 "timings": timings,
                 "extracted": len(extracted),
                 "candidates": len(selection.candidates),

@@ -10,19 +10,44 @@ import argparse
 from pivot_envs.config import add_config
 
 NAME = "train"
-HELP = "Train a policy with GRPO at pivots: G sampled actions per pivot, verifier rewards, shared-prefix update."
+HELP = (
+    "Train a policy with GRPO at pivots: G sampled actions per pivot, verifier rewards, shared-prefix update."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.adapters.grpo import GRPOConfig
 
-    parser.add_argument("--pivots", required=True, help="training pivots (JSONL, .jsonl.gz, or any readable trajectory format)")
-    parser.add_argument("--heldout", default=None, help="held-out pivots for the turn accuracy logged every --eval-every steps")
-    parser.add_argument("--env", default=None, help="env id scoring the actions (default: pivot/<domain>-v0 of the pivots)")
-    parser.add_argument("--verifier", default=None, help="verifier the training rewards come from, by name (default: the domain's functional "
-                        "one); the --heldout evaluation always uses the domain's")
+    parser.add_argument(
+        "--pivots",
+        required=True,
+        help="training pivots (JSONL, .jsonl.gz, or any readable trajectory format)",
+    )
+    parser.add_argument(
+        "--heldout",
+        default=None,
+        help="held-out pivots for the turn accuracy logged every --eval-every steps",
+    )
+    parser.add_argument(
+        "--env", default=None, help="env id scoring the actions (default: pivot/<domain>-v0 of the pivots)"
+    )
+    parser.add_argument(
+        "--verifier",
+        default=None,
+        help="verifier the training rewards come from, by name (default: the domain's functional "
+        "one); the --heldout evaluation always uses the domain's",
+    )
     parser.add_argument("--device", default=None, help="device of the policy: cpu, cuda")
-    parser.add_argument("--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="prompt budget: older turns, then the middle "
+        "of long messages, are left out beyond it (0: whole prompts)",
+    )
+    parser.add_argument(
+        "--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)"
+    )
     add_config(parser, GRPOConfig, "train")
 
 
@@ -34,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
         check_plotting,
         check_scoring,
         load_named_policy,
+        policy_options,
         read_input,
     )
 
@@ -45,13 +71,15 @@ def main(args: argparse.Namespace) -> int:
     check_output(config.out, "--out", directory=True)
     if args.plot:
         check_plotting("train --plot")
-    policy = load_named_policy(config.policy, **({"device": args.device} if args.device else {}))
+    policy = load_named_policy(config.policy, **policy_options(args.device, args.max_prompt_tokens))
     env_kwargs = {"verifier": args.verifier} if args.verifier else {}
     result = train(config, pivots, policy=policy, env_id=args.env, heldout=heldout, **env_kwargs)
     last = result.history[-1] if result.history else {}
     print(f"trained {result.steps} steps; final weights in {result.final}; metrics in {result.metrics_path}")
     if last:
-        print(f"last step: reward mean {last['reward_mean']:.3f}, zero-variance groups {last['frac_zero_variance']:.2f}")
+        print(
+            f"last step: reward mean {last['reward_mean']:.3f}, zero-variance groups {last['frac_zero_variance']:.2f}"
+        )
     if args.plot:
         print(f"plot: {plot_metrics(result.metrics_path, result.out / 'rewards.png')}")
     return 0

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pivot_envs.config import ConfigError
 from pivot_envs.errors import MissingExtraError, PivotEnvsError, UnknownNameError
 from pivot_envs.pivot import Pivot, PivotFormatError
 
@@ -64,11 +65,22 @@ def load_named_policy(spec: str, **options: object) -> object:
         raise PolicyLoadError(f"--policy {spec}: cannot load it: {error}") from error
 
 
+def policy_options(device: str | None = None, max_prompt_tokens: int = 0) -> dict[str, object]:
+    """The options of a local policy backend (hf, vllm) a command line gave: `device` when set, and
+    `max_prompt_tokens` when above 0 (0: whole prompts). A negative budget is a ConfigError."""
+    if max_prompt_tokens < 0:
+        raise ConfigError(f"--max-prompt-tokens {max_prompt_tokens}: must be >= 0 (0: whole prompts)")
+    options: dict[str, object] = {"device": device} if device else {}
+    return options | ({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {})
+
+
 def check_profiled(pivots: Iterable[Pivot]) -> None:
     """Raise PivotFormatError naming the first pivot without a profile (filtering D_adv needs one)."""
     for pivot in pivots:
         if pivot.profile is None:
-            raise PivotFormatError(f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use --mode cand")
+            raise PivotFormatError(
+                f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use --mode cand"
+            )
 
 
 def check_domain(name: str) -> str:
@@ -153,7 +165,9 @@ def check_plotting(what: str) -> None:
         raise MissingExtraError(what, "matplotlib", "plot")
 
 
-def read_input(path: str | os.PathLike[str], domain: str = "", report: ReadReport | None = None) -> list[Pivot]:
+def read_input(
+    path: str | os.PathLike[str], domain: str = "", report: ReadReport | None = None
+) -> list[Pivot]:
     """The pivots of an input file (any format `pivot_envs.formats` reads), malformed records
     logged as warnings ("file:line: reason") and skipped; `report` receives the counts.
 
@@ -182,4 +196,6 @@ def no_pivot_error(where: str, report: ReadReport) -> PivotFormatError:
             f"{where}: no pivot could be read ({report.skipped_total} of {report.records} records malformed; "
             f"first: {report.problems[0]})"
         )
-    return PivotFormatError(f"{where}: no pivot in {report.records} records (no assistant turn, or all filtered out)")
+    return PivotFormatError(
+        f"{where}: no pivot in {report.records} records (no assistant turn, or all filtered out)"
+    )

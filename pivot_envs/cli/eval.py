@@ -7,17 +7,32 @@ import argparse
 from pivot_envs.config import add_config
 
 NAME = "eval"
-HELP = "Evaluate a policy at held-out pivots: turn accuracy per domain (functional and strict verifier, 95% CI)."
+HELP = (
+    "Evaluate a policy at held-out pivots: turn accuracy per domain (functional and strict verifier, 95% CI)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.evaluate import EvalConfig
     from pivot_envs.policy import SPEC_FORMS
 
-    parser.add_argument("--pivots", required=True, help="held-out pivots (JSONL, .jsonl.gz, or any readable trajectory format)")
+    parser.add_argument(
+        "--pivots",
+        required=True,
+        help="held-out pivots (JSONL, .jsonl.gz, or any readable trajectory format)",
+    )
     parser.add_argument("--policy", required=True, help=f"policy spec: {SPEC_FORMS}")
-    parser.add_argument("--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)")
+    parser.add_argument(
+        "--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)"
+    )
     parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="prompt budget of a local policy: older "
+        "turns, then the middle of long messages, are left out beyond it (0: whole prompts)",
+    )
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
     add_config(parser, EvalConfig, "eval")
 
@@ -25,7 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import json
 
-    from pivot_envs.cli._checks import check_output, check_scoring, file_errors, load_named_policy, read_input
+    from pivot_envs.cli._checks import (
+        check_output,
+        check_scoring,
+        file_errors,
+        load_named_policy,
+        policy_options,
+        read_input,
+    )
     from pivot_envs.evaluate import EvalConfig, evaluate
 
     config: EvalConfig = args.eval
@@ -33,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     pivots = read_input(args.pivots)
     check_scoring(pivots, args.env, config.verifier)
     json_out = check_output(args.json, "--json") if args.json else None
-    policy = load_named_policy(args.policy, **({"device": args.device} if args.device else {}))
+    policy = load_named_policy(args.policy, **policy_options(args.device, args.max_prompt_tokens))
     report = evaluate(policy, pivots, config, env=args.env)
     print(report.format())
     if json_out:

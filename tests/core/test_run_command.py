@@ -5,28 +5,42 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pivot_envs.adapters.cli_run import RunConfig, Signal
+from pivot_envs.adapters.cli_run import Budget, RunConfig, Signal
 from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
 from pivot_envs.cli import main
-from pivot_envs.pivot import Pivot, Profile, read_pivots
+from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 from pivot_envs.profile import ProfileRun
 
 
 def profiled_pivot(index: int, rewards: list[float]) -> Pivot:
-    return Pivot(f"t{index}/t0", "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
-                 profile=Profile.from_samples(rewards))
+    return Pivot(
+        f"t{index}/t0",
+        "tool-use",
+        [{"role": "user", "content": "hi"}],
+        {"role": "assistant", "content": "hello"},
+        profile=Profile.from_samples(rewards),
+    )
 
 
 def method_result(profiled: list[Pivot], pivots: list[Pivot], history: list[dict]) -> PivotRLResult:
     """What grpo.pivotrl returns, for the figures the run reads from it."""
-    training = TrainResult(out=Path("train"), steps=len(history), final=Path("train/final"),
-                           metrics_path=Path("train/metrics.jsonl"), history=history)
+    training = TrainResult(
+        out=Path("train"),
+        steps=len(history),
+        final=Path("train/final"),
+        metrics_path=Path("train/metrics.jsonl"),
+        history=history,
+    )
     return PivotRLResult(Selection(profiled, profiled, pivots, ProfileRun()), training)
 
 
 def test_signal_counts_successes_mixed_candidates_and_groups_with_variance() -> None:
-    profiled = [profiled_pivot(0, [1.0, 0.0, 0.0, 1.0]), profiled_pivot(1, [0.0] * 4), profiled_pivot(2, [1.0] * 4)]
+    profiled = [
+        profiled_pivot(0, [1.0, 0.0, 0.0, 1.0]),
+        profiled_pivot(1, [0.0] * 4),
+        profiled_pivot(2, [1.0] * 4),
+    ]
     history = [{"step": 1, "groups_trained": 1}, {"step": 2, "groups_trained": 0}]
     signal = Signal.of(method_result(profiled, profiled[:2], history), batch_pivots=2)
     assert (signal.samples, signal.successes, signal.mixed, signal.profiled) == (12, 6, 1, 3)
@@ -52,9 +66,31 @@ def test_signal_says_why_there_is_nothing_to_learn_when_no_sample_succeeds() -> 
 
 def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    argv = ["run", "--out", str(out), "--candidates", "2", "--k", "2", "--eval-pivots", "2", "--steps", "1",
-            "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "8", "--max-prompt-tokens", "384",
-            "--sft-examples", "2", "--sft-epochs", "1"]
+    argv = [
+        "run",
+        "--out",
+        str(out),
+        "--candidates",
+        "2",
+        "--k",
+        "2",
+        "--eval-pivots",
+        "2",
+        "--steps",
+        "1",
+        "--batch-pivots",
+        "1",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--max-prompt-tokens",
+        "384",
+        "--sft-examples",
+        "2",
+        "--sft-epochs",
+        "1",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     for stage in range(1, 7):
@@ -65,7 +101,11 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     extracted = read_pivots(out / "extracted.jsonl")
     heldout = {p.trajectory_id for p in read_pivots(out / "heldout.jsonl")}
     candidates, profiled = read_pivots(out / "candidates.jsonl"), read_pivots(out / "profiled.jsonl")
-    assert len(extracted) == 411 and [p.id for p in profiled] == [p.id for p in candidates] and len(profiled) == 2
+    assert (
+        len(extracted) == 411
+        and [p.id for p in profiled] == [p.id for p in candidates]
+        and len(profiled) == 2
+    )
     assert not heldout & {p.trajectory_id for p in profiled}  # split by trajectory: nothing leaks
     for pivot in profiled:
         assert pivot.profile.k == 2 and len(pivot.profile.rewards) == 2
@@ -124,3 +164,31 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
     plain = read_pivots(out / "profiled.jsonl")
     assert [p.id for p in plain] == [p.id for p in warmed]
     assert {p.profile.settings["reference"] for p in plain} == {"hf:smollm2"}
+
+
+def test_the_swe_domain_runs_with_longer_actions_and_prompts_unless_flags_set_them() -> None:
+    swe = RunConfig(domain="swe")
+    assert swe.budget() == Budget(max_new_tokens=128, max_prompt_tokens=2048)
+    assert swe.profile.max_new_tokens == swe.train.max_new_tokens == swe.eval.max_new_tokens == 128
+    assert RunConfig().budget() == Budget(max_new_tokens=48, max_prompt_tokens=1024)
+    flagged = RunConfig(domain="swe", max_new_tokens=16, max_prompt_tokens=0)
+    assert (
+        flagged.budget() == Budget(max_new_tokens=16, max_prompt_tokens=0)
+        and flagged.train.max_new_tokens == 16
+    )
+
+
+def test_a_config_file_naming_the_swe_domain_gets_the_swe_budgets(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('domain = "swe"\n')
+    assert main(["run", "--config", str(config), "--print-config"]) == 0
+    train = capsys.readouterr().out.split("[train]")[1].split("\n[")[0]
+    assert "max_new_tokens = 128" in train
+
+
+def test_a_negative_prompt_budget_stops_eval_before_any_model_loads(tmp_path: Path, capsys) -> None:
+    pivots = tmp_path / "pivots.jsonl"
+    write_pivots([profiled_pivot(0, [1.0])], pivots)
+    argv = ["eval", "--pivots", str(pivots), "--policy", "hf:/nonexistent", "--max-prompt-tokens", "-1"]
+    assert main(argv) == 2
+    assert "--max-prompt-tokens -1: must be >= 0" in capsys.readouterr().err
