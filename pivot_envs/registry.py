@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
@@ -112,11 +113,32 @@ class SpecKwargs(dict):
 
 
 def _module_findable(value: str) -> bool:
-    module = value.split(":", 1)[0].strip()
+    """Whether the entry point's module exists, found without running any package's code:
+    `find_spec("a.b.c")` would import `a.b` (a domain package, for a domain's submodule), so the
+    top-level package is found first and each further name is looked up in its parent's folder."""
+    names = value.split(":", 1)[0].strip().split(".")
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(names[0])
+        for depth in range(1, len(names)):
+            if spec is None or spec.submodule_search_locations is None:
+                return False
+            fullname = ".".join(names[: depth + 1])
+            loaded = sys.modules.get(fullname)
+            spec = loaded.__spec__ if loaded is not None else _find_spec(fullname, spec.submodule_search_locations)
+        return spec is not None
     except (ImportError, ValueError):
         return False
+
+
+def _find_spec(fullname: str, path: Any) -> Any:
+    """The import system's search for `fullname` in its parent's `path`, without importing the parent
+    (every meta path finder is asked, as `import` would: an editable install maps folders by its own)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(fullname, list(path)) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
 
 
 def discover() -> dict[str, EntryPoint]:
