@@ -7,8 +7,9 @@ rlimits (and a cgroup where one can be made, see `cgroups`). A snapshot is a cop
 fork is a copy-on-write copy (`cp -a --reflink=auto`) with its bwrap and command server already
 started in the background (the warm pool), so a fork costs neither a copy nor a bwrap start. The
 snapshot's files are hashed once; a fork's workspace manifest reuses those digests for the files
-its commands left alone (`manifest.KnownDigests`), so it reads only what changed. The pool's copies
-and removals run at the lowest CPU priority: they yield to the commands being measured.
+its commands left alone (`manifest.KnownDigests`), so it reads only what changed. The pool's work
+(copies, bwrap starts, removals) waits for the gaps between commands (up to YIELD_AT_MOST seconds),
+and its copies and removals run at the lowest CPU priority, so it does not slow the commands down.
 Killing a sandbox's bwrap kills its PID namespace, so every process the commands left behind.
 When run as root, the sandbox drops to the `nobody` user on the host (inside it is root of its
 own user namespace), so RLIMIT_NPROC bounds fork bombs.
@@ -27,6 +28,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
+from contextlib import nullcontext
 from pathlib import Path
 
 from .channel import LimitExceeded, ServerDown, ServerTimeout, call_server, disk_check, fifo_channel
@@ -47,6 +49,8 @@ from .runner import CHANNEL_DIR, SERVER, STATE_DIR, result_from_files, runner_ar
 
 # The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
 BACKGROUND = ("nice", "-n", "19")
+# The longest the pool's work waits for a moment when no command runs before going ahead anyway.
+YIELD_AT_MOST = 1.0
 
 
 def _stop_all(servers: set[BwrapServer], root: Path) -> None:
@@ -81,6 +85,9 @@ class BwrapBackend:
         self._setups: dict[str, str] = {}
         self._servers: set[BwrapServer] = set()
         self._lock = threading.Lock()
+        # How many commands run in this backend's sandboxes now; the pool's work waits for none (`_yield`).
+        self._running = 0
+        self._quiet = threading.Condition()
         self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
         self._pending: set[Future] = set()
         self._closed = False
@@ -193,6 +200,7 @@ class BwrapBackend:
 
     def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
         def make_one() -> None:
+            self._yield()
             if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
                 try:
                     directory, known = self._copy(snapshot)
@@ -201,8 +209,9 @@ class BwrapBackend:
                     return  # the next fork makes its sandbox synchronously
                 setup = self._setups.get(snapshot.ref)
                 if setup:
+                    self._yield()
                     try:
-                        BwrapSandbox(self, directory, snapshot.workdir, server).run(setup)
+                        BwrapSandbox(self, directory, snapshot.workdir, server, foreground=False).run(setup)
                     except SandboxError:
                         self.discard(directory, server)
                         return
@@ -233,6 +242,7 @@ class BwrapBackend:
         def remove() -> None:
             if server is not None:
                 self.stop_server(server)
+            self._yield()
             # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
             if subprocess.run([*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)],
                               capture_output=True).returncode:
@@ -242,6 +252,15 @@ class BwrapBackend:
             remove()
         else:
             self._submit(remove)
+
+    def running(self) -> _Running:
+        """A context for one command in a sandbox of this backend: the pool's work waits until it ends."""
+        return _Running(self)
+
+    def _yield(self) -> None:
+        # Wait (at most YIELD_AT_MOST) until no command runs: background work fills the gaps between them.
+        with self._quiet:
+            self._quiet.wait_for(lambda: self._running == 0 or self._closed, timeout=YIELD_AT_MOST)
 
     def _submit(self, work: Callable[[], None]) -> None:
         future = self._workers.submit(work)
@@ -263,6 +282,8 @@ class BwrapBackend:
     def close(self) -> None:
         """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
         self._closed = True
+        with self._quiet:
+            self._quiet.notify_all()
         # A bwrap dies with the thread that started it (bubblewrap's parent-death signal follows
         # the thread), leaving its namespace's init to the host's PID 1. So the workers outlive
         # the sandboxes they started: finish the work in flight, stop every sandbox, then end them.
@@ -278,25 +299,47 @@ class BwrapBackend:
         self.close()
 
 
+class _Running:
+    """Counts one running command of `backend` while entered (see BwrapBackend.running)."""
+
+    def __init__(self, backend: BwrapBackend) -> None:
+        self.backend = backend
+
+    def __enter__(self) -> None:
+        with self.backend._quiet:
+            self.backend._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.backend._quiet:
+            self.backend._running -= 1
+            self.backend._quiet.notify_all()
+
+
 class BwrapSandbox:
     """One bubblewrap sandbox: a directory tree on the host and a bwrap running the command server on it."""
 
     backend = "bwrap"
 
     def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: BwrapServer | None = None,
-                 known: KnownDigests | None = None) -> None:
+                 known: KnownDigests | None = None, foreground: bool = True) -> None:
         self.owner = owner
         self.directory = directory
         self.workdir = workdir
         self.server = server
         # The digests its workspace was forked with, reused by each manifest for files left alone.
         self.known = known
+        # A foreground sandbox's commands hold the pool's background work back while they run.
+        self.foreground = foreground
         self.closed = False
 
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
         """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run) through the sandbox's command server."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
+        with self.owner.running() if self.foreground else nullcontext():
+            return self._run(command, timeout, files)
+
+    def _run(self, command: str, timeout: float | None, files: bool) -> CommandResult:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         nproc = user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
