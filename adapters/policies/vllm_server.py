@@ -255,7 +255,12 @@ class VLLMServerPolicy(OpenAIPolicy):
         self.server = server
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="pivot-weights-", dir=shm))
-        self._owns_weights_dir = weights_dir is None
+        # A directory made here goes with the policy (close(), or collection, or exit): /dev/shm is memory.
+        self._remove_weights = (
+            weakref.finalize(self, shutil.rmtree, self.weights_dir, ignore_errors=True)
+            if weights_dir is None
+            else lambda: None
+        )
         self.last_sync_s = 0.0  # seconds the last update_weights took
 
     def encode(self, chat: dict[str, Any]) -> list[int]:
@@ -370,8 +375,7 @@ class VLLMServerPolicy(OpenAIPolicy):
         """Stop the server this policy started (if any) and remove the weights it wrote."""
         if self.server is not None:
             self.server.close()
-        if self._owns_weights_dir:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
+        self._remove_weights()
 
 
 def _completion(choice: dict[str, Any], prompt: list[int], endpoint: str) -> Completion:
