@@ -19,12 +19,16 @@ import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import verifiers.v1 as vf
 from pivot_envs.adapters.chat_template import prompt_messages
 
-from pivot_envs.errors import PivotEnvsError
+from pivot_envs.errors import MissingExtraError, PivotEnvsError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.scoring import EnvPool, resolve_env
+
+try:
+    import verifiers.v1 as vf
+except ImportError:
+    raise MissingExtraError("pivot envs in verifiers", "verifiers", "verifiers") from None
 
 
 class PivotTaskData(vf.TaskData):

@@ -113,3 +113,15 @@ def test_an_infrastructure_failure_is_a_sandbox_error_not_a_zero_reward():
     with pytest.raises(vf.SandboxError, match="single_step_tool_use_parallel_pivots/2: .*tool backend down"):
         scored(task, expert_reply(pivots[1]))
     taskset.close()
+
+
+def test_without_verifiers_the_import_names_the_extra_to_install():
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['verifiers'] = None\n"
+        "try:\n    import pivot_envs.adapters.verifiers_interop\n"
+        "except ImportError as error:\n    print(type(error).__name__, error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("MissingExtraError") and "pip install 'pivot-envs[verifiers]'" in out
