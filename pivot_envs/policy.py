@@ -94,7 +94,10 @@ class Policy(Protocol):
 
 
 POLICY_GROUP = "pivot_envs.policies"
-SPEC_FORMS = "hf:PATH_OR_NAME, hf:smollm2, openai:BASE_URL[,BASE_URL...]#MODEL, vllm:PATH"
+SPEC_FORMS = (
+    "hf:PATH_OR_NAME, hf:smollm2, openai:BASE_URL[,BASE_URL...]#MODEL, vllm:PATH, "
+    "vllm-server:BASE_URL[,BASE_URL...]#MODEL, vllm-server:PATH"
+)
 
 
 class PolicySpecError(PivotEnvsError, ValueError):
