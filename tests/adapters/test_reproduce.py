@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 # The quick scale trains 15 tiny arms and runs the E2E comparison: about 250 CPU-seconds of its own
-# plus E2E's, which on a machine loaded by other jobs exceeded the suite's 900 s timeout.
+# plus E2E's: 280 s wall on the VM at load 4-10, past the suite's 900 s timeout at load 15-20.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 from pivot_envs.adapters.reproduce.stats import (  # noqa: E402
