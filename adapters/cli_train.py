@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="verifier the training rewards come from, by name (default: the domain's functional "
         "one); the --heldout evaluation always uses the domain's",
     )
+    parser.add_argument(
+        "--env-kwargs",
+        default="{}",
+        help="keyword arguments of gym.make for --env, as a JSON object "
+        '(pivot/remote-v0: \'{"urls": ["http://HOST:PORT"]}\')',
+    )
     parser.add_argument("--device", default=None, help="device of the policy: cpu, cuda")
     parser.add_argument(
         "--max-prompt-tokens",
@@ -62,8 +68,14 @@ def main(args: argparse.Namespace) -> int:
         policy_options,
         read_input,
     )
+    from pivot_envs.config import ConfigError, json_object
 
     config: GRPOConfig = args.train
+    env_kwargs = json_object(args.env_kwargs, "--env-kwargs")
+    if "env_id" in env_kwargs:  # train() takes the env id itself: --env names it
+        raise ConfigError("--env-kwargs: 'env_id' is train()'s own argument; name the env with --env")
+    if args.verifier:
+        env_kwargs["verifier"] = args.verifier
     # Every input is checked before the policy loads: a wrong name fails in a second, not after loading a model.
     pivots = read_input(args.pivots)
     heldout = read_input(args.heldout) if args.heldout else None
@@ -72,7 +84,6 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         check_plotting("train --plot")
     policy = load_named_policy(config.policy, **policy_options(args.device, args.max_prompt_tokens))
-    env_kwargs = {"verifier": args.verifier} if args.verifier else {}
     result = train(config, pivots, policy=policy, env_id=args.env, heldout=heldout, **env_kwargs)
     last = result.history[-1] if result.history else {}
     print(f"trained {result.steps} steps; final weights in {result.final}; metrics in {result.metrics_path}")

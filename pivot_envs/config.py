@@ -67,6 +67,18 @@ def _number(config: object, name: str) -> float | None:
     return value
 
 
+def json_object(value: dict[str, Any] | str, where: str) -> dict[str, Any]:
+    """`value`, or the JSON object the text `value` holds ("" is {}); raises ConfigError naming `where`."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{where} must be a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def at_least(config: object, low: float, *names: str) -> None:
     """Raise ConfigError unless each of `names` (None allowed) is a number >= `low`."""
     for name in names:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.config import ConfigError, at_least, between, option
+from pivot_envs.config import at_least, between, json_object, option
 from pivot_envs.errors import PivotEnvsError, PivotSetError
 from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
@@ -69,13 +69,7 @@ class ProfileConfig:
     progress: bool = option(True, "show a progress bar on stderr")
 
     def __post_init__(self) -> None:
-        if isinstance(self.env_kwargs, str):
-            try:
-                self.env_kwargs = json.loads(self.env_kwargs) if self.env_kwargs.strip() else {}
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"ProfileConfig.env_kwargs must be a JSON object: {error}") from None
-        if not isinstance(self.env_kwargs, dict):
-            raise ConfigError(f"ProfileConfig.env_kwargs must be a JSON object, got {type(self.env_kwargs).__name__}")
+        self.env_kwargs = json_object(self.env_kwargs, "ProfileConfig.env_kwargs")
         at_least(self, 1, "k", "max_new_tokens", "batch_pivots", "env_workers")
         at_least(self, 0, "temperature")
         between(self, "top_p", 0, 1, open_low=True)

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.config import ConfigError, at_least, option
+from pivot_envs.config import ConfigError, at_least, json_object, option
 
 TOKEN_VARIABLE = "PIVOT_ENVS_SERVE_TOKEN"
 
@@ -53,18 +53,6 @@ class ServeConfig:
                 f"ServeConfig.host = {self.host!r} is not a loopback address: anyone who reaches it could run "
                 f"actions in the env's sandboxes; pass --token T (or set ${TOKEN_VARIABLE})"
             )
-
-
-def json_object(value: dict[str, Any] | str, where: str) -> dict[str, Any]:
-    """`value`, or the JSON object the text `value` holds ("" is {}); raises ConfigError naming `where`."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{where} must be a JSON object: {error}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def is_loopback(host: str) -> bool:

@@ -30,10 +30,14 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def _train(tiny_checkpoint: Path, tmp_path: Path, *flags: str) -> int:
+    """`pivotrl [FLAGS] train ...` on two bundled pivots; flags from `--env-kwargs` on go after `train`."""
     from pivot_envs.domains.tool_use.env import bundled_pivots
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     write_pivots(bundled_pivots()[:2], tmp_path / "train.jsonl")
-    return main([*flags, "train", "--pivots", str(tmp_path / "train.jsonl"), "--policy", f"hf:{tiny_checkpoint}",
+    after = list(flags[flags.index("--env-kwargs"):]) if "--env-kwargs" in flags else []
+    flags = flags[: len(flags) - len(after)]
+    return main([*flags, "train", *after, "--pivots", str(tmp_path / "train.jsonl"), "--policy", f"hf:{tiny_checkpoint}",
                  "--steps", "2", "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "4",
                  "--checkpoint-every", "0", "--num-envs", "1", "--out", str(tmp_path / "run")])
 
@@ -52,3 +56,24 @@ def test_quiet_train_prints_no_step_lines(tiny_checkpoint: Path, tmp_path: Path,
     captured = capsys.readouterr()
     assert "step 1/2" not in captured.err and "GRPO" not in captured.err
     assert "trained 2 steps" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("env_kwargs", "message"),
+    [
+        ("[1]", "--env-kwargs must be a JSON object, got list"),
+        ("{urls: 1}", "--env-kwargs must be a JSON object: Expecting property name"),
+        ('{"env_id": "pivot/tool-use-v0"}', "--env-kwargs: 'env_id' is train()'s own argument; name the env with --env"),
+    ],
+)
+def test_bad_env_kwargs_stop_train_before_anything_loads(env_kwargs: str, message: str, tmp_path: Path, capsys) -> None:
+    assert main(["train", "--pivots", str(tmp_path / "absent.jsonl"), "--env-kwargs", env_kwargs]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_env_kwargs_reach_the_env_that_scores_the_actions(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    # The strict verifier named through --env-kwargs trains; a keyword the env does not take reaches
+    # gym.make and stops the run naming it.
+    assert _train(tiny_checkpoint, tmp_path, "--env-kwargs", '{"verifier": "strict"}') == 0
+    with pytest.raises(TypeError, match="no_such_option"):
+        _train(tiny_checkpoint, tmp_path / "second", "--env-kwargs", '{"no_such_option": 1}')
