@@ -217,4 +217,10 @@ def from_spec(rest: str, **options: Any) -> OpenAIPolicy:
     if not sep or not urls or not model:
         raise PolicySpecError(f"policy spec 'openai:{rest}' must be openai:BASE_URL[,BASE_URL...]#MODEL")
     options.pop("device", None)  # a remote server has no local device
+    if options.pop("max_prompt_tokens", None):
+        raise PolicySpecError(
+            f"policy spec 'openai:{rest}': a prompt budget (--max-prompt-tokens) cannot apply, since the "
+            "server renders prompts with its own template and tokenizer; leave it 0, or use hf:/vllm: "
+            "(pivotrl run, which sets one, trains only those)"
+        )
     return OpenAIPolicy(urls.split(","), model, **options)

@@ -232,6 +232,14 @@ def test_the_openai_spec_builds_a_policy_over_several_urls():
     assert policy.model == "served-model" and policy.name == "openai:served-model"
 
 
+def test_a_prompt_budget_for_a_server_policy_is_refused_naming_why():
+    from pivot_envs.policy import PolicySpecError
+
+    with pytest.raises(PolicySpecError, match=r"openai:http://h:1#m'.*prompt budget.*own template and tokenizer"):
+        load_policy("openai:http://h:1#m", max_prompt_tokens=1024)
+    assert isinstance(load_policy("openai:http://h:1#m", max_prompt_tokens=0), OpenAIPolicy)
+
+
 def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_writes_nothing_twice(server, tmp_path: Path):
     from dataclasses import replace
 
