@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -28,18 +27,14 @@ from typing import Any
 
 from pivot_envs.adapters.grpo.checkpoints import (
     MetricsLog,
-    latest_checkpoint,
-    load_checkpoint,
-    refuse_earlier_run,
     save_checkpoint,
 )
 from pivot_envs.adapters.grpo.groups import Group, build_group
-from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
-from pivot_envs.adapters.grpo.reference import frozen_reference, with_lora
-from pivot_envs.adapters.grpo.trainer import GRPOConfig, group_advantages, loss_units, update
+from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights
+from pivot_envs.adapters.grpo.trainer import GRPOConfig, group_advantages, loss_units, prepare_run, update
 
 from pivot_envs.config import option, progress_disabled
-from pivot_envs.policy import Completion, SamplingParams, load_policy
+from pivot_envs.policy import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +182,6 @@ def train_episodes(
     into `config.train.out`, and resumes from its latest checkpoint with `config.train.resume`.
     """
     import numpy as np
-    import torch
     from tqdm import tqdm
 
     began_run = time.perf_counter()
@@ -195,32 +189,8 @@ def train_episodes(
     if not tasks:
         raise ValueError("no tasks to train on")
     out = Path(grpo.out)
-    checkpoint = latest_checkpoint(out) if grpo.resume else None
-    if checkpoint is None:
-        refuse_earlier_run(out, resuming=grpo.resume)
-    out.mkdir(parents=True, exist_ok=True)
-    random.seed(grpo.seed)
-    np.random.seed(grpo.seed)
-    torch.manual_seed(grpo.seed)
-
-    # setup: the policy, its trainable module, the frozen reference and the optimizer, as the pivot trainer's
-    if policy is None:
-        policy = load_policy(grpo.policy)
-    model = trainable_module(policy, model)
-    if grpo.lora:
-        model = with_lora(model, grpo)
-    model.eval()
-    reference = frozen_reference(model, grpo)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=grpo.learning_rate,
-        weight_decay=grpo.weight_decay,
-    )
-    sampler = np.random.default_rng(grpo.seed)
-    start = 0
-    if checkpoint is not None:
-        start = load_checkpoint(checkpoint, model, optimizer, sampler, grpo)
-        sync_weights(policy, model)
+    # the pivot trainer's set-up: policy, trainable module, frozen reference, optimizer, sampler, resume
+    policy, model, reference, optimizer, sampler, start = prepare_run(grpo, policy, model)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     log = MetricsLog(out, start)
     kept = [json.loads(line) for line in log.path.read_text().splitlines() if line]

@@ -411,6 +411,48 @@ def update(
 # -- Algorithm 1, lines 5-14: the loop ----------------------------------------------------------------
 
 
+def prepare_run(
+    config: GRPOConfig, policy: TrainablePolicy | None, model: Any = None, ranks: Ranks | None = None
+) -> tuple[Any, Any, Any, Any, Any, int]:
+    """A GRPO run's set-up into `config.out`, shared by `train` and the E2E trainer (grpo.episodes):
+    refuse an earlier run there (unless resuming), seed, load the policy when None, make its trainable
+    module (LoRA optional) and the frozen reference, AdamW, the pivot sampler, and resume from the
+    latest checkpoint. Returns (policy, model, reference, optimizer, sampler, first step - 1).
+    Under torchrun (`ranks`) every rank starts from rank 0's weights."""
+    import numpy as np
+    import torch
+
+    ranks = ranks or Ranks()
+    out = Path(config.out)
+    checkpoint = latest_checkpoint(out) if config.resume else None
+    if checkpoint is None:  # a fresh run (a resume with no checkpoint starts afresh)
+        refuse_earlier_run(out, resuming=config.resume)
+    ranks.barrier()  # every rank has looked at --out before rank 0 writes there
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    if policy is None:
+        policy = load_policy(config.policy)
+    model = trainable_module(policy, model)
+    if config.lora:
+        model = with_lora(model, config)
+    model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
+    reference = frozen_reference(model, config)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    sampler = np.random.default_rng(config.seed)
+    start = 0
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, sampler, config)
+    ranks.broadcast_parameters(model)  # under torchrun every rank starts from rank 0's weights
+    if checkpoint is not None or ranks.world_size > 1:
+        sync_weights(policy, model)
+    return policy, model, reference, optimizer, sampler, start
+
+
 def train(
     config: GRPOConfig,
     pivots: Sequence[Pivot],
@@ -433,7 +475,6 @@ def train(
     alone evaluates and writes (grpo.distributed).
     """
     import numpy as np
-    import torch
     from tqdm import tqdm
 
     began_run = time.perf_counter()
@@ -447,33 +488,7 @@ def train(
         raise DistributedSetupError(f"{min(config.batch_pivots, len(pivots))} pivots per step for {ranks.world_size} "
                                     "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)")
     out = Path(config.out)
-    checkpoint = latest_checkpoint(out) if config.resume else None
-    if checkpoint is None:  # a fresh run (a resume with no checkpoint starts afresh)
-        refuse_earlier_run(out, resuming=config.resume)
-    ranks.barrier()  # every rank has looked at --out before rank 0 writes there
-    out.mkdir(parents=True, exist_ok=True)
-    random.seed(config.seed)
-    np.random.seed(config.seed)
-    torch.manual_seed(config.seed)
-
-    # -- setup: policy, trainable module (LoRA optional), frozen reference, optimizer, envs
-    if policy is None:
-        policy = load_policy(config.policy)
-    model = trainable_module(policy, model)
-    if config.lora:
-        model = with_lora(model, config)
-    model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
-    reference = frozen_reference(model, config)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    sampler = np.random.default_rng(config.seed)
-    start = 0
-    if checkpoint is not None:
-        start = load_checkpoint(checkpoint, model, optimizer, sampler, config)
-    ranks.broadcast_parameters(model)  # under torchrun every rank starts from rank 0's weights
-    if checkpoint is not None or ranks.world_size > 1:
-        sync_weights(policy, model)
+    policy, model, reference, optimizer, sampler, start = prepare_run(config, policy, model, ranks)
     log = MetricsLog(out, start) if ranks.main else None
     if ranks.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
