@@ -29,7 +29,7 @@ from pivot_envs.registry import DomainSpec
 
 from .env import TerminalEnv
 from .parse import BASH_TOOL, canonical_message, parse_action, parse_command
-from .tasks import SYSTEM_PROMPT, Task, load_tasks
+from .tasks import SYSTEM_PROMPT, Task, load_tasks, run_check
 
 DONE = "done"  # the category of an episode the policy ended by answering without a command
 
@@ -50,12 +50,6 @@ def start_pivot(task: Task) -> Pivot:
         context=task.context,
         source={"trajectory": f"terminal/{task.id}", "turn": 0, "format": "pivot-envs terminal tasks"},
     )
-
-
-def run_check(sandbox: Any, task: Task, timeout: float) -> CommandResult:
-    """Run `task`'s check in `sandbox` as `tasks.run_task` does (in a subshell from the workdir, so the shell
-    state stays as the policy left it), within `timeout` seconds (the env's command limit)."""
-    return sandbox.run(f"( cd {task.workdir} && {{ {task.check}\n}} )", timeout=timeout)
 
 
 def tool_reply(result: CommandResult) -> str:

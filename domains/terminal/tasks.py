@@ -116,18 +116,19 @@ def run_task(backend: Any, task: Task) -> TaskRun:
             setup = sandbox.run(task.setup, timeout=60)
             if not setup.ok:
                 raise TaskError(f"task {task.id}: setup failed (exit {setup.exit_code}): {setup.output[-500:]}")
-        run.check_before = _check(sandbox, task)
+        run.check_before = run_check(sandbox, task)
         for command in task.expert:
             run.results.append(sandbox.run(command))
-        run.check_after = _check(sandbox, task)
+        run.check_after = run_check(sandbox, task)
     finally:
         sandbox.close()
     return run
 
 
-def _check(sandbox: Any, task: Task) -> CommandResult:
-    # The check must not change the shell state the expert leaves: run it in a subshell from the workdir.
-    return sandbox.run(f"( cd {task.workdir} && {{ {task.check}\n}} )", timeout=30)
+def run_check(sandbox: Any, task: Task, timeout: float = 30) -> CommandResult:
+    """Run `task`'s check in `sandbox` within `timeout` seconds. It must not change the shell state the
+    commands before it left (the expert's, or an episode's): it runs in a subshell from the workdir."""
+    return sandbox.run(f"( cd {task.workdir} && {{ {task.check}\n}} )", timeout=timeout)
 
 
 def task_pivots(run: TaskRun) -> list[Pivot]:
