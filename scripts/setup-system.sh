@@ -41,8 +41,10 @@ missing_packages() {
   have debootstrap || missing+=(debootstrap)
   [[ -f /usr/share/keyrings/debian-archive-keyring.gpg ]] || missing+=(debian-archive-keyring)
   have gpgv || missing+=(gpgv)
-  # Any Docker client counts (docker.io, Docker Engine's docker-ce): docker.io conflicts with the latter.
-  have docker || missing+=(docker.io)
+  # The daemon, not only a client: some machines ship a lone `docker` client binary, with which no image
+  # can be built or run. Any engine counts (docker.io, Docker Engine's docker-ce, which conflicts with
+  # docker.io): docker.io is installed only where neither package is.
+  if ! have dockerd && ! dpkg -s docker-ce >/dev/null 2>&1; then missing+=(docker.io); fi
   "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
   echo "${missing[*]}"
 }
@@ -90,8 +92,8 @@ start_dockerd() {
 }
 
 step_docker() {
-  if ! have docker; then
-    say "docker: not installed; the terminal domain uses bubblewrap"
+  if ! have docker || ! have dockerd; then
+    say "docker: no Docker engine (dockerd) installed; the terminal domain uses bubblewrap"
     return
   fi
   if docker_answers; then
