@@ -48,6 +48,28 @@ EXPERIMENT_ARMS = {
 EXPERIMENTS = tuple(EXPERIMENT_ARMS)
 # The arms whose drift out of domain is measured (the SFT comparison); the others only in domain.
 DRIFT_ARMS = ("pivotrl", "sft")
+# The scale's fields each early stage depends on (a later stage depends on every field): resizing the
+# training arms of a scale keeps its finished base, base measurements and profiles.
+BASE_FIELDS = (
+    "policy",
+    "device",
+    "domains",
+    "heldout",
+    "base_examples",
+    "base_epochs",
+    "base_learning_rate",
+    "max_prompt_tokens",
+)
+MEASURE_FIELDS = (
+    *BASE_FIELDS,
+    "eval_pivots",
+    "ood_pivots",
+    "max_new_tokens",
+    "wiki_texts",
+    "wiki_tokens",
+    "questions",
+)
+PROFILE_FIELDS = (*BASE_FIELDS, "candidates", "k", "lambda_diff", "max_new_tokens")
 REPO = Path(__file__).resolve().parents[2]
 THEOREM_TESTS = REPO / "tests" / "adapters" / "test_theorems.py"
 
@@ -122,14 +144,21 @@ class Experiments:
             )
         return self._policy
 
-    def settings(self, **extra: Any) -> dict[str, Any]:
-        """What a stage's result depends on: the scale (seeds aside: each seed is its own stage) and `extra`."""
-        return {"scale": {k: v for k, v in self.scale.to_dict().items() if k != "seeds"}, **extra}
+    def settings(self, fields: tuple[str, ...] | None = None, **extra: Any) -> dict[str, Any]:
+        """What a stage's result depends on: the scale's `fields` (default: all but seeds, as each seed is its
+        own stage) and `extra`."""
+        scale = self.scale.to_dict()
+        kept = (
+            fields
+            if fields is not None
+            else tuple(k for k in scale if k not in ("seeds", "name", "notes", "progress"))
+        )
+        return {"scale": {k: scale[k] for k in kept}, **extra}
 
     # -- the base: SFT on part A -------------------------------------------------------------------
 
     def base(self) -> dict[str, Any]:
-        return self.stages.run("base", self.settings(), self._base)
+        return self.stages.run("base", self.settings(BASE_FIELDS), self._base)
 
     def _base(self, folder: Path) -> dict[str, Any]:
         import torch
@@ -143,7 +172,9 @@ class Experiments:
             self.policy,
             examples,
             SFTConfig(
-                epochs=self.scale.base_epochs, learning_rate=self.scale.base_learning_rate, progress=False
+                epochs=self.scale.base_epochs,
+                learning_rate=self.scale.base_learning_rate,
+                progress=self.scale.progress,
             ),
         )
         torch.save(self.policy.model.state_dict(), folder / "weights.pt")
@@ -190,7 +221,7 @@ class Experiments:
         }
 
     def base_measures(self) -> dict[str, Any]:
-        return self.stages.run("measure-base", self.settings(), self._base_measures)
+        return self.stages.run("measure-base", self.settings(MEASURE_FIELDS), self._base_measures)
 
     def _base_measures(self, folder: Path) -> dict[str, Any]:
         domains = list(self.scale.domains)
@@ -200,7 +231,9 @@ class Experiments:
 
     def profile(self, domain: str) -> dict[str, Any]:
         return self.stages.run(
-            f"profile-{domain}", self.settings(domain=domain), lambda f: self._profile(f, domain)
+            f"profile-{domain}",
+            self.settings(PROFILE_FIELDS, domain=domain),
+            lambda f: self._profile(f, domain),
         )
 
     def _profile(self, folder: Path, domain: str) -> dict[str, Any]:
@@ -216,7 +249,7 @@ class Experiments:
             seed=0,
             batch_pivots=4,
             env_workers=measure.ENV_WORKERS,
-            progress=False,
+            progress=scale.progress,
         )
         path = folder / "profiled.jsonl"
         profile(
@@ -224,7 +257,7 @@ class Experiments:
             self.reset_to_base(),
             path,
             config,
-            reference=f"reproduce base {digest(self.settings())}",
+            reference=f"reproduce base {digest(self.settings(BASE_FIELDS))}",
         )
         profiled = list(read_pivots(path))
         adv = filter_pivots(profiled, lambda_diff=scale.lambda_diff, mode="adv")
@@ -270,7 +303,10 @@ class Experiments:
                 policy,
                 pivots,
                 SFTConfig(
-                    epochs=scale.sft_epochs, learning_rate=scale.sft_learning_rate, seed=seed, progress=False
+                    epochs=scale.sft_epochs,
+                    learning_rate=scale.sft_learning_rate,
+                    seed=seed,
+                    progress=scale.progress,
                 ),
             )
         else:

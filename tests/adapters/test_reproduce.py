@@ -175,3 +175,31 @@ def test_an_interrupted_stage_is_run_again_from_scratch(tmp_path):
     assert Stages(tmp_path).run("x", {"a": 2}, lambda f: {"value": 3}) == {
         "value": 3
     }  # other settings: run again
+
+
+def test_resizing_the_arms_keeps_the_base_and_the_profiles_but_reruns_the_arms(tmp_path):
+    from dataclasses import replace
+
+    from pivot_envs.adapters.reproduce.experiments import (
+        BASE_FIELDS,
+        MEASURE_FIELDS,
+        PROFILE_FIELDS,
+        Experiments,
+    )
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.adapters.reproduce.stages import Stages, digest
+
+    scale = get_scale("quick")
+    resized = replace(scale, steps=scale.steps + 3, group_size=2, seeds=5, sft_epochs=3)
+    one, two = (Experiments(s, tmp_path, Stages(tmp_path)) for s in (scale, resized))
+    for fields in (BASE_FIELDS, MEASURE_FIELDS, PROFILE_FIELDS):
+        assert digest(one.settings(fields, domain="search")) == digest(two.settings(fields, domain="search"))
+    assert digest(one.settings(domain="search", arm="sft", seed=0)) != digest(
+        two.settings(domain="search", arm="sft", seed=0)
+    )
+    # what the base is trained on does change it
+    wider = Experiments(replace(scale, base_examples=scale.base_examples + 1), tmp_path, Stages(tmp_path))
+    assert digest(one.settings(BASE_FIELDS)) != digest(wider.settings(BASE_FIELDS))
+    assert digest(one.settings(PROFILE_FIELDS)) != digest(
+        Experiments(replace(scale, k=scale.k * 2), tmp_path, Stages(tmp_path)).settings(PROFILE_FIELDS)
+    )
