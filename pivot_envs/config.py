@@ -114,10 +114,28 @@ def command_parser(**kwargs: Any) -> argparse.ArgumentParser:
     import simple_parsing
 
     class Formatter(simple_parsing.SimpleHelpFormatter):
-        """argparse %-formats help texts: a literal % (as in '95% CI') is kept as it is."""
+        """argparse %-formats help texts: a literal % (as in '95% CI') is kept as it is. A flag without a type
+        shows its name as the value (`--out OUT`, not `--out None`), and "(default: ...)" is added only where
+        the help does not already say its default and the default is a value (not None or False)."""
 
         def _expand_help(self, action: argparse.Action) -> str:
             return self._get_help_string(action).replace("%(default)s", str(action.default))
+
+        def _get_help_string(self, action: argparse.Action) -> str | None:
+            text = action.help or ""
+            if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+                # simple_parsing writes "(default: %(default)s)" into a dataclass field's help itself
+                return re.sub(r"\s*\(default: (%\(default\)s|None|False)\)", "", text)
+            said = re.sub(r"\s*\(default: %\(default\)s\)", "", text)
+            if "default" in said.lower():  # the help says its default in its own words
+                return said
+            return super()._get_help_string(action)
+
+        def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+            return action.dest.upper() if action.type is None else super()._get_default_metavar_for_optional(action)
+
+        def _get_default_metavar_for_positional(self, action: argparse.Action) -> str:
+            return action.dest if action.type is None else super()._get_default_metavar_for_positional(action)
 
     class Parser(simple_parsing.ArgumentParser):
         _check_value = check_choice

@@ -64,7 +64,7 @@ class ProfileConfig:
     keep_actions: bool = option(True, "store the sampled actions in the profile (for the miss-rate analysis)")
     restart: bool = option(
         False, "when the output holds profiles made with other settings, move it aside to OUT.stale and "
-        "start over (default: stop with an error naming the differences)"
+        "start over (when false: stop with an error naming the differences)"
     )
     progress: bool = option(True, "show a progress bar on stderr")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ def error_line(capsys) -> str:
 def test_every_command_has_a_help_that_exits_zero(path: tuple[str, ...], capsys) -> None:
     assert main([*path, "--help"]) == 0
     assert f"usage: pivotrl {' '.join(path)}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", command_paths(build_parser()), ids=" ".join)
+def test_no_help_shows_a_none_value_or_says_its_default_twice(path: tuple[str, ...], capsys) -> None:
+    assert main([*path, "--help"]) == 0
+    helped = capsys.readouterr().out
+    assert not re.search(r"--[\w.-]+ None\b", helped), helped  # `--out None` named no value
+    assert "(default: None)" not in helped and "(default: False)" not in helped, helped
+    for paragraph in helped.split("\n  -"):
+        assert paragraph.count("default") <= 1 or "(default:" not in paragraph.split("default", 1)[1], paragraph
 
 
 def test_the_commands_walked_include_every_data_and_method_command() -> None:
