@@ -18,6 +18,7 @@ Users who outgrow one machine train with TRL + accelerate (DeepSpeed, FSDP) on t
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +141,9 @@ class PivotEnvironment:
             )
         if self._env is None:
             self._env = self._make_env()
+            # TRL has no close hook for its environments: the env (its sandboxes, its tool backend) is
+            # closed when this instance is collected, or at interpreter exit
+            weakref.finalize(self, _close_quietly, self._env)
         self._pivot_id, self._reset_error = pivot_id, ""
         try:
             self._env.reset(options={"pivot": pivot_id})
@@ -168,6 +172,14 @@ class PivotEnvironment:
     def pivot_id(self) -> str | None:
         """The pivot the last reset restored (None before the first)."""
         return self._pivot_id
+
+
+def _close_quietly(env: Any) -> None:
+    """Close a collected PivotEnvironment's env; a failing close must not raise in a finalizer."""
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001  (a finalizer has no caller to tell)
+        pass
 
 
 def pivot_environment_factory(

@@ -61,6 +61,27 @@ def test_each_rollouts_environment_resets_to_its_rows_pivot_and_scores_its_own_c
     assert got == [1.0, 0.0, 1.0]
 
 
+class ClosingEnv(EchoEnv):
+    closed: list[str] = []
+
+    def close(self):
+        ClosingEnv.closed.append(self.pivot.id if self.pivot is not None else "")
+        super().close()
+
+
+def test_a_collected_environment_closes_its_env_as_trl_has_no_close_hook():
+    import gc
+
+    pivots = real_pivots()
+    make = pivot_environment_factory(lambda: ClosingEnv(pivots))
+    environment, unused = make(), make()
+    environment.reset(**rows(pivots)[2])
+    ClosingEnv.closed.clear()
+    del environment, unused  # the unused one never built an env: nothing to close
+    gc.collect()
+    assert ClosingEnv.closed == [pivots[2].id]
+
+
 def test_environments_built_by_env_id_score_the_registered_tool_use_domain():
     import gymnasium as gym
     from pivot_envs.adapters.chat_template import prompt_messages
