@@ -3,6 +3,8 @@
     pivotrl sandbox build-image   # debootstrap root filesystem (+ docker import when a daemon answers); idempotent
     pivotrl sandbox gc            # remove containers, snapshot images, bubblewrap sandboxes and directories of dead processes
     pivotrl sandbox gc --all      # ... of every process, this one's included (and --base: the base image too)
+    pivotrl sandbox harbor TASK_DIR [--trajectory FILE] [--out pivots.jsonl] [--sandbox bwrap|docker] [--docker-build]
+                                  # a Harbor task directory: replay the trajectory (else the oracle), run its tests, write pivots
 
 The terminal domain's command: the entry point `sandbox` of the group `pivot_envs.commands` names
 this module, so the core CLI knows no sandbox.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pivot_envs.config import add_config, command_parser, option
 
 NAME = "sandbox"
-HELP = "Build the terminal sandbox base image (build-image) or remove leftover sandboxes (gc)."
+HELP = "Build the terminal sandbox base image (build-image), remove leftover sandboxes (gc), import Harbor tasks (harbor)."
 
 
 @dataclass
@@ -35,9 +37,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(build, ImageConfig, "image")
     gc = actions.add_parser("gc", help="remove labelled containers/images and bubblewrap sandboxes/directories left behind")
     add_config(gc, GcConfig, "gc")
+    harbor = actions.add_parser("harbor", help="replay a Harbor task directory's trajectory (else its oracle solution), "
+                                "run its tests before and after, and write terminal pivots (docs/harbor.md)")
+    harbor.add_argument("task_dir", help="the Harbor task directory (task.toml, instruction.md, environment/, tests/)")
+    harbor.add_argument("--trajectory", default=None,
+                        help="the agent's trajectory: ATIF trajectory.json, a JSON list of commands, or one command a line")
+    harbor.add_argument("--out", default=None, help="write the pivots (JSONL) here")
+    harbor.add_argument("--sandbox", default="bwrap", choices=("auto", "docker", "bwrap"), help="sandbox backend")
+    harbor.add_argument("--docker-build", action="store_true",
+                        help="Docker: build environment/Dockerfile as an image and run in it (default: the Dockerfile "
+                             "replayed as set-up on the base image, which pivots replay on either backend)")
+
+
+def harbor_main(args: argparse.Namespace) -> int:
+    """`pivotrl sandbox harbor`: exit 0 iff the replay passes the task's tests and the untouched environment does not."""
+    from pivot_envs.domains.terminal import harbor, image
+    from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
+    from pivot_envs.sandboxes.protocol import SandboxError
+
+    from pivot_envs.pivot import write_pivots
+
+    task = harbor.load_task(args.task_dir)
+    kind = resolve_sandbox(args.sandbox)
+    if args.docker_build and kind != "docker":
+        raise SandboxError("--docker-build needs the Docker backend (--sandbox docker): bubblewrap has only the base image")
+    rootfs = image.base_rootfs(build=False)
+    backend, _ = make_backend(kind, None, 0, rootfs, image.image_tag())
+    try:
+        built = harbor.build_environment(task) if args.docker_build else None
+        run, pivots = harbor.harbor_pivots(backend, task, args.trajectory, built)
+    finally:
+        backend.close()
+    before, after = run.check_before, run.check_after
+    print(f"task {task.name}: workdir {task.workdir}, {len(task.setup)} set-up commands, "
+          f"verifier timeout {task.verifier_timeout:g} s, sandbox {kind}{', image ' + built if built else ''}")
+    print(f"tests before: exit {before.exit_code}; after {len(run.results)} commands: exit {after.exit_code}")
+    print(after.output[-1000:].rstrip())
+    if args.out:
+        print(f"wrote {write_pivots(pivots, args.out)} pivots to {args.out}")
+    return 0 if run.solved and not before.ok else 1
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.sandbox_action == "harbor":
+        return harbor_main(args)
     if args.sandbox_action == "build-image":
         from pivot_envs.domains.terminal.image import build_image
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_IMAGE", "PACKAGES", "ImageConfig", "apt_mirror", "base_rootfs", "build_command", "build_image",
     "build_rootfs", "cache_dir", "cannot_build", "docker_image_exists", "image_key", "image_tag", "import_image",
-    "rootfs_path", "rootfs_ready",
+    "is_base_image", "rootfs_path", "rootfs_ready",
 ]
 
 # What the bundled tasks use beyond the minbase essentials (coreutils, grep, sed, tar, gzip, findutils...).
@@ -58,6 +58,15 @@ class ImageConfig:
 def image_tag(suite: str = "bookworm") -> str:
     """The Docker tag of the base image built from this package list."""
     return f"{DEFAULT_IMAGE}:{image_key(suite, PACKAGES)}"
+
+
+def is_base_image(reference: str, suite: str = "bookworm") -> bool:
+    """Whether an image reference names this base image: `pivot-envs/terminal-base` untagged, `:latest`,
+    or tagged with this package list's key (another key is another package list, not built here)."""
+    name, tag = reference, ""
+    if ":" in reference.rsplit("/", 1)[-1]:
+        name, tag = reference.rsplit(":", 1)
+    return name == DEFAULT_IMAGE and tag in ("", "latest", image_key(suite, PACKAGES))
 
 
 def rootfs_path(config: ImageConfig | None = None) -> Path:

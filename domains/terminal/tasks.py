@@ -43,15 +43,16 @@ class TaskError(PivotEnvsError, RuntimeError):
 
 @dataclass
 class Task:
-    """One bundled task (see the module docstring)."""
+    """One bundled task (see the module docstring). `setup` is one script or a list of commands run in turn."""
 
     id: str
     instruction: str
-    setup: str
+    setup: str | list[str]
     expert: list[str]
     check: str
     workdir: str = "/app"
     image: str = BASE_IMAGE
+    check_timeout: float = 30.0  # seconds the check may run (a Harbor task: its [verifier] timeout_sec + 5)
 
     @property
     def context(self) -> dict[str, Any]:
@@ -104,18 +105,24 @@ def run_task(backend: Any, task: Task) -> TaskRun:
 
     Raises TaskError when the setup fails; a check that fails after the expert is in the TaskRun (`solved`).
     """
+    from .image import image_tag, is_base_image
+
     if backend.name == "bwrap":
+        if not is_base_image(task.image):
+            raise TaskError(f"task {task.id}: its image {task.image!r} runs on Docker only: bubblewrap has the base "
+                            f"image {BASE_IMAGE} alone (a Harbor task replays its Dockerfile as set-up there)")
         sandbox = backend.create(task.workdir)
     else:
-        from .image import image_tag
-
-        sandbox = backend.create(image_tag(), task.workdir)
+        sandbox = backend.create(image_tag() if is_base_image(task.image) else task.image, task.workdir)
     run = TaskRun(task)
     try:
-        if task.setup:
-            setup = sandbox.run(task.setup, timeout=60)
+        for command in [task.setup] if isinstance(task.setup, str) else task.setup:
+            if not command:
+                continue
+            setup = sandbox.run(command, timeout=max(60.0, task.check_timeout))
             if not setup.ok:
-                raise TaskError(f"task {task.id}: setup failed (exit {setup.exit_code}): {setup.output[-500:]}")
+                raise TaskError(f"task {task.id}: setup failed (exit {setup.exit_code}): {command[:200]!r}: "
+                                f"{setup.output[-500:]}")
         run.check_before = run_check(sandbox, task)
         for command in task.expert:
             run.results.append(sandbox.run(command))
@@ -125,9 +132,11 @@ def run_task(backend: Any, task: Task) -> TaskRun:
     return run
 
 
-def run_check(sandbox: Any, task: Task, timeout: float = 30) -> CommandResult:
-    """Run `task`'s check in `sandbox` within `timeout` seconds. It must not change the shell state the
-    commands before it left (the expert's, or an episode's): it runs in a subshell from the workdir."""
+def run_check(sandbox: Any, task: Task, timeout: float | None = None) -> CommandResult:
+    """Run `task`'s check in `sandbox` within `timeout` seconds (default: the task's `check_timeout`). It must
+    not change the shell state the commands before it left (the expert's, or an episode's): it runs in a
+    subshell from the workdir."""
+    timeout = task.check_timeout if timeout is None else timeout
     return sandbox.run(f"( cd {task.workdir} && {{ {task.check}\n}} )", timeout=timeout)
 
 
