@@ -332,7 +332,6 @@ class _Dockerfile:
         self.workdir = ""
         self.setup: list[str] = []
         self.written: list[str] = []
-        self.env: dict[str, str] = {}
         text = path.read_text(encoding="utf-8")
         for instruction in _instructions(text):
             self._translate(instruction)
@@ -398,7 +397,6 @@ class _Dockerfile:
             for pair in pairs:
                 if len(pair) != 2 or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", pair[0]):
                     raise HarborTaskError(f"{where}: expected KEY=VALUE pairs, got {arguments!r}")
-                self.env[pair[0]] = pair[1]
             exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in pairs)
             self.setup.append(f"# {where}\nexport {exports}")
         elif keyword == "RUN":

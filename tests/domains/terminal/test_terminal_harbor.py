@@ -483,3 +483,18 @@ def test_the_cli_builds_the_image_on_docker(has_docker, capsys):
         == 0
     )
     assert "image pivot-envs/harbor-log-error-summary:" in capsys.readouterr().out
+
+
+def test_a_harbor_task_is_an_episode_of_the_end_to_end_env(has_bwrap):
+    from pivot_envs.domains.terminal.episode import TerminalEpisodeEnv
+
+    task = load_task(bundled("fix-json-config"))
+    env = TerminalEpisodeEnv([task.to_task()], sandbox="bwrap", limits={"timeout": 30.0})
+    try:
+        observation, info = env.reset(options={"task": "fix-json-config"})
+        assert observation["messages"][1]["content"] == task.instruction
+        env.step({"role": "assistant", "content": f"```bash\n{task.oracle_command()}\n```"})
+        _, reward, terminated, _, info = env.step("The config parses now.")
+        assert terminated and reward == 1.0, info
+    finally:
+        env.close()
