@@ -228,9 +228,10 @@ def _tree(directory: Path) -> dict[str, Path]:
 
 
 def _unpack(data: bytes, target: str, marker: str) -> str:
-    """A command that unpacks the gzipped tar `data` into `target` (a quoted here-document of its base64)."""
+    """A command that unpacks the gzipped tar `data` into the directory `target` (a shell word, quoted by
+    the caller) from a quoted here-document of its base64."""
     encoded = base64.encodebytes(data).decode()
-    return f"base64 -d <<'{marker}' | tar -xzf - -C {shlex.quote(target)}\n{encoded}{marker}"
+    return f"base64 -d <<'{marker}' | tar -xzf - -C {target}\n{encoded}{marker}"
 
 
 def strip_canary(text: str) -> str:
@@ -473,11 +474,23 @@ class _Dockerfile:
                 else:
                     place = target / match.name if as_directory or len(matches) > 1 else target
                     files[str(place).lstrip("/")] = match
-        self.written.append(str(target) if as_directory or len(files) != 1 else str(target.parent))
+        if not as_directory and len(files) == 1 and matches[0].is_file():
+            # One file to a name without a final /: into that directory when it exists (as Docker does), else as that name.
+            self.written.append(str(target.parent))
+            name, dest = shlex.quote(matches[0].name), shlex.quote(str(target))
+            unpack = _unpack(_archive({matches[0].name: matches[0]}, where), '"$from"', "PIVOT_COPY")
+            self.setup.append(
+                f"# {where}\n(\nfrom=$(mktemp -d) && {unpack}\n"
+                f'if [ -d {dest} ]; then cp -a "$from"/{name} {dest}/; '
+                f'else mkdir -p {shlex.quote(str(target.parent))} && cp -a "$from"/{name} {dest}; fi\n'
+                'status=$?; rm -rf "$from"; exit $status\n)'
+            )
+            return
+        # A directory's contents, or several files: into the directory `target`.
+        self.written.append(str(target))
         data = _archive(files, where)
         self.setup.append(
-            f"# {where}\nmkdir -p {shlex.quote(str(target) if as_directory else str(target.parent))} "
-            f"&& {_unpack(data, '/', 'PIVOT_COPY')}"
+            f"# {where}\nmkdir -p {shlex.quote(str(target))} && {_unpack(data, '/', 'PIVOT_COPY')}"
         )
 
 

@@ -389,15 +389,15 @@ def test_a_reward_below_one_fails_and_reward_json_is_read(tmp_path, bwrap):
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_the_bundled_trajectory_replays_into_pivots_the_env_scores_one(bwrap, name, tmp_path):
+def test_the_bundled_trajectory_replays_into_pivots_the_env_scores_one(any_backend, kind, name):
     task = load_task(bundled(name))
-    run, pivots = harbor.harbor_pivots(bwrap, task, harbor.bundled_trajectory(name))
+    run, pivots = harbor.harbor_pivots(any_backend, task, harbor.bundled_trajectory(name))
     assert run.solved and not run.check_before.ok
     _, steps = read_trajectory(harbor.bundled_trajectory(name))
     assert [p.id for p in pivots] == [f"harbor/{name}/{name}-example-1/s{s.step_id}" for s in steps]
     assert all(p.source["format"] == "harbor" and p.source["reward"] == 1.0 for p in pivots)
     assert pivots[0].messages[1]["content"] == task.instruction
-    env = gym.make("pivot/terminal-v0", pivots=pivots, sandbox="bwrap", warm_pool=0).unwrapped
+    env = gym.make("pivot/terminal-v0", pivots=pivots, sandbox=kind, warm_pool=0).unwrapped
     try:
         for index, pivot in enumerate(pivots):
             env.reset(options={"index": index})
@@ -498,3 +498,31 @@ def test_a_harbor_task_is_an_episode_of_the_end_to_end_env(has_bwrap):
         assert terminated and reward == 1.0, info
     finally:
         env.close()
+
+
+def test_copy_follows_docker_into_an_existing_directory_or_to_a_new_name(tmp_path, any_backend):
+    task_dir = copy_task(tmp_path)
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN mkdir -p conf\n"
+        "COPY logs/api.log /app/conf\nCOPY logs/worker.log renamed.log\nCOPY logs/*.log all/\n"
+    )
+    commands = tmp_path / "commands.txt"
+    commands.write_text("ls conf all && wc -l < renamed.log\n")
+    task = load_task(task_dir)
+    images = [None] + ([harbor.build_environment(task)] if any_backend.name == "docker" else [])
+    outputs = [harbor.replay(any_backend, task, commands, image)[0].results[0].output for image in images]
+    assert outputs[0] == "all:\napi.log\nworker.log\n\nconf:\napi.log\n6\n"
+    assert set(outputs) == {outputs[0]}  # the Docker-built image agrees with the replayed Dockerfile
+
+
+def test_a_task_on_the_prebuilt_base_image_needs_no_dockerfile(tmp_path, bwrap):
+    task_dir = copy_task(tmp_path, "csv-to-json")
+    shutil.rmtree(task_dir / "environment")
+    (task_dir / "task.toml").write_text(
+        "[verifier]\nenv = { EXPECTED_ROWS = '4' }\n[environment]\ndocker_image = 'pivot-envs/terminal-base'\n"
+    )
+    (task_dir / "solution" / "solve.sh").write_text("echo '[]' > /app/people.json\n")
+    task = load_task(task_dir)
+    assert task.workdir == "/app" and task.verifier_timeout == 600
+    run, _, _ = harbor.replay(bwrap, task)
+    assert not run.solved and "people.json is []\n[reward 0]" in run.check_after.output
