@@ -778,9 +778,12 @@ def harbor_pivots(
     backend: Any, task: HarborTask, trajectory: str | Path | None = None, image: str | None = None
 ) -> tuple[TaskRun, list[Pivot]]:
     """Replay the trajectory (see `replay`) and make one pivot per agent step that runs a command (none for
-    ATIF's copied-context steps, which only build the state). Pivot ids: harbor/<task>/<trajectory>/s<step_id>."""
+    ATIF's copied-context steps, which only build the state). Pivot ids: harbor/<task>/<trajectory>/s<step_id>.
+    A set-up that writes where bubblewrap keeps nothing marks the pivots `context["docker_only"]` (the reason)."""
     run, steps, session = replay(backend, task, trajectory, image)
     trajectory_id = f"harbor/{task.name}/{session}"
+    problem = "" if image else task.bubblewrap_problem()
+    docker_only = {"docker_only": problem} if problem else {}
     pivots = []
     for step, pivot in zip(steps, task_pivots(run)):
         if step.copied_context:
@@ -792,5 +795,12 @@ def harbor_pivots(
             "atif_step": step.step_id,
             "task_dir": task.path.name,
         }
-        pivots.append(dataclasses.replace(pivot, id=f"{trajectory_id}/s{step.step_id}", source=source))
+        pivots.append(
+            dataclasses.replace(
+                pivot,
+                id=f"{trajectory_id}/s{step.step_id}",
+                context={**pivot.context, **docker_only},
+                source=source,
+            )
+        )
     return run, pivots

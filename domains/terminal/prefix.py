@@ -107,6 +107,9 @@ class PrefixCache:
 
     def _image(self, pivot: Pivot) -> str:
         image = pivot_image(pivot)
+        docker_only = pivot.context.get("docker_only")  # why the set-up needs Docker (a Harbor task's Dockerfile)
+        if docker_only and self.backend.name != "docker":
+            raise SandboxError(f"the pivot replays on Docker only: {docker_only}")
         if self.backend.name == "docker":
             return self.docker_base if image.split(":")[0] == BASE_IMAGE else image
         if image.split(":")[0] != BASE_IMAGE:

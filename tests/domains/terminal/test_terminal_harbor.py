@@ -526,3 +526,27 @@ def test_a_task_on_the_prebuilt_base_image_needs_no_dockerfile(tmp_path, bwrap):
     assert task.workdir == "/app" and task.verifier_timeout == 600
     run, _, _ = harbor.replay(bwrap, task)
     assert not run.solved and "people.json is []\n[reward 0]" in run.check_after.output
+
+
+def test_pivots_whose_set_up_writes_outside_the_workdir_replay_on_docker_only(
+    tmp_path, docker_backend, has_bwrap
+):
+    task_dir = copy_task(tmp_path)
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM pivot-envs/terminal-base\nWORKDIR /app\nCOPY logs /opt/logs\n"
+    )
+    commands = tmp_path / "commands.json"
+    commands.write_text(json.dumps(["ls /opt/logs", "wc -l /opt/logs/api.log"]))
+    _, pivots = harbor.harbor_pivots(docker_backend, load_task(task_dir), commands)
+    assert all("writes /opt/logs" in p.context["docker_only"] for p in pivots)
+    for kind in ("docker", "bwrap"):
+        env = gym.make("pivot/terminal-v0", pivots=pivots, sandbox=kind, warm_pool=0).unwrapped
+        try:
+            env.reset(options={"index": 1})
+            _, reward, _, _, info = env.step(pivots[1].expert)
+        finally:
+            env.close()
+        if kind == "docker":
+            assert info["valid"] and reward == 1.0, info
+        else:
+            assert not info["valid"] and "replays on Docker only" in info["detail"], info
