@@ -1,9 +1,13 @@
 """The host's end of the FIFO channel to a sandbox's command server (both backends).
 
 A sandbox's command server (`runner.SERVER`) waits on a pair of FIFOs in a read-only bind mount:
-the host writes the runner's arguments to one and reads the report, ended by a trailer line, from
-the other. A command then costs a bash fork inside the sandbox, not a `docker exec` or a bwrap
-start. While the command runs the host watches the sandbox's disk use.
+the host writes the runner's arguments to the file REQUEST beside them, then a short line (GO) to
+one FIFO, and reads the report, ended by a trailer line, from the other. A command then costs a
+bash fork inside the sandbox, not a `docker exec` or a bwrap start. The request crosses as a file
+because bash reads a FIFO one byte per system call (it cannot read ahead of a delimiter on a
+pipe) and a pipe holds 64 KiB, so a large call (an editor's new file) cost thousands of reads and
+round trips through the pipe; a regular file it reads in blocks. While the command runs the host
+watches the sandbox's disk use.
 """
 
 from __future__ import annotations
@@ -19,17 +23,35 @@ from pathlib import Path
 from .manifest import disk_usage
 from .protocol import CommandRejected, SandboxError, SandboxLimits
 
+# The file in the channel directory that holds a request (the runner's arguments, NUL-separated),
+# and the line that tells the server to read it.
+REQUEST = "request"
+GO = b"go\n"
+
 
 def fifo_channel(parent: Path, owner: int | None = None) -> Path:
-    """A new channel directory with the request and reply FIFOs (owned by `owner` when given)."""
+    """A new channel directory with the request and reply FIFOs and the request file (owned by `owner` when given)."""
     channel = Path(tempfile.mkdtemp(prefix="chan-", dir=parent))
     channel.chmod(0o755)
     os.mkfifo(channel / "in", 0o600)
     os.mkfifo(channel / "out", 0o600)
+    os.close(os.open(channel / REQUEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     if owner is not None:
-        for path in (channel / "in", channel / "out"):
+        for path in (channel / "in", channel / "out", channel / REQUEST):
             os.chown(path, owner, owner)
     return channel
+
+
+def _write_request(channel: Path, body: bytes) -> None:
+    # Rewritten in place (its owner and mode stay); the server reads it only after GO, and the
+    # channel is read-only inside the sandbox, so nothing there can swap it for a link.
+    descriptor = os.open(channel / REQUEST, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(descriptor, view):]
+    finally:
+        os.close(descriptor)
 
 
 def call_server(channel: Path, args: list[str], deadline: float, name: str,
@@ -50,6 +72,7 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
     if any("\0" in arg for arg in args):
         raise CommandRejected(f"a request to the command server of {name} holds a NUL byte")
     trailer = b"\n%s exit " % args[7].encode()
+    _write_request(channel, b"".join(arg.encode() + b"\0" for arg in args))
     # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
     reply = os.open(channel / "out", os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -63,9 +86,10 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
                 if error.errno != errno.ENXIO or time.monotonic() > deadline:
                     raise SandboxError(f"the command server of {name} does not answer") from error
                 time.sleep(0.0005)
-        os.set_blocking(request, True)
-        with os.fdopen(request, "wb") as handle:
-            handle.write(b"".join(arg.encode() + b"\0" for arg in args))
+        try:
+            os.write(request, GO)  # a few bytes into an empty pipe: never blocks
+        finally:
+            os.close(request)
         chunks, poller = bytearray(), select.poll()
         poller.register(reply, select.POLLIN | select.POLLHUP)
         next_check = time.monotonic() + CHECK_EVERY

@@ -94,21 +94,26 @@ exit 0
 """
 
 
-# The command server both backends start once per sandbox: it reads a request (the runner's
-# arguments, NUL-separated) from the FIFO /.pivot-chan/in, runs the runner, and writes its report
-# followed by a trailer line "<marker> exit <status>" to the FIFO /.pivot-chan/out. A command then
-# costs a bash fork in the sandbox instead of a `docker exec` through the daemon or a new bwrap.
-# The channel is mounted read-only, so commands cannot remove it.
+# The command server both backends start once per sandbox: it waits for a line on the FIFO
+# /.pivot-chan/in, reads the request (the runner's arguments, NUL-separated) from the file
+# /.pivot-chan/request (see channel.py: a file is read in blocks, a FIFO a byte at a time), runs
+# the runner, and writes its report followed by a trailer line "<marker> exit <status>" to the
+# FIFO /.pivot-chan/out. A command then costs a bash fork in the sandbox instead of a `docker
+# exec` through the daemon or a new bwrap. The channel is mounted read-only, so commands cannot
+# remove it or change a request.
 # The server ignores SIGPIPE (the host may stop reading); commands get the default back. Job
 # control (set -m) runs each request in a process group of its own, which the host can kill.
 SERVER = r"""
 trap '' PIPE
 set -m
 while :; do
+  go=
+  { IFS= read -r go || :; } </.pivot-chan/in || exit 1  # channel gone: stop
+  [ "$go" = go ] || continue
   args=()
-  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/in || exit 1  # channel gone: stop
+  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/request || exit 1
   [ "${#args[@]}" -gt 7 ] || continue
-  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg; eval "$PIVOT_RUNNER" )
+  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg go; eval "$PIVOT_RUNNER" )
     printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
 done
 """
