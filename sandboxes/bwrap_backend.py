@@ -8,7 +8,7 @@ fork is a copy-on-write copy (`cp -a --reflink=auto`) with its bwrap and command
 started in the background (the warm pool), so a fork costs neither a copy nor a bwrap start. The
 snapshot's files are hashed once; a fork's workspace manifest reuses those digests for the files
 its commands left alone (`manifest.KnownDigests`), so it reads only what changed. The pool's work
-(copies, bwrap starts, removals) waits for the gaps between commands (up to YIELD_AT_MOST seconds),
+(copies, bwrap starts, removals) waits for a quiet gap between commands (`background.QuietGate`),
 and its copies and removals run at the lowest CPU priority, so it does not slow the commands down.
 Killing a sandbox's bwrap kills its PID namespace, so every process the commands left behind.
 When run as root, the sandbox drops to the `nobody` user on the host (inside it is root of its
@@ -31,6 +31,7 @@ from concurrent.futures import wait as wait_for
 from contextlib import nullcontext
 from pathlib import Path
 
+from .background import YIELD_AT_MOST, QuietGate
 from .channel import LimitExceeded, ServerDown, ServerTimeout, call_server, disk_check, fifo_channel
 from .cleanup import BWRAP_PREFIX
 from .manifest import KnownDigests, file_digests
@@ -49,8 +50,7 @@ from .runner import CHANNEL_DIR, SERVER, STATE_DIR, result_from_files, runner_ar
 
 # The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
 BACKGROUND = ("nice", "-n", "19")
-# The longest the pool's work waits for a moment when no command runs before going ahead anyway.
-YIELD_AT_MOST = 1.0
+__all__ = ["YIELD_AT_MOST", "BwrapBackend", "BwrapSandbox"]
 
 
 def _stop_all(servers: set[BwrapServer], root: Path) -> None:
@@ -85,9 +85,8 @@ class BwrapBackend:
         self._setups: dict[str, str] = {}
         self._servers: set[BwrapServer] = set()
         self._lock = threading.Lock()
-        # How many commands run in this backend's sandboxes now; the pool's work waits for none (`_yield`).
-        self._running = 0
-        self._quiet = threading.Condition()
+        # The commands running in this backend's sandboxes; the pool's work waits for a gap (`_yield`).
+        self._gate = QuietGate()
         self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
         self._pending: set[Future] = set()
         self._closed = False
@@ -195,6 +194,7 @@ class BwrapBackend:
             server = self.start_server(directory, snapshot.workdir)
         # From here on commands may write the workspace: what is older than this stamp is the copy's.
         known.seal(directory / "stamp")
+        self._gate.touch()  # a command follows: the refill waits for the gap after it
         self._refill(snapshot, pool)
         return BwrapSandbox(self, directory, snapshot.workdir, server, known)
 
@@ -253,14 +253,13 @@ class BwrapBackend:
         else:
             self._submit(remove)
 
-    def running(self) -> _Running:
+    def running(self) -> QuietGate:
         """A context for one command in a sandbox of this backend: the pool's work waits until it ends."""
-        return _Running(self)
+        return self._gate
 
     def _yield(self) -> None:
-        # Wait (at most YIELD_AT_MOST) until no command runs: background work fills the gaps between them.
-        with self._quiet:
-            self._quiet.wait_for(lambda: self._running == 0 or self._closed, timeout=YIELD_AT_MOST)
+        # Wait (at most YIELD_AT_MOST) for a quiet gap: background work fills the gaps between commands.
+        self._gate.wait_quiet()
 
     def _submit(self, work: Callable[[], None]) -> None:
         future = self._workers.submit(work)
@@ -282,8 +281,7 @@ class BwrapBackend:
     def close(self) -> None:
         """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
         self._closed = True
-        with self._quiet:
-            self._quiet.notify_all()
+        self._gate.close()
         # A bwrap dies with the thread that started it (bubblewrap's parent-death signal follows
         # the thread), leaving its namespace's init to the host's PID 1. So the workers outlive
         # the sandboxes they started: finish the work in flight, stop every sandbox, then end them.
@@ -297,22 +295,6 @@ class BwrapBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Running:
-    """Counts one running command of `backend` while entered (see BwrapBackend.running)."""
-
-    def __init__(self, backend: BwrapBackend) -> None:
-        self.backend = backend
-
-    def __enter__(self) -> None:
-        with self.backend._quiet:
-            self.backend._running += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self.backend._quiet:
-            self.backend._running -= 1
-            self.backend._quiet.notify_all()
 
 
 class BwrapSandbox:

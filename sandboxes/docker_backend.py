@@ -2,7 +2,11 @@
 
 Containers run with the network disabled and CPU, memory and pids limits; a snapshot is a
 `docker commit`; forks come from a small warm pool of containers already started from the
-snapshot image (refilled in the background), so a fork costs no `docker run`. Every container and
+snapshot image, each with the snapshot's set-up command already run (`prewarm`), refilled in the
+background in the gaps between commands (`background.QuietGate`), so a fork costs no `docker run`.
+The snapshot's workspace files are hashed once; a fork's manifest reuses those digests for the
+files its commands left alone (`manifest.KnownDigests`: an unchanged file of the image's layers
+keeps its inode, size, mtime and ctime; a command's write copies it up with a new ctime). Every container and
 image carries the owner labels of `cleanup`, so `close()` and `pivotrl sandbox gc` find all of
 them. With a local daemon, commands go through the FIFO channel and the host reads their output
 and the workspace from the container's overlay2 directories.
@@ -19,11 +23,14 @@ import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 from .available import docker_sdk
+from .background import QuietGate
 from .channel import LimitExceeded, call_server, disk_check, fifo_channel
 from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned
+from .manifest import KnownDigests
 from .output import new_marker
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import (
@@ -60,7 +67,13 @@ class DockerBackend:
         self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
         self.root = Path(tempfile.mkdtemp(prefix=f"{DOCKER_PREFIX}{os.getpid()}-")) if self.channel else None
         self._pools: dict[str, queue.SimpleQueue] = {}
+        # Per snapshot: a command each warm container runs before it is handed out (see `prewarm`).
+        self._setups: dict[str, str] = {}
+        # Per snapshot: its workspace files' digests with their stat in the image's layers.
+        self._digests: dict[str, KnownDigests] = {}
         self._lock = threading.Lock()
+        # The commands running in this backend's sandboxes; the pool's work waits for a gap.
+        self._gate = QuietGate()
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
         self._closed = False
         # A backend that is never closed still removes its containers and images when collected or at exit.
@@ -114,11 +127,34 @@ class DockerBackend:
         """A sandbox from the snapshot image: a warm container when one is ready, else a new one."""
         pool = self._pool(snapshot)
         try:
-            container, channel = pool.get_nowait()
+            sandbox = pool.get_nowait()
         except queue.Empty:
             container, channel = self._start(snapshot.ref, snapshot.workdir)
+            sandbox = DockerSandbox(self, container, snapshot.workdir, channel)
+            self._known(snapshot, sandbox)
+        # From here on commands may write the workspace: what is older than this stamp is the image's.
+        if sandbox.known is not None and sandbox.upper is not None:
+            sandbox.known.seal(sandbox.upper.parent / "pivot-stamp")
+        else:
+            sandbox.known = None
+        sandbox.foreground = True
+        self._gate.touch()  # a command follows: the refill waits for the gap after it
         self._refill(snapshot)
-        return DockerSandbox(self, container, snapshot.workdir, channel)
+        return sandbox
+
+    def _known(self, snapshot: Snapshot, sandbox: DockerSandbox) -> None:
+        """Give a container no command has run in yet its snapshot's digests (hashing them on first use)."""
+        workspace = sandbox.workspace()
+        if workspace is None:
+            return
+        with self._lock:
+            digests = self._digests.get(snapshot.ref)
+        if digests is None:
+            # The image's files never change; a container's write copies a file up with a new ctime.
+            digests = KnownDigests.of_tree(workspace, self.limits.manifest_files)
+            with self._lock:
+                self._digests[snapshot.ref] = digests
+        sandbox.known = digests.fork()
 
     def _pool(self, snapshot: Snapshot) -> queue.SimpleQueue:
         with self._lock:
@@ -130,18 +166,35 @@ class DockerBackend:
         pool = self._pool(snapshot)
 
         def start_one() -> None:
+            self._gate.wait_quiet()
             if self._closed or pool.qsize() >= self.warm_pool or snapshot.ref not in self._pools:
                 return
             try:
-                pool.put(self._start(snapshot.ref, snapshot.workdir))
+                container, channel = self._start(snapshot.ref, snapshot.workdir)
             except Exception:  # a failed warm start only costs the next fork a cold start
                 return
+            sandbox = DockerSandbox(self, container, snapshot.workdir, channel, foreground=False)
+            setup = self._setups.get(snapshot.ref)
+            try:
+                self._known(snapshot, sandbox)
+                if setup:
+                    self._gate.wait_quiet()
+                    if not sandbox.run(setup).ok:
+                        raise SandboxError(f"the set-up of a warm fork of {snapshot.ref} failed")
+            except (OSError, SandboxError):
+                sandbox.close()
+                return
+            pool.put(sandbox)
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
             self._workers.submit(start_one)
 
-    def prewarm(self, snapshot: Snapshot) -> None:
-        """Start filling the snapshot's warm pool now (in the background)."""
+    def prewarm(self, snapshot: Snapshot, setup: str = "") -> None:
+        """Start filling the snapshot's warm pool now (in the background); each container runs `setup`
+        (a command, when given) before it is handed out, e.g. to start a process its first command talks to."""
+        if setup:
+            with self._lock:
+                self._setups[snapshot.ref] = setup
         self._refill(snapshot)
 
     def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
@@ -171,8 +224,11 @@ class DockerBackend:
         """Drop a snapshot: its warm containers, then its image."""
         with self._lock:
             pool = self._pools.pop(snapshot.ref, None)
+            self._setups.pop(snapshot.ref, None)
+            self._digests.pop(snapshot.ref, None)
         while pool is not None and not pool.empty():
-            self.remove_container(*pool.get_nowait(), wait=True)
+            warm = pool.get_nowait()
+            self.remove_container(warm.container, warm.channel, wait=True)
         try:
             self.client.images.remove(snapshot.ref, force=True)
         except Exception:  # still used by a live fork: gc/close removes it later
@@ -181,6 +237,7 @@ class DockerBackend:
     def close(self) -> None:
         """Remove every container and snapshot image this backend (this process) made."""
         self._closed = True
+        self._gate.close()
         self._workers.shutdown(wait=True)
         with self._lock:
             self._pools.clear()
@@ -202,12 +259,17 @@ class DockerSandbox:
 
     backend = "docker"
 
-    def __init__(self, owner: DockerBackend, container, workdir: str, channel: Path | None = None) -> None:
+    def __init__(self, owner: DockerBackend, container, workdir: str, channel: Path | None = None,
+                 foreground: bool = True) -> None:
         self.owner = owner
         self.container = container
         self.workdir = workdir
         self.channel = channel
         self.closed = False
+        # A foreground sandbox's commands hold the pool's background work back while they run.
+        self.foreground = foreground
+        # The digests its workspace was forked with, reused by each manifest for files left alone.
+        self.known: KnownDigests | None = None
         # With overlay2 and a local daemon, the container's filesystem is readable from here: the
         # output and the file manifest are then read directly, with no process in the container.
         layers = container.attrs.get("GraphDriver", {}).get("Data", {}) if channel else {}
@@ -216,10 +278,20 @@ class DockerSandbox:
         # The container's writable layer: what its commands wrote, watched against the disk limit.
         self.upper = Path(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
 
+    def workspace(self) -> Path | None:
+        """The workspace as the host reads it (None without a readable container filesystem)."""
+        if self.channel is None or self.merged is None:
+            return None
+        return self.merged / self.workdir.lstrip("/")
+
     def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
         """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run): through the channel, else `docker exec`."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
+        with self.owner._gate if self.foreground else nullcontext():
+            return self._run(command, timeout, files)
+
+    def _run(self, command: str, timeout: float | None, files: bool) -> CommandResult:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         marker = new_marker()
@@ -237,10 +309,10 @@ class DockerSandbox:
                 # Restarting the container kills every process in it and keeps its files.
                 self.container.restart(timeout=0)
                 exit_code, note = None, str(error)
-            workspace = self.merged / self.workdir.lstrip("/") if files else None
+            workspace = self.workspace() if files else None
             result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command,
                                        137 if exit_code is None else exit_code, limits, timeout, time.monotonic() - start,
-                                       within=self.merged)
+                                       within=self.merged, known=self.known)
             if exit_code is None:
                 result.output += f"\n[{note}]\n"
             return result

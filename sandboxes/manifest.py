@@ -40,15 +40,19 @@ def disk_usage(root: str | os.PathLike, stop_above: int | None = None) -> int:
 
 
 class KnownDigests:
-    """Content digests of a tree's regular files that a later manifest of the tree may reuse.
+    """Content digests of a tree's regular files that a later manifest of the tree may reuse (both backends).
 
-    A fork's workspace is a copy of a snapshot's, whose files were hashed once: `of_copy` takes
-    each copied file's digest from the snapshot's with the copy's own stat (inode, size, mtime,
-    ctime). A file is hashed again when any of them changed, or when its mtime or ctime is not
-    older than `stamp_ns`, a filesystem timestamp taken once the copy was complete (`seal`): a
-    file rewritten within the same timestamp tick as the stamp keeps all four (the racy-git
-    problem). A command cannot set a ctime, so restoring an mtime with `touch -d` does not hide a
-    change.
+    Each file's digest is kept with its stat (inode, size, mtime, ctime); a manifest reuses it
+    only while all four are unchanged and both times are older than `stamp_ns`, a filesystem
+    timestamp taken once the tree was complete and before anything may write it (`seal`): a file
+    rewritten within the same timestamp tick as the stamp keeps all four (the racy-git problem).
+    A command cannot set a ctime, so restoring an mtime with `touch -d` does not hide a change.
+
+    bubblewrap: a fork's workspace is a copy of a snapshot's, whose files were hashed once;
+    `of_copy` takes each copied file's digest from the snapshot's with the copy's own stat.
+    Docker: every fork of a snapshot sees the same files of the image's layers (same inode and
+    times, through each container's overlay); `of_tree` hashes them once and each fork gets a
+    `fork()` of it with a stamp of its own. A write in a container copies the file up: new ctime.
     """
 
     def __init__(self, files: dict[str, tuple[int, int, int, int, str]]) -> None:
@@ -74,6 +78,20 @@ class KnownDigests:
                         size_mtime_digest[2],
                     )
         return cls(known)
+
+    @classmethod
+    def of_tree(cls, root: str | os.PathLike, limit: int = 5000) -> KnownDigests:
+        """The digests of the regular files under `root` (.git left out) with their stat, unsealed;
+        `root` must not change meanwhile (an image's files seen through a fresh container)."""
+        return cls({
+            relative: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, _digest(path))
+            for relative, path, info in _walk(root, limit)
+            if stat.S_ISREG(info.st_mode)
+        })
+
+    def fork(self) -> KnownDigests:
+        """The same digests, unsealed, for another tree showing the same files (a fork of the snapshot)."""
+        return KnownDigests(self.files)
 
     def seal(self, stamp: str | os.PathLike) -> None:
         """Take the stamp: create the file `stamp` (on the tree's filesystem, outside the tree) and keep its mtime.

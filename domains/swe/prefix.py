@@ -203,11 +203,9 @@ class PrefixCache:
             if sandbox is not None:
                 sandbox.close()
         state = PrefixState(key, True, snapshot=snapshot, before=before, tree_hash=digest)
-        if self.backend.name == "bwrap":
+        if hasattr(self.backend, "prewarm"):
             # Each warm fork starts the editor ahead: an editor call there starts no Python.
             self.backend.prewarm(snapshot, setup=EDITOR_WARM_UP)
-        elif hasattr(self.backend, "prewarm"):
-            self.backend.prewarm(snapshot)
         return state
 
     def expert_effect(self, pivot: Pivot, state: PrefixState) -> None:
