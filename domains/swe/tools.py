@@ -9,9 +9,12 @@ an error category when the call was bad, the exit code, and the workspace manife
   `fresh` (mini-swe-agent) every call is a new `bash -c` started in the repository, so nothing a
   call changes in the shell outlives it.
 - `str_replace_editor(command, path, ...)`: view / create / str_replace / insert / undo_edit, run
-  inside the sandbox by a small Python program (editor_script.py) fed on stdin, so it obeys the
-  sandbox's limits on both backends; its history, for undo_edit, is kept outside the repository
-  and forks with the sandbox. Paths outside the repository are refused ("outside_repo").
+  inside the sandbox by a small Python program (editor_script.py), so it obeys the sandbox's
+  limits on both backends. The program is installed in the sandbox once (`install_editor`; a
+  sandbox without it gets it on its first editor call) and each call sends only its arguments;
+  the editor writes the file in place and prints only the text the agent sees. Its history, for
+  undo_edit, is kept outside the repository and forks with the sandbox. Paths outside the
+  repository are refused ("outside_repo").
 - `submit()`: ends the episode; the tool message is the repository's diff.
 
 A bad call is never an exception: it is a ToolResult with `error` set ("invalid_arguments",
@@ -55,6 +58,9 @@ EDITOR_SOURCE = (Path(__file__).parent / "editor_script.py").read_text()
 # state instead of on every call (~10 ms of a ~40 ms call).
 EDITOR_HOME = "/.pivot/editor-module"
 _RUN_INSTALLED = f"import sys; sys.path[:0] = [{EDITOR_HOME!r}]; import swe_editor; swe_editor.main()"
+# What an editor call prints, with exit status EDITOR_MISSING_STATUS, in a sandbox without the editor.
+EDITOR_MISSING = "PIVOT_EDITOR_MISSING"
+EDITOR_MISSING_STATUS = 97
 # Where a warm editor (see `EDITOR_WARM_UP`) waits for its one request: FIFOs `in` and `done`, its PID.
 EDITOR_WARM = "/.pivot/editor-warm"
 _SERVE = f"import sys; sys.path[:0] = [{EDITOR_HOME!r}]; import swe_editor; swe_editor.serve({EDITOR_WARM!r})"
@@ -422,17 +428,26 @@ def _editor(
     limit = _output_limit(sandbox)
     # A Python literal the editor evaluates (see editor_script.py); repr escapes every control character.
     request = repr({"arguments": args, "workdir": workdir, "max_bytes": limit})
-    # A warm editor when one waits (see EDITOR_WARM_UP; builtins only, no process started), else the
-    # installed editor (see install_editor), else its source.
+    # A warm editor when one waits (see EDITOR_WARM_UP; builtins only, no process started; a killed
+    # one, even a zombie not reaped yet, has no /proc/PID/fd/0, so its FIFO is never opened), else the
+    # installed editor (see install_editor); the call carries no editor source. A sandbox without
+    # the editor says so and gets it installed, then the call runs again (once per sandbox).
     line = (
         f"if [ -p {EDITOR_WARM}/in ] && read -r __pivot_pid 2>/dev/null < {EDITOR_WARM}/pid"
-        f" && kill -0 \"$__pivot_pid\" 2>/dev/null; then IFS= read -r -d '' __pivot_request;"
+        f" && [ -e \"/proc/$__pivot_pid/fd/0\" ]; then IFS= read -r -d '' __pivot_request;"
         f' printf \'%s\\n%s\' "$BASHPID" "$__pivot_request" > {EDITOR_WARM}/in'
         f' && read -r __pivot_status < {EDITOR_WARM}/done && [ "$__pivot_status" = 0 ];'
         f" elif [ -f {EDITOR_HOME}/swe_editor.py ]; then python3 -I -S -c {shlex.quote(_RUN_INSTALLED)};"
-        f" else python3 -I -S -c {shlex.quote(EDITOR_SOURCE)}; fi <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
+        f" else echo {EDITOR_MISSING}; (exit {EDITOR_MISSING_STATUS}); fi <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
     )
-    result = sandbox.run(line, timeout=timeout, files=files and args.get("command") != "view")
+    files = files and args.get("command") != "view"
+    result = sandbox.run(line, timeout=timeout, files=files)
+    if result.exit_code == EDITOR_MISSING_STATUS and result.output == f"{EDITOR_MISSING}\n":
+        try:
+            install_editor(sandbox)
+        except SandboxError:  # e.g. its directory made unwritable: the source crosses with the call
+            line = f"python3 -I -S -c {shlex.quote(EDITOR_SOURCE)} <<'PIVOT_EDITOR_ARGS'\n{request}\nPIVOT_EDITOR_ARGS"
+        result = sandbox.run(line, timeout=timeout, files=files)
     if result.exit_code == 127 and "python3" in result.output:
         raise SandboxError("the sandbox has no python3: str_replace_editor runs in it")
     category, _, text = result.output.partition("\n")

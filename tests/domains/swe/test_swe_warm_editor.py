@@ -1,21 +1,25 @@
-"""The editor started ahead in each warm bubblewrap fork (tools.EDITOR_WARM_UP): the fork's editor
-call is answered by it, with the text a fresh editor gives, and a later call, or a call after the
-warm editor was killed, starts an editor of its own."""
+"""The editor started ahead in each warm fork, bubblewrap and Docker (tools.EDITOR_WARM_UP): the
+fork's editor call is answered by it, with the text a fresh editor gives, the file edited in place
+and seen by the manifest (with the snapshot's digests reused), and a later call, or a call after
+the warm editor was killed, starts an editor of its own."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from pivot_envs.domains.swe import SweEnv, execute_call
-from pivot_envs.domains.swe.tools import EDITOR_WARM
+from pivot_envs.domains.swe.tools import EDITOR_HOME, EDITOR_WARM
 from swe_helpers import EXPERT_CALLS, FIX_NEW, FIX_OLD
 
 VIEW = EXPERT_CALLS[1]
 EDIT = EXPERT_CALLS[2]
 
 
-@pytest.fixture
-def env(calc_pivots, has_bwrap):
-    made = SweEnv(calc_pivots, sandbox="bwrap", warm_pool=1)
+@pytest.fixture(params=["bwrap", "docker"])
+def env(request, calc_pivots):
+    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
+    made = SweEnv(calc_pivots, sandbox=request.param, warm_pool=1)
     made.reset(options={"index": 1})
     assert made.backend.wait_warm(made._state.snapshot)
     yield made
@@ -52,6 +56,22 @@ def test_an_edit_through_the_warm_editor_changes_the_file_and_reports_it(env):
     assert again.error == "old_str_not_found" and FIX_OLD.strip() in again.text
 
 
+def test_the_manifest_after_a_warm_edit_shows_the_new_file_and_reuses_the_other_digests(env):
+    sandbox = warm_fork(env)
+    inode = sandbox.run("stat -c %i /repo/calc/ops.py").output
+    assert sandbox.known is not None and "calc/ops.py" in sandbox.known.files
+    result = execute_call(sandbox, *EDIT)
+    assert sandbox.run("stat -c %i /repo/calc/ops.py").output == inode  # written in place
+    written = sandbox.run("cat /repo/calc/ops.py").output
+    before = env._state.before
+    assert result.files["calc/ops.py"] == " ".join(
+        [*before["calc/ops.py"].split()[:2], hashlib.md5(written.encode()).hexdigest()]
+    )
+    assert {p: e for p, e in result.files.items() if p != "calc/ops.py"} == {
+        p: e for p, e in before.items() if p != "calc/ops.py"
+    }
+
+
 def test_a_refused_call_through_the_warm_editor_keeps_its_category(env):
     sandbox = warm_fork(env)
     result = execute_call(sandbox, "str_replace_editor", {"command": "view", "path": "/etc/passwd"})
@@ -63,3 +83,19 @@ def test_a_call_after_the_warm_editor_was_killed_starts_its_own(env):
     assert sandbox.run(f"kill -9 $(cat {EDITOR_WARM}/pid)").ok
     result = execute_call(sandbox, *VIEW, timeout=10)
     assert result.error is None and "def mean(values):" in result.text
+
+
+def test_editor_calls_carry_no_editor_source_and_a_sandbox_without_the_editor_gets_it_once(sandbox):
+    sent = []
+    run = sandbox.run
+    sandbox.run = lambda command, *args, **kwargs: sent.append(command) or run(command, *args, **kwargs)
+    create = {"command": "create", "path": "/app/a.py", "file_text": "x = 1\n"}
+    assert execute_call(sandbox, "str_replace_editor", create, workdir="/app").error is None
+    view = execute_call(
+        sandbox, "str_replace_editor", {"command": "view", "path": "/app/a.py"}, workdir="/app"
+    )
+    assert view.error is None and "x = 1" in view.text
+    assert sandbox.run(f"[ -f {EDITOR_HOME}/swe_editor.py ]").ok
+    # The create (told the editor is missing), the install, the create again, the view, the check.
+    assert len(sent) == 5
+    assert [command for command in sent if "def str_replace(" in command] == [sent[1]]
