@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.adapters.grpo import reprofile
 from pivot_envs.adapters.grpo.checkpoints import (
     MetricsLog,
     latest_checkpoint,
@@ -125,6 +126,13 @@ class GRPOConfig:
     eval_every: int = option(25, "turn accuracy on the held-out pivots every N steps (greedy); 0 disables")
     eval_pivots: int = option(64, "at most this many held-out pivots per evaluation")
     num_envs: int = option(4, "envs scoring actions concurrently (threads)")
+    reprofile_every: int = option(
+        0, "online re-profiling (beyond the paper, its stated future work): every N steps, profile the candidates "
+        "again with the current policy and train at the new D_adv, retiring pivots it now always solves and "
+        "bringing back candidates that became mixed (grpo.reprofile); 0: the offline profile throughout, as the paper"
+    )
+    reprofile_k: int = option(8, "samples per candidate when re-profiling (K of Eq. 4)")
+    reprofile_lambda_diff: float = option(0.9, "lambda_diff of the re-profiled D_adv (Eq. 5)")
     out: str = option("runs/grpo", "output directory: metrics.jsonl, checkpoints/, final/")
     resume: bool = option(False, "continue from the latest checkpoint in --out")
 
@@ -133,6 +141,9 @@ class GRPOConfig:
 
         at_least(self, 1, "batch_pivots", "iterations", "max_new_tokens", "steps", "eval_pivots", "num_envs",
                  "lora_rank", "lora_alpha")
+        at_least(self, 2, "reprofile_k")  # one sample has no variance: no candidate could be mixed
+        at_least(self, 0, "reprofile_every")
+        between(self, "reprofile_lambda_diff", 0, 1, open_low=True)
         at_least(self, 2, "group_size")  # a group of one has no baseline (Eq. 1): no update, ever
         at_least(self, 0, "weight_decay", "beta", "epsilon_high", "std_epsilon", "max_grad_norm", "tokens_per_pass",
                  "checkpoint_every", "eval_every")
@@ -460,6 +471,7 @@ def train(
     env_id: str | Callable[[], Any] | None = None,
     heldout: Sequence[Pivot] | None = None,
     model: Any = None,
+    candidates: Sequence[Pivot] | None = None,
     **env_kwargs: Any,
 ) -> TrainResult:
     """Algorithm 1, lines 5-14: train `policy` with GRPO at `pivots` (D_pivot); returns where the run's outputs are.
@@ -471,6 +483,8 @@ def train(
              `pivot/<domain>-v0` of the pivots' domain, built with `env_kwargs`.
     heldout: pivots for the turn accuracy logged every `config.eval_every` steps, graded by the
              domain's functional verifier whatever `env_kwargs["verifier"]` trains with.
+    candidates: the pool `config.reprofile_every` re-profiles (D_cand; default: `pivots`, which can then
+             only be retired).
     Under torchrun every rank calls it alike and trains its share of each step's pivots; rank 0
     alone evaluates and writes (grpo.distributed).
     """
@@ -484,6 +498,9 @@ def train(
     if config.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
     ranks = setup()
+    if config.reprofile_every and ranks.world_size > 1:
+        raise DistributedSetupError("reprofile_every: online re-profiling runs in one process only (every rank "
+                                    "would have to agree on the re-profiled pivots); set it to 0 under torchrun")
     if min(config.batch_pivots, len(pivots)) < ranks.world_size:
         raise DistributedSetupError(f"{min(config.batch_pivots, len(pivots))} pivots per step for {ranks.world_size} "
                                     "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)")
@@ -492,10 +509,14 @@ def train(
     log = MetricsLog(out, start) if ranks.main else None
     if ranks.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    make_env = resolve_env(env_id, pivots + heldout, **env_kwargs)
+    pool_of_candidates = list(candidates) if candidates is not None else list(pivots)
+    held = list({p.id: p for p in [*pivots, *pool_of_candidates, *heldout]}.values())
+    make_env = resolve_env(env_id, held, **env_kwargs)
     # Held-out accuracy is always graded by the domain's functional verifier, even when training uses another
     # (a strict ablation): an env id is built without `verifier`; a factory of envs is used as given.
-    make_eval_env = resolve_env(env_id, pivots + heldout, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
+    make_eval_env = resolve_env(env_id, held, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
+    if config.reprofile_every and start:
+        pivots = reprofile.restore(out, start, pool_of_candidates, pivots)  # the pivots in play at the checkpoint
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
@@ -506,6 +527,15 @@ def train(
         # line 5: for k = 1, ..., K_train (line 14 ends it)
         for step in range(start + 1, config.steps + 1):
             began = time.perf_counter()
+            changed = None
+            if reprofile.due(step, config.reprofile_every):  # beyond the paper: D_adv under the current policy
+                changed = reprofile.reprofile(
+                    policy, pool, pool_of_candidates, pivots, step, config.reprofile_k, config.reprofile_lambda_diff,
+                    SamplingParams(config.temperature, config.top_p, config.max_new_tokens), config.seed,
+                    config.batch_pivots,
+                )
+                pivots = changed.pivots
+                reprofile.append(out, changed)
             # line 6: sample a minibatch of B pivots from D_pivot
             chosen = sampler.choice(len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False)
             share = ranks.share(len(chosen))  # under torchrun this rank's B/N of them; all B in one process
@@ -569,6 +599,11 @@ def train(
                 "time_update_s": updated - scored,
                 **{key: stats.get(key, 0.0) for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")},
             }
+            if config.reprofile_every:
+                record["pivots_in_play"] = len(pivots)
+                if changed is not None:
+                    record.update(retired=len(changed.retired), revived=len(changed.revived),
+                                  reprofile_mixed=changed.mixed, reprofile_samples=changed.samples)
             history.append(record)
             bar.update()
             if not ranks.main:  # rank 0 alone evaluates, logs and saves
@@ -640,6 +675,7 @@ def pivotrl(
         policy=policy,
         env_id=env_id or config.profile.env,
         heldout=heldout,
+        candidates=selection.candidates,
         **config.profile.env_kwargs,
     )
     return PivotRLResult(selection, training)

@@ -1,0 +1,136 @@
+"""Online re-profiling: D_adv recomputed under the current policy during training (the paper's future work).
+
+The paper profiles the candidates once, under the frozen pi_0, and trains at that D_adv throughout
+(Algorithm 1, lines 3-4). As pi_theta improves, some pivots become uniformly solved (no signal left:
+their groups have zero variance) and some candidates it never solved become mixed. With
+`GRPOConfig.reprofile_every = N`, the trainer re-profiles the candidate pool every N steps with the
+current policy (`reprofile_k` samples each, seeded by step and candidate) and trains at the new D_adv
+(var > 0 and mean < `reprofile_lambda_diff`, Eq. 5): pivots that left it are retired, candidates
+that entered it are brought back. When the new D_adv is empty the pivots in play stay as they were
+(the step's record says so), so training never stops for want of pivots.
+
+Each re-profile is appended to OUT/reprofiled.jsonl (the step, the pivots in play, what was retired
+and brought back), from which a resumed run restores the pivots in play.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivot_envs.pivot import Pivot
+from pivot_envs.policy import SamplingParams
+
+LOG = "reprofiled.jsonl"
+
+
+@dataclass
+class Reprofiled:
+    """One re-profile: the pivots in play after it, and how they changed."""
+
+    step: int
+    pivots: list[Pivot]
+    retired: list[str] = field(default_factory=list)  # in play before, not in the new D_adv
+    revived: list[str] = field(default_factory=list)  # in the new D_adv, not in play before
+    mixed: int = 0  # candidates with mixed rewards under the current policy
+    kept: bool = False  # the new D_adv was empty: the pivots in play were kept
+    samples: int = 0  # actions generated and scored (the re-profile's rollout turns)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "pivots": [p.id for p in self.pivots],
+            "retired": self.retired,
+            "revived": self.revived,
+            "mixed": self.mixed,
+            "kept": self.kept,
+            "samples": self.samples,
+        }
+
+
+def due(step: int, every: int) -> bool:
+    """Whether step `step` re-profiles before sampling: every `every` steps after the first (never at step 1,
+    where the pivots are the offline profile's); a resumed run re-profiles at the same steps."""
+    return every > 0 and step > 1 and (step - 1) % every == 0
+
+
+def reprofile(
+    policy: Any,
+    pool: Any,
+    candidates: Sequence[Pivot],
+    in_play: Sequence[Pivot],
+    step: int,
+    k: int,
+    lambda_diff: float,
+    sampling: SamplingParams,
+    seed: int,
+    batch: int,
+) -> Reprofiled:
+    """Profile `candidates` with `policy` now (K = `k` samples each, scored through `pool`) and return the new
+    pivots in play: D_adv under the current policy, or `in_play` unchanged when D_adv is empty."""
+    import numpy as np
+
+    rewards: list[list[float]] = []
+    for first in range(0, len(candidates), max(1, batch)):
+        chunk = candidates[first : first + max(1, batch)]
+        seeds = [
+            int(np.random.SeedSequence([seed, step, first + i, 1]).generate_state(1)[0]) for i in range(len(chunk))
+        ]
+        completions = policy.generate(
+            [pivot.observation for pivot in chunk],
+            k,
+            SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens, seeds=seeds),
+        )
+        scores = pool.score([(pivot.id, c.action) for pivot, group in zip(chunk, completions) for c in group])
+        for index in range(len(chunk)):
+            mine = scores[index * k : (index + 1) * k]
+            rewards.append([s.reward for s in mine if s.valid])
+    adv, mixed = [], 0
+    for pivot, values in zip(candidates, rewards):
+        if len(values) < 2:
+            continue  # too few valid samples to say anything: left out, as profiling leaves failures out
+        mean = float(np.mean(values))
+        if float(np.var(values)) > 0:
+            mixed += 1
+            if mean < lambda_diff:
+                adv.append(pivot)
+    before = {p.id for p in in_play}
+    after = {p.id for p in adv}
+    return Reprofiled(
+        step=step,
+        pivots=adv or list(in_play),
+        retired=sorted(before - after) if adv else [],
+        revived=sorted(after - before),
+        mixed=mixed,
+        kept=not adv,
+        samples=len(candidates) * k,
+    )
+
+
+def append(out: Path, result: Reprofiled) -> None:
+    with (Path(out) / LOG).open("a") as handle:
+        handle.write(json.dumps(result.record()) + "\n")
+
+
+def restore(out: Path, start: int, candidates: Sequence[Pivot], pivots: list[Pivot]) -> list[Pivot]:
+    """The pivots in play at step `start` of a resumed run: the last re-profile at or before it (later lines,
+    written after the checkpoint the run resumes from, are dropped from the log), else `pivots`."""
+    path = Path(out) / LOG
+    if not path.exists():
+        return pivots
+    by_id = {p.id: p for p in [*pivots, *candidates]}
+    kept_lines, latest = [], None
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if record["step"] <= start:
+            kept_lines.append(line)
+            latest = record
+    path.write_text("".join(f"{line}\n" for line in kept_lines))
+    if latest is None:
+        return pivots
+    return [by_id[pivot_id] for pivot_id in latest["pivots"] if pivot_id in by_id] or pivots
