@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scale",
         default="quick",
-        help="quick (toy sizes, minutes), cpu (SmolLM2-135M, about 3 h on "
+        help="quick (toy sizes, minutes), cpu (SmolLM2-135M, about 2 h on "
         "2 cores) or gpu (more of everything, one GPU)",
     )
     parser.add_argument(
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="CLAIM,...",
         help="experiments to run: signal, "
-        "strict-functional, ablation, sft, objective, theorems, e2e (default: all)",
+        "strict-functional, ablation, sft, objective, online, theorems, e2e (default: all)",
     )
     parser.add_argument(
         "--domains",

@@ -294,7 +294,47 @@ def arm_claims(
                 "compares nothing here: 'reproduced' reads 'the per-action objective did better'.",
             )
         )
+    if "online" in only and {"pivotrl", "pivotrl-online"} <= have:
+        claims.append(
+            compared(
+                "online",
+                "Re-profiling during training trains at least as well as the offline profile",
+                "beyond the paper (its stated future work: re-profiling pivots as the policy changes)",
+                "the paper profiles once under pi_0 and trains at that D_adv throughout (no figure)",
+                "pivotrl-online",
+                "pivotrl",
+                "Online: the part-B candidates re-profiled with the current policy about halfway through "
+                f"(GRPOConfig.reprofile_every); {online_summary(arms, train_domains)} 'reproduced' reads 'online "
+                "re-profiling did better'.",
+            )
+        )
     return claims
+
+
+def online_summary(arms: dict, train_domains: Sequence[str]) -> str:
+    """How the online arm's pivots changed, and the share of mixed groups after its re-profile against the
+    offline arm's at the same steps."""
+    retired = revived = 0
+    after: dict[str, list[float]] = {"pivotrl-online": [], "pivotrl": []}
+    for domain in train_domains:
+        for run in arms.get((domain, "pivotrl-online"), []):
+            history = run["history"]
+            first = next((h["step"] for h in history if h.get("retired") is not None), None)
+            retired += sum(h.get("retired") or 0 for h in history)
+            revived += sum(h.get("revived") or 0 for h in history)
+            if first is None:
+                continue
+            after["pivotrl-online"] += [1.0 - h["frac_zero_variance"] for h in history if h["step"] >= first]
+            for offline in arms.get((domain, "pivotrl"), []):
+                after["pivotrl"] += [
+                    1.0 - h["frac_zero_variance"] for h in offline["history"] if h["step"] >= first
+                ]
+    share = {arm: pct(sum(v) / len(v)) if v else "n/a" for arm, v in after.items()}
+    return (
+        f"over all seeds {retired} pivots were retired and {revived} candidates brought back; after the re-profile "
+        f"{share['pivotrl-online']} of the online arm's groups had mixed rewards against "
+        f"{share['pivotrl']} of the offline arm's at the same steps."
+    )
 
 
 def drift(

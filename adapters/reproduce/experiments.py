@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,10 @@ ARMS = {
     "cand-strict": ("cand", "strict", "token"),
     "pivotrl-action": ("adv", None, "action"),
     "sft": ("cand", None, None),
+    # beyond the paper: the full method with D_adv re-profiled under the current policy during training
+    "pivotrl-online": ("adv", None, "token"),
 }
+ONLINE_ARMS = ("pivotrl-online",)
 # The arms each experiment needs (the claims of `--only`).
 EXPERIMENT_ARMS = {
     "signal": ("pivotrl", "cand-functional"),
@@ -42,6 +45,7 @@ EXPERIMENT_ARMS = {
     "ablation": ("pivotrl", "cand-functional", "cand-strict"),
     "sft": ("pivotrl", "sft"),
     "objective": ("pivotrl", "pivotrl-action"),
+    "online": ("pivotrl", "pivotrl-online"),
     "theorems": (),
     "e2e": (),
 }
@@ -324,7 +328,16 @@ class Experiments:
                 num_envs=measure.ENV_WORKERS,
                 out=str(folder / "train"),
             )
-            result = train(config, pivots, policy=policy, **({"verifier": verifier} if verifier else {}))
+            extra: dict[str, Any] = {"verifier": verifier} if verifier else {}
+            if arm in ONLINE_ARMS:  # re-profile the whole part-B pool about halfway through (once at 6 steps)
+                config = replace(
+                    config,
+                    reprofile_every=max(1, scale.steps // 2),
+                    reprofile_k=min(scale.ks),
+                    reprofile_lambda_diff=scale.lambda_diff,
+                )
+                extra["candidates"] = self.data.candidates[domain]
+            result = train(config, pivots, policy=policy, **extra)
             keys = (
                 "step",
                 "reward_mean",
@@ -332,6 +345,9 @@ class Experiments:
                 "strict_reward_mean",
                 "frac_zero_variance",
                 "groups_trained",
+                "pivots_in_play",
+                "retired",
+                "revived",
             )
             history = [{key: record.get(key) for key in keys} for record in result.history]
             shutil.rmtree(result.final, ignore_errors=True)  # the weights: not needed once measured

@@ -25,6 +25,7 @@ FIGURES = {
     "ablation-reward": "arms",
     "sft-in-domain": "arms",
     "objective": "arms",
+    "online": "arms",
     "sft-ood": "sft",
 }
 

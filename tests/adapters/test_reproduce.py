@@ -31,6 +31,7 @@ CLAIMS = {
     "sft-in-domain",
     "sft-ood",
     "objective",
+    "online",
     "theorems",
     "e2e",
 }
@@ -126,6 +127,20 @@ def test_every_verdict_follows_from_its_interval(report):
         assert item["verdict"] == verdict(
             interval["low"], interval["high"], interval["direction"], interval["threshold"]
         ), item["claim"]
+
+
+def test_the_online_arm_reprofiled_its_pool_halfway_and_the_offline_arm_did_not(quick, report):
+    def history(arm: str) -> list[dict]:
+        result = json.loads((quick / "stages" / f"train-tool-use-{arm}-s0" / "result.json").read_text())
+        return result["result"]["history"]
+
+    online, offline = history("pivotrl-online"), history("pivotrl")
+    assert [h["step"] for h in online] == [1, 2]
+    assert online[0]["retired"] is None and online[1]["retired"] is not None  # re-profiled before step 2
+    assert all(h["pivots_in_play"] is not None for h in online)
+    assert all(h["pivots_in_play"] is None for h in offline)
+    item = next(c for c in report["claims"] if c["claim"] == "online")
+    assert "retired" in item["detail"] and item["paper_section"].startswith("beyond the paper")
 
 
 def test_the_theorem_checks_ran_and_passed(report):
