@@ -133,9 +133,12 @@ class DockerBackend:
             sandbox = DockerSandbox(self, container, snapshot.workdir, channel)
             self._known(snapshot, sandbox)
         # From here on commands may write the workspace: what is older than this stamp is the image's.
-        if sandbox.known is not None and sandbox.upper is not None:
+        try:
+            if sandbox.known is None or sandbox.upper is None:
+                raise OSError("no readable container layers")
+            # Beside the container's writable layer (on its filesystem), not in the container.
             sandbox.known.seal(sandbox.upper.parent / "pivot-stamp")
-        else:
+        except OSError:  # e.g. a layer directory this user cannot write: every file is hashed
             sandbox.known = None
         sandbox.foreground = True
         self._gate.touch()  # a command follows: the refill waits for the gap after it
@@ -178,10 +181,11 @@ class DockerBackend:
             try:
                 self._known(snapshot, sandbox)
                 if setup:
+                    # Its exit status is not checked: a set-up that did not work (no python3 in an
+                    # image) leaves a fork that works without it (the editor falls back).
                     self._gate.wait_quiet()
-                    if not sandbox.run(setup).ok:
-                        raise SandboxError(f"the set-up of a warm fork of {snapshot.ref} failed")
-            except (OSError, SandboxError):
+                    sandbox.run(setup)
+            except Exception:  # the container failed: the next fork starts one of its own
                 sandbox.close()
                 return
             pool.put(sandbox)

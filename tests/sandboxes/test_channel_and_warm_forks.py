@@ -144,3 +144,12 @@ def test_a_file_a_docker_fork_changed_before_its_stamp_is_not_taken_from_the_sna
     known.stamp_ns = max(info.st_mtime_ns, info.st_ctime_ns)  # a stamp within the record's tick
     assert known.digest("notes", info) is None
     fork.close()
+
+
+def test_a_docker_set_up_that_fails_still_leaves_warm_forks_that_work(docker_snapshot):
+    backend, snapshot = docker_snapshot
+    backend.prewarm(snapshot, setup="exit 3")
+    assert backend.wait_warm(snapshot, timeout=120)
+    fork = backend.fork(snapshot)
+    assert fork.run("cat notes").output == "hi\n"
+    fork.close()
