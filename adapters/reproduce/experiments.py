@@ -155,7 +155,7 @@ class Experiments:
         kept = (
             fields
             if fields is not None
-            else tuple(k for k in scale if k not in ("seeds", "name", "notes", "progress"))
+            else tuple(k for k in scale if k not in ("seeds", "name", "notes", "progress", "profile_domains"))
         )
         return {"scale": {k: scale[k] for k in kept}, **extra}
 

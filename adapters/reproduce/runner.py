@@ -69,8 +69,11 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
     base, warm_up = None, None
     if needs_profiles:
         warm_up = runs.base()
+        measured = [d for d in scale.domains if not scale.profile_domains or d in scale.profile_domains]
         profile_domains = (
-            scale.domains if {"signal", "strict-functional"} & set(chosen) else scale.train_domains
+            list(dict.fromkeys([*measured, *scale.train_domains]))
+            if {"signal", "strict-functional"} & set(chosen)
+            else scale.train_domains
         )
         profiles = {domain: runs.profile(domain) for domain in profile_domains}
     if arm_names:
