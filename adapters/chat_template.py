@@ -45,7 +45,11 @@ def tools_block(tools: Sequence[dict[str, Any]]) -> str:
 def tool_call_block(name: str, arguments: Any) -> str:
     """One `<tool_call>` block; arguments that are not valid JSON are kept as their raw string."""
     parsed, _ = parse_arguments(arguments)
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False)
+        + "\n</tool_call>"
+    )
 
 
 def _assistant_text(message: dict[str, Any]) -> str:
@@ -63,7 +67,9 @@ def _content_text(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ("" if content is None else json.dumps(content))
 
 
-def prompt_messages(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def prompt_messages(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
     """The messages normalised for a template that does not speak tools.
 
     Returns plain {"role", "content": str} messages (roles system/user/assistant only): the
@@ -115,7 +121,9 @@ def _native_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+def render_prompt(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> str:
     """The generation prompt for a chat: the rendered messages ending with the assistant header."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
@@ -126,7 +134,9 @@ def render_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Seq
             add_generation_prompt=True,
             tokenize=False,
         )
-    return tokenizer.apply_chat_template(prompt_messages(messages, tools), add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(
+        prompt_messages(messages, tools), add_generation_prompt=True, tokenize=False
+    )
 
 
 def encode_prompt(
@@ -159,7 +169,9 @@ def encode_action(
     chat = [*messages, action]
     if template_speaks_tools(tokenizer):
         full = tokenizer.apply_chat_template(
-            _native_messages(chat), tools=[tool_to_chat(tool) for tool in tools] if tools else None, tokenize=False
+            _native_messages(chat),
+            tools=[tool_to_chat(tool) for tool in tools] if tools else None,
+            tokenize=False,
         )
     else:
         full = tokenizer.apply_chat_template(prompt_messages(chat, tools), tokenize=False)
@@ -168,7 +180,7 @@ def encode_action(
             f"the chat template of {getattr(tokenizer, 'name_or_path', tokenizer)!r} does not render an assistant "
             "turn as a continuation of its generation prompt, so the expert turn's tokens cannot be cut out"
         )
-    return _token_ids(tokenizer, full[len(prompt):].rstrip("\n"))
+    return _token_ids(tokenizer, full[len(prompt) :].rstrip("\n"))
 
 
 def _token_ids(tokenizer: Any, text: str) -> list[int]:
@@ -198,7 +210,10 @@ def _cut_middle(text: str, keep: int) -> str:
 
 
 def fit_prompt(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, max_tokens: int
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    max_tokens: int,
 ) -> str:
     """Render a chat within `max_tokens`, leaving out only as much as needed, in this order:
     tool descriptions; the oldest turns after the system prompt (the last turn always stays);

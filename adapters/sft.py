@@ -45,7 +45,9 @@ class SFTConfig:
     progress: bool = True
 
 
-def expert_examples(policy: Any, pivots: Sequence[Pivot], max_action_tokens: int = 256) -> list[tuple[list[int], list[int]]]:
+def expert_examples(
+    policy: Any, pivots: Sequence[Pivot], max_action_tokens: int = 256
+) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, expert action ids) per pivot: the prompt as the policy encodes it (its prompt
     budget applies), the action as the policy would generate the expert turn."""
     from pivot_envs.adapters.chat_template import encode_action
@@ -53,15 +55,21 @@ def expert_examples(policy: Any, pivots: Sequence[Pivot], max_action_tokens: int
     examples = []
     for pivot in pivots:
         prompt = policy.encode(pivot.observation)
-        action = encode_action(policy.tokenizer, pivot.observation["messages"], pivot.observation.get("tools"), pivot.expert)
+        action = encode_action(
+            policy.tokenizer, pivot.observation["messages"], pivot.observation.get("tools"), pivot.expert
+        )
         if len(prompt) < 2 or not action:
             raise ValueError(f"pivot {pivot.id}: empty prompt or expert action after encoding")
         examples.append((prompt, action[:max_action_tokens]))
     return examples
 
 
-def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], detach_prefix: bool = True,
-                  share_head: bool = True) -> tuple[Any, Any]:
+def turn_logprobs(
+    model: Any,
+    batch: Sequence[tuple[Sequence[int], Sequence[int]]],
+    detach_prefix: bool = True,
+    share_head: bool = True,
+) -> tuple[Any, Any]:
     """Per-token log pi(action | prompt) of each (prompt, action) pair: (logprobs [N, T], mask [N, T]).
 
     detach_prefix=False: `grpo.shared_prefix.groups_logprobs` (exact gradients). True: the prompts without
@@ -91,14 +99,22 @@ def turn_logprobs(model: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]
             cache.batch_repeat_interleave(len(batch))
         if tails.shape[1]:
             positions = shared + torch.arange(tails.shape[1], device=device).expand_as(tails)
-            cache = model(input_ids=tails, attention_mask=head_mask.long(), position_ids=positions, past_key_values=cache,
-                          use_cache=True, logits_to_keep=1).past_key_values
+            cache = model(
+                input_ids=tails,
+                attention_mask=head_mask.long(),
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).past_key_values
     ids, mask = right_pad([action for _, action in batch], device)
     inputs, _ = right_pad([[prompt[-1], *action[:-1]] for prompt, action in batch], device)
     width = ids.shape[1]
     attention = torch.cat([head_mask, mask], dim=1).long()
     positions = lengths[:, None] + torch.arange(width, device=device)
-    logits = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache).logits
+    logits = model(
+        input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache
+    ).logits
     return token_logprobs(logits, ids), mask
 
 
@@ -111,7 +127,9 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def warm_up(policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = None, model: Any = None) -> list[dict[str, Any]]:
+def warm_up(
+    policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = None, model: Any = None
+) -> list[dict[str, Any]]:
     """Fine-tune `policy`'s model (or `model`) on the pivots' expert turns in place; returns the
     per-step records (epoch, step, loss, tokens, seconds), also appended to `config.metrics`."""
     import torch
@@ -119,9 +137,13 @@ def warm_up(policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = Non
     config = config or SFTConfig()
     model = model if model is not None else getattr(policy, "model", None)
     if model is None:
-        raise ValueError(f"{getattr(policy, 'name', policy)!r} has no trainable model: the SFT warm-up needs an hf policy")
+        raise ValueError(
+            f"{getattr(policy, 'name', policy)!r} has no trainable model: the SFT warm-up needs an hf policy"
+        )
     if config.epochs < 0 or config.batch_size < 1:
-        raise ValueError(f"epochs must be >= 0 and batch_size >= 1 (got {config.epochs}, {config.batch_size})")
+        raise ValueError(
+            f"epochs must be >= 0 and batch_size >= 1 (got {config.epochs}, {config.batch_size})"
+        )
     examples = expert_examples(policy, pivots, config.max_action_tokens)
     if not examples or config.epochs == 0:
         return []
@@ -148,12 +170,22 @@ def warm_up(policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = Non
                 if config.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 optimizer.step()
-                record = {"epoch": epoch, "step": len(records) + 1, "loss": float(loss.item()),
-                          "tokens": int(mask.sum().item()), "seconds": time.perf_counter() - began}
+                record = {
+                    "epoch": epoch,
+                    "step": len(records) + 1,
+                    "loss": float(loss.item()),
+                    "tokens": int(mask.sum().item()),
+                    "seconds": time.perf_counter() - began,
+                }
                 records.append(record)
                 if metrics is not None:
                     with metrics.open("a") as handle:
-                        handle.write(json.dumps({**record, **({"config": asdict(config)} if len(records) == 1 else {})}) + "\n")
+                        handle.write(
+                            json.dumps(
+                                {**record, **({"config": asdict(config)} if len(records) == 1 else {})}
+                            )
+                            + "\n"
+                        )
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{record['loss']:.3f}")

@@ -36,10 +36,16 @@ OUT = ROOT / "benchmarks" / "out" / "reliability.json"
 # Suite family -> the test files (repository-relative) that make it up; a missing file is reported.
 FAMILIES: dict[str, list[str]] = {
     "hostile": ["tests/sandboxes/test_safety.py", "tests/domains/tool_use/test_tool_use_limits.py"],
-    "fuzz": ["tests/core/test_env_fuzz.py", "tests/domains/tool_use/test_tool_use_fuzz.py",
-             "tests/domains/terminal/test_terminal_fuzz.py"],
-    "fault": ["tests/sandboxes/test_reaping.py", "tests/core/test_profile_resume.py",
-              "tests/domains/tool_use/test_tool_use_http.py"],
+    "fuzz": [
+        "tests/core/test_env_fuzz.py",
+        "tests/domains/tool_use/test_tool_use_fuzz.py",
+        "tests/domains/terminal/test_terminal_fuzz.py",
+    ],
+    "fault": [
+        "tests/sandboxes/test_reaping.py",
+        "tests/core/test_profile_resume.py",
+        "tests/domains/tool_use/test_tool_use_http.py",
+    ],
     "concurrency": ["tests/sandboxes/test_ownership.py"],
 }
 _BACKEND = re.compile(r"\b(bwrap|docker)\b")
@@ -81,8 +87,10 @@ def run_family(files: list[str], extra: list[str]) -> tuple[dict[str, tuple[str,
     missing = [f for f in files if f not in present]
     collector = Collector()
     if present:
-        pytest.main(["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *extra,
-                     *[str(ROOT / f) for f in present]], plugins=[collector])
+        pytest.main(
+            ["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *extra, *[str(ROOT / f) for f in present]],
+            plugins=[collector],
+        )
     return collector.outcomes, missing
 
 
@@ -95,11 +103,16 @@ def leftovers() -> dict[str, int]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| family | backend | probes tried | handled | failures | skipped |", "|---|---|---:|---:|---|---:|"]
+    lines = [
+        "| family | backend | probes tried | handled | failures | skipped |",
+        "|---|---|---:|---:|---|---:|",
+    ]
     for row in rows:
         failures = "; ".join(row["failures"]) or "0"
-        lines.append(f"| {row['family']} | {row['backend']} | {row['tried']} | "
-                     f"{row['handled']} ({row['handled_pct']:.0f}%) | {failures} | {row['skipped']} |")
+        lines.append(
+            f"| {row['family']} | {row['backend']} | {row['tried']} | "
+            f"{row['handled']} ({row['handled_pct']:.0f}%) | {failures} | {row['skipped']} |"
+        )
     return "\n".join(lines)
 
 
@@ -111,12 +124,17 @@ def summarize(family: str, outcomes: dict[str, tuple[str, str]]) -> list[dict]:
     for backend, cases in sorted(by_backend.items()):
         tried = [c for c in cases if c[1] != "skipped"]
         handled = [c for c in tried if c[1] == "passed"]
-        rows.append({
-            "family": family, "backend": backend, "tried": len(tried), "handled": len(handled),
-            "handled_pct": 100.0 * len(handled) / len(tried) if tried else 0.0,
-            "failures": [f"{c[0].split('::')[-1]}: {c[2]}" for c in tried if c[1] != "passed"],
-            "skipped": len(cases) - len(tried),
-        })
+        rows.append(
+            {
+                "family": family,
+                "backend": backend,
+                "tried": len(tried),
+                "handled": len(handled),
+                "handled_pct": 100.0 * len(handled) / len(tried) if tried else 0.0,
+                "failures": [f"{c[0].split('::')[-1]}: {c[2]}" for c in tried if c[1] != "passed"],
+                "skipped": len(cases) - len(tried),
+            }
+        )
     return rows
 
 
@@ -139,7 +157,9 @@ def baseline_without_cgroup() -> dict:
         "env.close()\n"
         "print(json.dumps({'memory_bomb_processes_holding_200MB': holding[0] if holding else None}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -148,8 +168,12 @@ def baseline_without_cgroup() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated suite families to run")
-    parser.add_argument("--baseline", action="store_true", help="also run the memory bomb with bubblewrap's cgroup off")
+    parser.add_argument(
+        "--families", default=",".join(FAMILIES), help="comma-separated suite families to run"
+    )
+    parser.add_argument(
+        "--baseline", action="store_true", help="also run the memory bomb with bubblewrap's cgroup off"
+    )
     args, extra = parser.parse_known_args()
     chosen = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in chosen if f not in FAMILIES]
@@ -169,8 +193,15 @@ def main() -> int:
         time.sleep(0.2)
     left = {key: after.get(key, 0) - before.get(key, 0) for key in sorted(set(before) | set(after))}
     report = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "seconds": round(seconds, 1), "rows": rows, "missing_files": missing, "leftovers_added": left,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "seconds": round(seconds, 1),
+        "rows": rows,
+        "missing_files": missing,
+        "leftovers_added": left,
         "all_handled": all(row["handled"] == row["tried"] for row in rows) and bool(rows),
         "no_leftovers": all(value <= 0 for key, value in left.items() if key != "zombies"),
     }
@@ -182,10 +213,14 @@ def main() -> int:
     if missing:
         print(f"test files not found (not counted): {missing}")
     if "baseline_without_cgroup" in report:
-        print(f"baseline, bubblewrap without its cgroup: {report['baseline_without_cgroup']} "
-              "(with it: at most 2 of 8 processes hold 200 MB under a 512 MB limit)")
-    print(f"\n{sum(r['tried'] for r in rows)} probes in {seconds:.0f} s; all handled: {report['all_handled']}; "
-          f"no leftovers: {report['no_leftovers']}")
+        print(
+            f"baseline, bubblewrap without its cgroup: {report['baseline_without_cgroup']} "
+            "(with it: at most 2 of 8 processes hold 200 MB under a 512 MB limit)"
+        )
+    print(
+        f"\n{sum(r['tried'] for r in rows)} probes in {seconds:.0f} s; all handled: {report['all_handled']}; "
+        f"no leftovers: {report['no_leftovers']}"
+    )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(report, indent=2))
     return 0 if report["all_handled"] and report["no_leftovers"] else 1

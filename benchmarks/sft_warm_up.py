@@ -26,7 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--batches", type=int, default=3, help="distinct batches; each mode steps on all of them")
+    parser.add_argument(
+        "--batches", type=int, default=3, help="distinct batches; each mode steps on all of them"
+    )
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2, help="repeats per batch; the best time counts")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "sft_warm_up.json"))
@@ -48,11 +50,16 @@ def main() -> None:
     prompt = sum(len(p) for p, _ in examples) / len(examples)
     action = sum(len(a) for _, a in examples) / len(examples)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay, every step costs the same
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=0.0
+    )  # lr 0: the weights stay, every step costs the same
     model.train()
     rows = {}
-    modes = (("full back-propagation", False, False), ("prompt without gradient", True, False),
-             ("+ shared head (default)", True, True))
+    modes = (
+        ("full back-propagation", False, False),
+        ("prompt without gradient", True, False),
+        ("+ shared head (default)", True, True),
+    )
     for name, detach, share in modes:
         seconds = 0.0
         for batch in batches:
@@ -72,17 +79,29 @@ def main() -> None:
     for row in rows.values():
         row["speedup"] = baseline / row["seconds_per_step"]
     ratio = rows["+ shared head (default)"]["speedup"]
-    print(f"SmolLM2-135M on {args.device}, batch {args.batch_size}, {len(batches)} batches of bundled tool-use "
-          f"expert turns: prompt {prompt:.0f} tokens, action {action:.0f} tokens, common head {shared:.0f} tokens (means)")
+    print(
+        f"SmolLM2-135M on {args.device}, batch {args.batch_size}, {len(batches)} batches of bundled tool-use "
+        f"expert turns: prompt {prompt:.0f} tokens, action {action:.0f} tokens, common head {shared:.0f} tokens (means)"
+    )
     print(f"{'mode':<26} {'s/step':>8} {'vs full':>8}")
     for name, row in rows.items():
         print(f"{name:<26} {row['seconds_per_step']:>8.2f} {row['speedup']:>7.2f}x")
     print(f"the default is {ratio:.2f}x faster per step than full back-propagation")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "prompt_tokens": prompt, "action_tokens": action,
-                               "common_head_tokens": shared, "rows": rows,
-                               "speedup": ratio}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "prompt_tokens": prompt,
+                "action_tokens": action,
+                "common_head_tokens": shared,
+                "rows": rows,
+                "speedup": ratio,
+            },
+            indent=2,
+        )
+    )
 
 
 def timed(fn, device: str) -> float:

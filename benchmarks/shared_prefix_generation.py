@@ -81,7 +81,9 @@ def run_generate(model, prompt, n: int, new_tokens: int) -> None:
 def run_policy(policy, prompt, n: int, new_tokens: int) -> None:
     from pivot_envs.policy import SamplingParams
 
-    (group,) = policy.generate_ids([prompt], n, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0))
+    (group,) = policy.generate_ids(
+        [prompt], n, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    )
     assert all(len(c.token_ids) == new_tokens for c in group)
 
 
@@ -112,9 +114,21 @@ def main() -> None:
     for length in args.prefix_lengths:
         prompt = torch.randint(3, SMOLLM2_SHAPE["vocab_size"], (length,), generator=generator).tolist()
         run_policy(shared, prompt[:64], args.n, 2)  # warm-up (kernels, allocator)
-        base_t, base_m = best_time_and_peak(lambda prompt=prompt: run_generate(model, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
-        naive_t, naive_m = best_time_and_peak(lambda prompt=prompt: run_policy(naive, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
-        ours_t, ours_m = best_time_and_peak(lambda prompt=prompt: run_policy(shared, prompt, args.n, args.max_new_tokens), args.device, args.repeats)
+        base_t, base_m = best_time_and_peak(
+            lambda prompt=prompt: run_generate(model, prompt, args.n, args.max_new_tokens),
+            args.device,
+            args.repeats,
+        )
+        naive_t, naive_m = best_time_and_peak(
+            lambda prompt=prompt: run_policy(naive, prompt, args.n, args.max_new_tokens),
+            args.device,
+            args.repeats,
+        )
+        ours_t, ours_m = best_time_and_peak(
+            lambda prompt=prompt: run_policy(shared, prompt, args.n, args.max_new_tokens),
+            args.device,
+            args.repeats,
+        )
         rows.append(
             {
                 "prefix_tokens": length,
@@ -136,8 +150,10 @@ def main() -> None:
         f"{'prefix':>7} {'generate s':>11} {'MiB':>8} {'unshared s':>11} {'MiB':>8} "
         f"{'shared s':>9} {'MiB':>8} {'speedup':>8} {'mem ratio':>9}"
     )
-    print(f"\nn={args.n}, {args.max_new_tokens} new tokens, device={args.device}, "
-          f"{'random init' if args.random_init else 'SmolLM2-135M'}, {args.dtype}")
+    print(
+        f"\nn={args.n}, {args.max_new_tokens} new tokens, device={args.device}, "
+        f"{'random init' if args.random_init else 'SmolLM2-135M'}, {args.dtype}"
+    )
     print(header)
     for r in rows:
         ratio = f"{r['memory_ratio_vs_generate']:.2f}" if r["memory_ratio_vs_generate"] is not None else "-"

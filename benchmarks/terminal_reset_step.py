@@ -36,8 +36,13 @@ def bench_pivot() -> Pivot:
         message = canonical_message(command)
         message["tool_calls"][0]["id"] = f"call_{turn}"
         messages += [message, {"role": "tool", "tool_call_id": f"call_{turn}", "content": "[exit code 0]"}]
-    return Pivot("bench/prefix5/t5", "terminal", messages, canonical_message(EXPERT),
-                 context={"workdir": "/app", "setup": ""})
+    return Pivot(
+        "bench/prefix5/t5",
+        "terminal",
+        messages,
+        canonical_message(EXPERT),
+        context={"workdir": "/app", "setup": ""},
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,8 +71,14 @@ def bench_env(kind: str, group: int, rounds: int) -> dict:
             assert reward == 1.0, info
     builds = env.prefixes.builds
     env.close()
-    return {"build_s": build, "builds": builds, "samples": len(latencies), "latencies_s": latencies,
-            "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95)}
+    return {
+        "build_s": build,
+        "builds": builds,
+        "samples": len(latencies),
+        "latencies_s": latencies,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p95_ms": 1000 * percentile(latencies, 0.95),
+    }
 
 
 def bench_naive_docker(samples: int) -> dict:
@@ -87,8 +98,12 @@ def bench_naive_docker(samples: int) -> dict:
         latencies.append(time.perf_counter() - start)
         assert result.output == "500\n", result
     backend.close()
-    return {"samples": samples, "latencies_s": latencies,
-            "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95)}
+    return {
+        "samples": samples,
+        "latencies_s": latencies,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p95_ms": 1000 * percentile(latencies, 0.95),
+    }
 
 
 def bench_bwrap_floor(samples: int = 30) -> dict:
@@ -144,9 +159,12 @@ def main() -> None:
 
     from pivot_envs.sandboxes.available import bwrap_available, docker_available
 
-    results: dict = {"group": args.group, "rounds": args.rounds, "prefix_commands": len(PREFIX),
-                     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                 "load_before": os.getloadavg()}}
+    results: dict = {
+        "group": args.group,
+        "rounds": args.rounds,
+        "prefix_commands": len(PREFIX),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()},
+    }
     kinds = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
     for kind in kinds:
         results[kind] = bench_env(kind, args.group, args.rounds)
@@ -162,11 +180,28 @@ def main() -> None:
     rows = [("backend", "p50 ms", "p95 ms", "build s", "builds", "samples/s (2 workers)")]
     for kind in kinds:
         r = results[kind]
-        rows.append((kind, f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['build_s']:.2f}", str(r["builds"]),
-                     f"{r['samples_per_s_2_workers']:.1f}"))
+        rows.append(
+            (
+                kind,
+                f"{r['p50_ms']:.1f}",
+                f"{r['p95_ms']:.1f}",
+                f"{r['build_s']:.2f}",
+                str(r["builds"]),
+                f"{r['samples_per_s_2_workers']:.1f}",
+            )
+        )
     if "naive_docker" in results:
         r = results["naive_docker"]
-        rows.append(("naive docker (run + replay)", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", "-", str(r["samples"]), "-"))
+        rows.append(
+            (
+                "naive docker (run + replay)",
+                f"{r['p50_ms']:.1f}",
+                f"{r['p95_ms']:.1f}",
+                "-",
+                str(r["samples"]),
+                "-",
+            )
+        )
     if "bwrap_floor" in results:
         r = results["bwrap_floor"]
         rows.append(("floor: bare `bwrap true`", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", "-", "-", "-"))
@@ -175,7 +210,9 @@ def main() -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     if "docker_speedup_vs_naive" in results:
         print(f"docker speed-up vs naive (p50): {results['docker_speedup_vs_naive']:.1f}x")
-    print(f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}")
+    print(
+        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
+    )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT}")

@@ -60,7 +60,9 @@ def tool_call(name: str, arguments: Any, call_id: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def assistant_message(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def assistant_message(
+    content: str | None = None, tool_calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """An assistant message in canonical form."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -107,4 +109,6 @@ def canonical_action(message: dict[str, Any]) -> str:
     Tool names and arguments as parsed JSON (so key order and whitespace in the JSON string do
     not matter, but everything else does), plus the trimmed message text.
     """
-    return json.dumps({"content": text_of(message), "calls": calls_of(message)}, sort_keys=True, ensure_ascii=False)
+    return json.dumps(
+        {"content": text_of(message), "calls": calls_of(message)}, sort_keys=True, ensure_ascii=False
+    )

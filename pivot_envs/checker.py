@@ -98,7 +98,9 @@ class PivotEnvReport:
 
     def __str__(self) -> str:
         verdict = "passed" if self.ok else f"{len(self.failures)} failure(s)"
-        lines = [f"check_pivot_env({self.env}, pivots {', '.join(self.pivots)}): {verdict} in {self.seconds:.1f} s"]
+        lines = [
+            f"check_pivot_env({self.env}, pivots {', '.join(self.pivots)}): {verdict} in {self.seconds:.1f} s"
+        ]
         lines += [f"  FAILED {failure}" for failure in self.failures]
         lines += [f"  skipped {check}: {why}" for check, why in self.skipped.items()]
         if self.unchecked:
@@ -160,11 +162,16 @@ def check_pivot_env(
         )
     else:
         for pivot in chosen:
-            checker.run("infrastructure_failure_invalid", pivot.id,
-                        lambda pivot=pivot: checker.broken_infrastructure_is_invalid(pivot, break_infrastructure))
+            checker.run(
+                "infrastructure_failure_invalid",
+                pivot.id,
+                lambda pivot=pivot: checker.broken_infrastructure_is_invalid(pivot, break_infrastructure),
+            )
         if checker.unbreakable == len(chosen):
             report.ran.remove("infrastructure_failure_invalid")
-            report.skipped["infrastructure_failure_invalid"] = "break_infrastructure returned False at every pivot"
+            report.skipped["infrastructure_failure_invalid"] = (
+                "break_infrastructure returned False at every pivot"
+            )
     report.seconds = time.perf_counter() - started
     if raise_on_failure and not report.ok:
         raise PivotEnvCheckError(report)
@@ -270,8 +277,11 @@ class _Checker:
             try:
                 json.dumps(value, ensure_ascii=False).encode("utf-8")
             except Exception as error:
-                self.fail("json_encodable", pivot.id if pivot else None,
-                          f"the {name} of {call} is not JSON: {type(error).__name__}: {_brief(error)}")
+                self.fail(
+                    "json_encodable",
+                    pivot.id if pivot else None,
+                    f"the {name} of {call} is not JSON: {type(error).__name__}: {_brief(error)}",
+                )
 
     # -- the checks --------------------------------------------------------------------------------
 
@@ -294,7 +304,9 @@ class _Checker:
         record = copy.deepcopy(pivot.to_dict())
         self.run("reset_restores_prefix", pivot.id, lambda: self.reset_restores_prefix(pivot, expected))
         self.run("expert_scores_one", pivot.id, lambda: self.expert_scores_one(pivot))
-        self.run("step_observation_extends_prefix", pivot.id, lambda: self.step_extends_prefix(pivot, expected))
+        self.run(
+            "step_observation_extends_prefix", pivot.id, lambda: self.step_extends_prefix(pivot, expected)
+        )
         self.run("junk_scores_zero", pivot.id, lambda: self.junk_scores_zero(pivot))
         self.run("fresh_observations", pivot.id, lambda: self.observations_are_fresh(pivot, expected, record))
         self.run("seed_determinism", pivot.id, lambda: self.same_seed_same_verdict(pivot))
@@ -320,9 +332,15 @@ class _Checker:
         self.reset(pivot)
         observation = self.step(pivot, self.junk["random text"], "random text")[0]
         messages, prefix = _get(observation, "messages"), expected["messages"]
-        if not isinstance(messages, list) or messages[: len(prefix)] != prefix or len(messages) <= len(prefix):
-            raise _Failed(f"the step's observation is not the pivot's {len(prefix)} messages and the action: "
-                          f"{_difference(prefix, messages)}")
+        if (
+            not isinstance(messages, list)
+            or messages[: len(prefix)] != prefix
+            or len(messages) <= len(prefix)
+        ):
+            raise _Failed(
+                f"the step's observation is not the pivot's {len(prefix)} messages and the action: "
+                f"{_difference(prefix, messages)}"
+            )
 
     def junk_scores_zero(self, pivot: Pivot) -> None:
         problems = []
@@ -340,7 +358,9 @@ class _Checker:
             category = info.get("category")
             named = isinstance(category, str) and category not in ("", "env_error")
             if reward != 0.0 or info["valid"] is not True or not named:
-                problems.append(f"{label} {_SHORT.repr(action)} scored {reward} (valid {info['valid']}, {_verdict(info)})")
+                problems.append(
+                    f"{label} {_SHORT.repr(action)} scored {reward} (valid {info['valid']}, {_verdict(info)})"
+                )
         if problems:
             raise _Failed("; ".join(problems))
 
@@ -350,13 +370,17 @@ class _Checker:
         _vandalise(info)
         again, _ = self.reset(pivot)
         if again != expected:
-            raise _Failed(f"editing reset's observation and info changed the next reset's: {_difference(expected, again)}")
+            raise _Failed(
+                f"editing reset's observation and info changed the next reset's: {_difference(expected, again)}"
+            )
         stepped, _, _, _, step_info = self.step(pivot, copy.deepcopy(pivot.expert), "the expert's action")
         _vandalise(stepped)
         _vandalise(step_info)
         again, _ = self.reset(pivot)
         if again != expected:
-            raise _Failed(f"editing step's observation and info changed the next reset's: {_difference(expected, again)}")
+            raise _Failed(
+                f"editing step's observation and info changed the next reset's: {_difference(expected, again)}"
+            )
         if pivot.to_dict() != record:
             raise _Failed("editing the returned observations and infos changed the pivot in env.pivots")
         stepped, _, _, _, step_info = self.step(pivot, copy.deepcopy(pivot.expert), "the expert's action")
@@ -364,17 +388,24 @@ class _Checker:
             raise _Failed("a step's observation or info holds what the caller wrote into an earlier one")
 
     def same_seed_same_verdict(self, pivot: Pivot) -> None:
-        for label, action in (("the expert's action", pivot.expert), ("random text", self.junk["random text"])):
+        for label, action in (
+            ("the expert's action", pivot.expert),
+            ("random text", self.junk["random text"]),
+        ):
             verdicts = []
             for _ in range(2):
                 self.reset(pivot, seed=self.seed)
                 _, reward, _, _, info = self.step(pivot, copy.deepcopy(action), label)
                 verdicts.append((reward, info.get("category"), info["valid"], info.get("strict_reward")))
             if verdicts[0] != verdicts[1]:
-                raise _Failed(f"{label} under reset(seed={self.seed}) got (reward, category, valid, strict_reward) "
-                              f"{verdicts[0]}, then {verdicts[1]}")
+                raise _Failed(
+                    f"{label} under reset(seed={self.seed}) got (reward, category, valid, strict_reward) "
+                    f"{verdicts[0]}, then {verdicts[1]}"
+                )
 
-    def broken_infrastructure_is_invalid(self, pivot: Pivot, break_infrastructure: BreakInfrastructure) -> None:
+    def broken_infrastructure_is_invalid(
+        self, pivot: Pivot, break_infrastructure: BreakInfrastructure
+    ) -> None:
         self.reset(pivot)
         try:
             broke = break_infrastructure(self.env)
@@ -386,13 +417,19 @@ class _Checker:
         expert = copy.deepcopy(pivot.expert)
         _, reward, _, _, info = self.step(pivot, expert, "the expert's action, infrastructure broken")
         if info["valid"] is not False or reward != 0.0:
-            raise _Failed(f"with its infrastructure broken the expert's action scored {reward} "
-                          f"(valid {info['valid']}, {_verdict(info)}): an infrastructure failure must be valid=False")
+            raise _Failed(
+                f"with its infrastructure broken the expert's action scored {reward} "
+                f"(valid {info['valid']}, {_verdict(info)}): an infrastructure failure must be valid=False"
+            )
         self.reset(pivot)
-        _, reward, _, _, info = self.step(pivot, copy.deepcopy(expert), "the expert's action, after the failure")
+        _, reward, _, _, info = self.step(
+            pivot, copy.deepcopy(expert), "the expert's action, after the failure"
+        )
         if reward != 1.0 or info["valid"] is not True:
-            raise _Failed(f"the next reset did not recover: the expert's action then scored {reward} "
-                          f"(valid {info['valid']}, {_verdict(info)})")
+            raise _Failed(
+                f"the next reset did not recover: the expert's action then scored {reward} "
+                f"(valid {info['valid']}, {_verdict(info)})"
+            )
 
 
 def _step_result_problem(reward: Any, terminated: Any, truncated: Any, info: Any) -> str:
@@ -401,7 +438,9 @@ def _step_result_problem(reward: Any, terminated: Any, truncated: Any, info: Any
     if not isinstance(reward, float) or np.isnan(reward):
         return f"the reward is {reward!r} ({type(reward).__name__}), not a float"
     if terminated is not True or truncated is not False:
-        return f"terminated={terminated!r}, truncated={truncated!r}: a pivot episode is one step (True, False)"
+        return (
+            f"terminated={terminated!r}, truncated={truncated!r}: a pivot episode is one step (True, False)"
+        )
     return ""
 
 

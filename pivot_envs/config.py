@@ -41,7 +41,9 @@ class UnknownOptionError(ConfigError, UnknownNameError):
     """A setting's value or a config file's key that is not one of the known ones ('did you mean')."""
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None, factory: Any = None) -> Any:
+def option(
+    default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None, factory: Any = None
+) -> Any:
     """A dataclass field with a help text (and optional choices) for the generated CLI."""
     metadata: dict[str, Any] = {"help": help}
     if choices is not None:
@@ -87,7 +89,9 @@ def at_least(config: object, low: float, *names: str) -> None:
             raise _fail(config, name, f">= {low}")
 
 
-def between(config: object, name: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
+def between(
+    config: object, name: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> None:
     """Raise ConfigError unless `name` (None allowed) lies in the interval from `low` to `high`."""
     value = _number(config, name)
     if value is None:
@@ -132,7 +136,11 @@ def command_parser(**kwargs: Any) -> argparse.ArgumentParser:
             return super()._get_help_string(action)
 
         def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
-            return action.dest.upper() if action.type is None else super()._get_default_metavar_for_optional(action)
+            return (
+                action.dest.upper()
+                if action.type is None
+                else super()._get_default_metavar_for_optional(action)
+            )
 
         def _get_default_metavar_for_positional(self, action: argparse.Action) -> str:
             return action.dest if action.type is None else super()._get_default_metavar_for_positional(action)
@@ -233,14 +241,20 @@ def apply_config_file(parser: argparse.ArgumentParser, values: Mapping[str, Any]
     them). Keys may use dashes or underscores; an unknown key is an UnknownOptionError with a
     'did you mean', a value of the wrong type a ConfigError naming it."""
     configs = {dest: type(default) for dest, default in parser.__dict__.get("pivot_configs", {}).items()}
-    plain = {action.dest: action for action in parser._actions if action.option_strings and action.dest not in SKIPPED}
+    plain = {
+        action.dest: action
+        for action in parser._actions
+        if action.option_strings and action.dest not in SKIPPED
+    }
     positional = {action.dest for action in parser._actions if not action.option_strings}
     tables: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name in positional:
-            raise ConfigError(f"--config {path}: {key!r} is a positional argument: give it on the command line")
+            raise ConfigError(
+                f"--config {path}: {key!r} is a positional argument: give it on the command line"
+            )
         if name in configs and isinstance(value, Mapping):
             tables[name] = _table(configs[name], value, f"{path} [{key}]")
         elif configs and len(configs) == 1 and name in _fields(next(iter(configs.values()))):
@@ -296,7 +310,9 @@ def effective_settings(parser: argparse.ArgumentParser, args: argparse.Namespace
     settings = {
         action.dest: getattr(args, action.dest)
         for action in parser._actions
-        if action.dest not in SKIPPED and action.dest in vars(args) and action.dest not in configs
+        if action.dest not in SKIPPED
+        and action.dest in vars(args)
+        and action.dest not in configs
         and not isinstance(action, argparse._SubParsersAction)
     }
     if len(configs) == 1:  # a command with one config: its fields at the top, as in its flags
@@ -321,7 +337,11 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None) + "}"
+        return (
+            "{"
+            + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+            + "}"
+        )
     return json.dumps(str(value), ensure_ascii=False)
 
 

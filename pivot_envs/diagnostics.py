@@ -90,12 +90,16 @@ def message_chars(message: dict) -> int:
     return total
 
 
-def diagnose(pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, bins: int = 10) -> Diagnostics:
+def diagnose(
+    pivots: Iterable[Pivot], lambda_diff: float = FilterConfig.lambda_diff, bins: int = 10
+) -> Diagnostics:
     """Diagnostics of a pivot set (see the module docstring); `bins` equal bins over [0, 1] for the means."""
     pivots = list(pivots)
     per_tool: Counter = Counter()
     for pivot in pivots:
-        per_tool.update(call.get("function", {}).get("name", "") for call in pivot.expert.get("tool_calls") or [])
+        per_tool.update(
+            call.get("function", {}).get("name", "") for call in pivot.expert.get("tool_calls") or []
+        )
     prefix_lengths = [len(p.messages) for p in pivots]
     action_lengths = [message_chars(p.expert) for p in pivots]
     result = Diagnostics(
@@ -160,22 +164,34 @@ def format_report(diagnostics: Diagnostics) -> str:
     rows += [(f"  domain {name}", str(n)) for name, n in d.per_domain.items()]
     rows += [(f"  action {name}", str(n)) for name, n in d.per_action_kind.items()]
     rows += [(f"  tool {name}", str(n)) for name, n in list(d.per_tool.items())[:15]]
-    for label, s in (("prefix messages", d.prefix_messages), ("prefix chars", d.prefix_chars), ("action chars", d.action_chars)):
+    for label, s in (
+        ("prefix messages", d.prefix_messages),
+        ("prefix chars", d.prefix_chars),
+        ("action chars", d.action_chars),
+    ):
         rows.append((label, f"min {s.min:g}  mean {s.mean:.1f}  median {s.median:g}  max {s.max:g}"))
     if d.profiled:
         rows += [
             ("profiled", f"{d.profiled} ({d.scored} with valid samples)"),
-            ("zero-variance candidates", f"{_percent(d.zero_variance_fraction)} (all solved {_percent(d.all_solved_fraction)}, "
-                                         f"all failed {_percent(d.all_failed_fraction)})"),
+            (
+                "zero-variance candidates",
+                f"{_percent(d.zero_variance_fraction)} (all solved {_percent(d.all_solved_fraction)}, "
+                f"all failed {_percent(d.all_failed_fraction)})",
+            ),
             (f"D_adv at lambda_diff={d.lambda_diff:g}", f"{d.adv_count} of {d.profiled}"),
             ("samples", f"{d.samples} ({d.invalid_samples} invalid)"),
-            ("miss rate P[strict=0|func=1]", f"{_percent(d.miss_rate)} ({d.strict_misses}/{d.functional_successes})"),
+            (
+                "miss rate P[strict=0|func=1]",
+                f"{_percent(d.miss_rate)} ({d.strict_misses}/{d.functional_successes})",
+            ),
         ]
         last = len(d.mean_histogram) - 1
         for i, count in enumerate(d.mean_histogram):
             bracket = "]" if i == last else ")"  # the last bin includes 1.0
             bar = "#" * round(40 * count / max(1, d.scored))
-            rows.append((f"  mean in [{d.mean_bins[i]:.2f}, {d.mean_bins[i + 1]:.2f}{bracket}", f"{count:5d} {bar}"))
+            rows.append(
+                (f"  mean in [{d.mean_bins[i]:.2f}, {d.mean_bins[i + 1]:.2f}{bracket}", f"{count:5d} {bar}")
+            )
         rows += [(f"  category {name}", str(n)) for name, n in d.per_category.items()]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)
@@ -214,8 +230,11 @@ def plot(diagnostics: Diagnostics, out_dir: str | os.PathLike[str]) -> list[Path
         width = 1 / max(1, len(d.mean_histogram))
         ax.bar([b + width / 2 for b in d.mean_bins[:-1]], d.mean_histogram, width=width * 0.9)
         ax.axvline(d.lambda_diff, color="red", linestyle="--", label=f"lambda_diff={d.lambda_diff:g}")
-        ax.set(xlabel="reward mean under the reference policy", ylabel="candidates",
-               title=f"Reward means (zero variance: {_percent(d.zero_variance_fraction)})")
+        ax.set(
+            xlabel="reward mean under the reference policy",
+            ylabel="candidates",
+            title=f"Reward means (zero variance: {_percent(d.zero_variance_fraction)})",
+        )
         ax.legend()
         save(fig, "reward_means.png")
         if d.per_category:
@@ -230,7 +249,10 @@ def plot(diagnostics: Diagnostics, out_dir: str | os.PathLike[str]) -> list[Path
 class DiagnosticsConfig:
     """Options of `pivotrl stats`."""
 
-    lambda_diff: float = option(FilterConfig.lambda_diff, "lambda_diff (paper Eq. 5) at which to count the D_adv size (pivotrl filter's default)")
+    lambda_diff: float = option(
+        FilterConfig.lambda_diff,
+        "lambda_diff (paper Eq. 5) at which to count the D_adv size (pivotrl filter's default)",
+    )
     bins: int = option(10, "number of equal bins over [0, 1] in the reward-mean histogram")
 
     def __post_init__(self) -> None:

@@ -31,7 +31,9 @@ class MissingExtraError(PivotEnvsError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
     def __init__(self, what: str, module: str, extra: str) -> None:
-        super().__init__(f"{what} needs {module!r}, which is not installed: pip install 'pivot-envs[{extra}]'")
+        super().__init__(
+            f"{what} needs {module!r}, which is not installed: pip install 'pivot-envs[{extra}]'"
+        )
         self.name = module
 
 

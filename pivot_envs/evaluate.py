@@ -137,20 +137,32 @@ class EvalConfig:
         at_least(self, 0, "samples", "temperature")
         at_least(self, 1, "max_new_tokens", "batch_size", "num_envs")
         if not self.greedy and self.samples == 0:
-            raise ConfigError("EvalConfig: nothing to evaluate: greedy is off and samples is 0 (set --samples N)")
+            raise ConfigError(
+                "EvalConfig: nothing to evaluate: greedy is off and samples is 0 (set --samples N)"
+            )
 
 
 def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
     modes = []
     if config.greedy:
-        modes.append(("greedy", 1, SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens, seed=config.seed)))
+        modes.append(
+            (
+                "greedy",
+                1,
+                SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens, seed=config.seed),
+            )
+        )
     if config.samples > 0:
-        sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
+        sampling = SamplingParams(
+            temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed
+        )
         modes.append(("sampled", config.samples, sampling))
     return modes
 
 
-def generate_all(policy: Policy, pivots: Sequence[Pivot], n: int, sampling: SamplingParams, batch_size: int) -> list[list[Completion]]:
+def generate_all(
+    policy: Policy, pivots: Sequence[Pivot], n: int, sampling: SamplingParams, batch_size: int
+) -> list[list[Completion]]:
     """n completions at each pivot, `batch_size` pivots per generate call."""
     out: list[list[Completion]] = []
     for start in range(0, len(pivots), batch_size):
@@ -194,13 +206,31 @@ def evaluate(
             strict = [score.strict_reward for score, _ in kept]
             clusters = [pivot_id for _, pivot_id in kept]
             invalid = len(scores) - len(kept)
-            report.rows.append(EvalRow(domain, mode, len(members), n, Accuracy.of(functional, clusters),
-                                       Accuracy.of(strict, clusters), invalid))
+            report.rows.append(
+                EvalRow(
+                    domain,
+                    mode,
+                    len(members),
+                    n,
+                    Accuracy.of(functional, clusters),
+                    Accuracy.of(strict, clusters),
+                    invalid,
+                )
+            )
             pooled["functional"] += functional
             pooled["strict"] += strict
             pooled["clusters"] += clusters
             pooled_invalid += invalid
         if len(by_domain) > 1:
-            report.rows.append(EvalRow("all", mode, len(pivots), n, Accuracy.of(pooled["functional"], pooled["clusters"]),
-                                       Accuracy.of(pooled["strict"], pooled["clusters"]), pooled_invalid))
+            report.rows.append(
+                EvalRow(
+                    "all",
+                    mode,
+                    len(pivots),
+                    n,
+                    Accuracy.of(pooled["functional"], pooled["clusters"]),
+                    Accuracy.of(pooled["strict"], pooled["clusters"]),
+                    pooled_invalid,
+                )
+            )
     return report

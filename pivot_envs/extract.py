@@ -34,7 +34,8 @@ class ExtractConfig:
         None, "keep only trajectories whose source reward is >= this (e.g. 1.0: successful episodes only)"
     )
     keep_unrewarded: bool = option(
-        True, "with --min-source-reward: keep trajectories that record no reward at all (they cannot be judged)"
+        True,
+        "with --min-source-reward: keep trajectories that record no reward at all (they cannot be judged)",
     )
     message_turns: bool = option(True, "keep assistant turns that are a message with no tool call")
     multi_call_turns: bool = option(True, "keep assistant turns with several (parallel) tool calls")
@@ -57,8 +58,9 @@ class FilterConfig:
         choices=FILTER_MODES,
     )
     lambda_diff: float = option(
-        0.6, "difficulty threshold lambda_diff of paper Eq. 5: keep mean reward < this (the paper gives no value; "
-        "pivotrl stats counts D_adv at the same one)"
+        0.6,
+        "difficulty threshold lambda_diff of paper Eq. 5: keep mean reward < this (the paper gives no value; "
+        "pivotrl stats counts D_adv at the same one)",
     )
     dedup: bool = option(False, "drop near-duplicate expert actions, keeping the first (see --dedup-by)")
     dedup_by: str = option(
@@ -109,7 +111,7 @@ def infer_tool_schemas(trajectories: Iterable[Trajectory]) -> list[dict]:
                 props = seen.setdefault(name, {})
                 calls_per_tool[name] = calls_per_tool.get(name, 0) + 1
                 counts = present.setdefault(name, {})
-                for key, value in (arguments.items() if isinstance(arguments, dict) else []):
+                for key, value in arguments.items() if isinstance(arguments, dict) else []:
                     props.setdefault(key, set()).add(_json_type(value))
                     counts[key] = counts.get(key, 0) + 1
     tools = []
@@ -119,14 +121,16 @@ def infer_tool_schemas(trajectories: Iterable[Trajectory]) -> list[dict]:
             kinds = sorted(types - {"null"}) or ["null"]
             properties[key] = {"type": kinds[0] if len(kinds) == 1 else kinds}
         required = sorted(k for k, n in present[name].items() if n == calls_per_tool[name])
-        tools.append({
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": "Inferred from the recorded calls (the source has no tool schemas).",
-                "parameters": {"type": "object", "properties": properties, "required": required},
-            },
-        })
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": "Inferred from the recorded calls (the source has no tool schemas).",
+                    "parameters": {"type": "object", "properties": properties, "required": required},
+                },
+            }
+        )
     return tools
 
 
@@ -183,12 +187,16 @@ def extract_pivots(
             if message.get("role") != "assistant":
                 continue
             turn += 1
-            reason = turn_rejection(message, config) or ("assistant turn with no prefix" if index == 0 else None)
+            reason = turn_rejection(message, config) or (
+                "assistant turn with no prefix" if index == 0 else None
+            )
             if reason:
                 report.filtered[reason] += 1
                 continue
             report.pivots += 1
-            prefix, expert, own_tools, own_context = _clone((trajectory.messages[:index], message, tools, context))
+            prefix, expert, own_tools, own_context = _clone(
+                (trajectory.messages[:index], message, tools, context)
+            )
             yield Pivot(
                 id=f"{trajectory.id}/t{turn}",
                 domain=config.domain,
@@ -196,7 +204,12 @@ def extract_pivots(
                 expert=expert,
                 tools=own_tools,
                 context=own_context,
-                source={"trajectory": trajectory.id, "turn": turn, "reward": trajectory.reward, "format": trajectory.format},
+                source={
+                    "trajectory": trajectory.id,
+                    "turn": turn,
+                    "reward": trajectory.reward,
+                    "format": trajectory.format,
+                },
             )
 
 
@@ -223,7 +236,9 @@ def filter_pivots(
         return pivots
     for pivot in pivots:
         if pivot.profile is None:
-            raise PivotSetError(f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use mode 'cand'")
+            raise PivotSetError(
+                f"pivot {pivot.id} has no profile: profile it first (pivotrl profile) or use mode 'cand'"
+            )
     kept = [p for p in pivots if p.profile.var > 0 and p.profile.mean < lambda_diff]
     if kept or mode == "adv":
         return kept
@@ -247,7 +262,9 @@ def _normalize(value: Any) -> Any:
 def normalized_action(message: dict) -> str:
     """An assistant message's action for dedup: tool names, parsed arguments and text, whitespace collapsed."""
     return json.dumps(
-        {"content": _normalize(text_of(message)), "calls": _normalize(calls_of(message))}, sort_keys=True, ensure_ascii=False
+        {"content": _normalize(text_of(message)), "calls": _normalize(calls_of(message))},
+        sort_keys=True,
+        ensure_ascii=False,
     )
 
 

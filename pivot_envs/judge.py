@@ -67,7 +67,10 @@ def render_action(message: dict[str, Any]) -> str:
     if text_of(message):
         parts.append(f"message: {text_of(message)}")
     for name, arguments in calls_of(message):
-        parts.append("tool call: " + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, sort_keys=True))
+        parts.append(
+            "tool call: "
+            + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, sort_keys=True)
+        )
     return "\n".join(parts) or "(empty)"
 
 
@@ -166,13 +169,21 @@ class JudgeVerifier:
         return self.judge_many([(pivot, action)])[0]
 
     def _ask(self, missing: dict[tuple[str, str], tuple[Pivot, dict[str, Any]]]) -> None:
-        chats = [{"messages": [{"role": "user", "content": self.prompt(p, a)}], "tools": []} for p, a in missing.values()]
+        chats = [
+            {"messages": [{"role": "user", "content": self.prompt(p, a)}], "tools": []}
+            for p, a in missing.values()
+        ]
         sampling = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
         try:
             groups = self.policy.generate(chats, 1, sampling)
         except Exception as error:  # the judge's infrastructure failed: an invalid verdict, not a crash
             for key in missing:
-                self.cache[key] = {"pivot": key[0], "action": key[1], "accept": None, "error": repr(error)[:300]}
+                self.cache[key] = {
+                    "pivot": key[0],
+                    "action": key[1],
+                    "accept": None,
+                    "error": repr(error)[:300],
+                }
             return
         entries = []
         for key, group in zip(missing, groups):
@@ -191,7 +202,10 @@ class JudgeVerifier:
             return Verdict(0.0, "judge_error", f"the judge failed: {entry['error']}", valid=False)
         if entry["accept"] is None:
             return Verdict(
-                0.0, "judge_unparseable", f"no VERDICT line in the judge's answer: {entry['text'][-200:]!r}", valid=False
+                0.0,
+                "judge_unparseable",
+                f"no VERDICT line in the judge's answer: {entry['text'][-200:]!r}",
+                valid=False,
             )
         if entry["accept"]:
             return Verdict(1.0, "judge_accept", entry.get("text", "")[-300:])
@@ -220,5 +234,8 @@ class JudgedVerifier:
         if self.categories is not None and verdict.category not in self.categories:
             return verdict
         judged = self.judge.verify(pivot, action, outcome)
-        judged.extra = {**judged.extra, "functional": {"category": verdict.category, "detail": verdict.detail}}
+        judged.extra = {
+            **judged.extra,
+            "functional": {"category": verdict.category, "detail": verdict.detail},
+        }
         return judged

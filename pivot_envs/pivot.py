@@ -138,7 +138,9 @@ class Pivot:
             if name not in data:
                 raise PivotFormatError(f"pivot record has no '{name}' field")
             if not isinstance(data[name], kind):
-                raise PivotFormatError(f"pivot field '{name}' must be {kind.__name__}, got {type(data[name]).__name__}")
+                raise PivotFormatError(
+                    f"pivot field '{name}' must be {kind.__name__}, got {type(data[name]).__name__}"
+                )
         profile = data.get("profile")
         return cls(
             id=data["id"],
@@ -187,7 +189,11 @@ def write_pivots(
     a resumable log (`PivotWriter` is that).
     """
     if not isinstance(path, (str, os.PathLike)):
-        hint = " (the arguments are swapped: write_pivots(pivots, path))" if isinstance(pivots, (str, os.PathLike)) else ""
+        hint = (
+            " (the arguments are swapped: write_pivots(pivots, path))"
+            if isinstance(pivots, (str, os.PathLike))
+            else ""
+        )
         raise TypeError(f"write_pivots: path must be a str or path, got {type(path).__name__}{hint}")
     # Imported here, not at the top: `import pivot_envs` loads this module and stays light.
     from tqdm import tqdm

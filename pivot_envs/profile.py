@@ -54,17 +54,23 @@ class ProfileConfig:
     top_p: float = option(1.0, "nucleus sampling mass")
     max_new_tokens: int = option(256, "token budget of one sampled action")
     seed: int | None = option(
-        None, "seed of the sampler: each candidate's K samples are drawn from a seed of its own, made from this "
-        "and its id, so a resumed run samples what an uninterrupted one does; None: unseeded"
+        None,
+        "seed of the sampler: each candidate's K samples are drawn from a seed of its own, made from this "
+        "and its id, so a resumed run samples what an uninterrupted one does; None: unseeded",
     )
     batch_pivots: int = option(8, "candidates per generate call (their K samples are generated together)")
     env_workers: int = option(4, "env instances stepping samples concurrently (a thread pool)")
-    env: str | None = option(None, "gymnasium env id for every candidate (default: pivot/<domain>-v0 of each)")
-    env_kwargs: dict[str, Any] | str = option(factory=dict, help="keyword arguments of gym.make, as a JSON object")
+    env: str | None = option(
+        None, "gymnasium env id for every candidate (default: pivot/<domain>-v0 of each)"
+    )
+    env_kwargs: dict[str, Any] | str = option(
+        factory=dict, help="keyword arguments of gym.make, as a JSON object"
+    )
     keep_actions: bool = option(True, "store the sampled actions in the profile (for the miss-rate analysis)")
     restart: bool = option(
-        False, "when the output holds profiles made with other settings, move it aside to OUT.stale and "
-        "start over (when false: stop with an error naming the differences)"
+        False,
+        "when the output holds profiles made with other settings, move it aside to OUT.stale and "
+        "start over (when false: stop with an error naming the differences)",
     )
     progress: bool = option(True, "show a progress bar on stderr")
 
@@ -182,7 +188,9 @@ def completed(path: str | os.PathLike[str]) -> dict[str, tuple[int, dict[str, An
     return _read_output(path)[0]
 
 
-def _read_output(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, dict[str, Any]]], dict[str, int]]:
+def _read_output(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, tuple[int, dict[str, Any]]], dict[str, int]]:
     """(done, failed) of an output file: `completed`'s ids, and the ids and line numbers of the
     rows none of whose samples was valid (to profile again)."""
     path = Path(path)
@@ -228,8 +236,9 @@ def _drop_lines(path: str | os.PathLike[str], numbers: list[int]) -> None:
     staging.replace(path)
 
 
-def check_settings(path: str | os.PathLike[str], done: dict[str, tuple[int, dict[str, Any]]],
-                   settings: dict[str, Any]) -> None:
+def check_settings(
+    path: str | os.PathLike[str], done: dict[str, tuple[int, dict[str, Any]]], settings: dict[str, Any]
+) -> None:
     """Raise ProfileMismatchError when a profile in `path` was made with other settings."""
     for number, recorded in sorted(done.values(), key=lambda entry: entry[0]):
         if recorded == settings:
@@ -240,7 +249,8 @@ def check_settings(path: str | os.PathLike[str], done: dict[str, tuple[int, dict
             keys = [*settings, *(key for key in recorded if key not in settings)]
             differences = "; ".join(
                 f"{key}: {recorded.get(key)!r} there, {settings.get(key)!r} now"
-                for key in keys if recorded.get(key) != settings.get(key)
+                for key in keys
+                if recorded.get(key) != settings.get(key)
             )
         raise ProfileMismatchError(
             f"{path}:{number}: profiled with other settings than this run's ({differences}); mixing them "
@@ -264,11 +274,21 @@ def _sample_result(future: Future) -> dict[str, Any]:
         score = future.result()
     except Exception as error:  # an env bug is not the action's fault: mask the sample, count it
         root = error.__cause__ or error  # the env's own error, not the pool's wrapper
-        return {"reward": 0.0, "strict": 0.0, "category": "env_error", "valid": False,
-                "error": f"{type(root).__name__}: {root}"}
+        return {
+            "reward": 0.0,
+            "strict": 0.0,
+            "category": "env_error",
+            "valid": False,
+            "error": f"{type(root).__name__}: {root}",
+        }
     error = "" if score.valid else f"{score.category}: {score.detail}" if score.detail else score.category
-    return {"reward": score.reward, "strict": score.strict_reward, "category": score.category, "valid": score.valid,
-            "error": error}
+    return {
+        "reward": score.reward,
+        "strict": score.strict_reward,
+        "category": score.category,
+        "valid": score.valid,
+        "error": error,
+    }
 
 
 def _action_text(completion: Completion) -> str:
@@ -410,7 +430,9 @@ class _Recorder:
     config: ProfileConfig
     bar: Any
     started: float
-    streak: list[tuple[str, int, str]] = field(default_factory=list)  # (pivot id, sample, cause) of the invalid run
+    streak: list[tuple[str, int, str]] = field(
+        default_factory=list
+    )  # (pivot id, sample, cause) of the invalid run
 
     def finish(self, pending: list[tuple[Pivot, list[Completion], list[Future]]]) -> None:
         """Wait for the queued candidates' env steps and write each finished candidate, in order;
@@ -457,10 +479,17 @@ class _Recorder:
         first: dict[str, tuple[str, int]] = {}
         for pivot_id, index, cause in self.streak:
             first.setdefault(cause, (pivot_id, index))
-        causes = "; ".join(f"pivot {pivot_id} sample {index}: {cause}" for cause, (pivot_id, index) in list(first.items())[:3])
+        causes = "; ".join(
+            f"pivot {pivot_id} sample {index}: {cause}"
+            for cause, (pivot_id, index) in list(first.items())[:3]
+        )
         if len(first) > 3:
             causes += f"; and {len(first) - 3} other causes"
-        what = f"every one of the run's {len(self.streak)} samples" if whole_run else f"{len(self.streak)} samples in a row"
+        what = (
+            f"every one of the run's {len(self.streak)} samples"
+            if whole_run
+            else f"{len(self.streak)} samples in a row"
+        )
         return EnvFailureError(
             f"profiling stopped: {what} failed in the env, not in the policy's actions ({causes}); "
             f"the candidates written without a valid sample are profiled again on a rerun"
@@ -472,5 +501,10 @@ def _progress(config: ProfileConfig, total: int, skipped: int) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="pivot", desc=f"profiling (resumed, {skipped} done)" if skipped else "profiling",
-                file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        unit="pivot",
+        desc=f"profiling (resumed, {skipped} done)" if skipped else "profiling",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )

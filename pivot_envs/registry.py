@@ -65,7 +65,9 @@ def load_domain(entry_point: EntryPoint) -> DomainSpec:
     try:
         spec = entry_point.load()
     except Exception as error:
-        raise PluginError(f"domain plugin {entry_point.name!r} ({entry_point.value}) failed to load: {error!r}") from error
+        raise PluginError(
+            f"domain plugin {entry_point.name!r} ({entry_point.value}) failed to load: {error!r}"
+        ) from error
     if not isinstance(spec, DomainSpec):
         raise PluginError(
             f"domain plugin {entry_point.name!r} ({entry_point.value}) is a {type(spec).__name__}, not a DomainSpec"
@@ -124,7 +126,11 @@ def _module_findable(value: str) -> bool:
                 return False
             fullname = ".".join(names[: depth + 1])
             loaded = sys.modules.get(fullname)
-            spec = loaded.__spec__ if loaded is not None else _find_spec(fullname, spec.submodule_search_locations)
+            spec = (
+                loaded.__spec__
+                if loaded is not None
+                else _find_spec(fullname, spec.submodule_search_locations)
+            )
         return spec is not None
     except (ImportError, ValueError):
         return False

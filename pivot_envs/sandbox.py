@@ -33,11 +33,34 @@ from pivot_envs.sandboxes.runner import (
 )
 
 __all__ = [
-    "CHANNEL_DIR", "RUNNER", "SAFE_ENV", "SERVER", "STATE_DIR", "CommandRejected", "CommandResult", "FileChange",
-    "Sandbox", "SandboxError", "SandboxLimits", "Snapshot", "command_problem", "cut_marker", "disk_usage",
-    "file_changes", "manifest", "new_marker", "parse_runner_output", "result_from_files", "runner_argv",
-    "runner_env", "strip_ansi",
+    "CHANNEL_DIR",
+    "RUNNER",
+    "SAFE_ENV",
+    "SERVER",
+    "STATE_DIR",
+    "CommandRejected",
+    "CommandResult",
+    "FileChange",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "Snapshot",
+    "command_problem",
+    "cut_marker",
+    "disk_usage",
+    "file_changes",
+    "manifest",
+    "new_marker",
+    "parse_runner_output",
+    "result_from_files",
+    "runner_argv",
+    "runner_env",
+    "strip_ansi",
 ]
 
-warnings.warn("pivot_envs.sandbox is deprecated: import from pivot_envs.sandboxes (SandboxLimits, CommandResult, "
-              "...), pivot_envs.sandboxes.runner, .output or .manifest", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "pivot_envs.sandbox is deprecated: import from pivot_envs.sandboxes (SandboxLimits, CommandResult, "
+    "...), pivot_envs.sandboxes.runner, .output or .manifest",
+    DeprecationWarning,
+    stacklevel=2,
+)

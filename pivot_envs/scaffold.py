@@ -45,7 +45,9 @@ def check_name(name: str) -> None:
         raise ScaffoldError(f"invalid domain name {name!r}: a domain name is {NAME_RULE}")
     installed = discover().get(name)
     if installed is not None:
-        raise ScaffoldError(f"a domain named {name!r} is already installed ({installed.value}): choose another name")
+        raise ScaffoldError(
+            f"a domain named {name!r} is already installed ({installed.value}): choose another name"
+        )
 
 
 def new_domain(name: str, directory: str | os.PathLike | None = None) -> list[Path]:
@@ -55,15 +57,21 @@ def new_domain(name: str, directory: str | os.PathLike | None = None) -> list[Pa
     check_name(name)
     root = Path(directory if directory is not None else f"pivot-envs-{name}")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise ScaffoldError(f"{root} already exists and is not an empty directory: new-domain never overwrites")
+        raise ScaffoldError(
+            f"{root} already exists and is not an empty directory: new-domain never overwrites"
+        )
     module = "pivot_envs_" + name.replace("-", "_")
     values = {
         "name": name,
         "module": module,
         "env_class": "".join(part.capitalize() for part in re.split(r"[-_]", name) if part) + "Env",
     }
-    files = {path.replace("MODULE", module): Template(text).substitute(values) for path, text in TEMPLATES.items()}
-    files[f"{module}/data/pivots.jsonl"] = "".join(json.dumps(p.to_dict()) + "\n" for p in sample_pivots(name))
+    files = {
+        path.replace("MODULE", module): Template(text).substitute(values) for path, text in TEMPLATES.items()
+    }
+    files[f"{module}/data/pivots.jsonl"] = "".join(
+        json.dumps(p.to_dict()) + "\n" for p in sample_pivots(name)
+    )
     written = []
     for relative, text in files.items():
         path = root / relative
@@ -78,33 +86,52 @@ def sample_pivots(domain: str) -> list[Pivot]:
     system = {"role": "system", "content": "You are a calculator assistant. Use the tools, then answer."}
     pivots = []
     for trajectory, (question, tool, a, b, answer) in enumerate(
-        [("What is 17 + 25?", "add", 17, 25, "17 + 25 = 42."), ("What is 6 times 8?", "multiply", 6, 8, "6 times 8 is 48.")],
+        [
+            ("What is 17 + 25?", "add", 17, 25, "17 + 25 = 42."),
+            ("What is 6 times 8?", "multiply", 6, 8, "6 times 8 is 48."),
+        ],
         start=1,
     ):
         call = tool_call(tool, {"a": a, "b": b}, "call_0")
         prefix = [system, {"role": "user", "content": question}]
-        after_call = [*prefix, {"role": "assistant", "content": None, "tool_calls": [call]},
-                      {"role": "tool", "tool_call_id": "call_0", "content": answer.rstrip(".").split()[-1]}]
+        after_call = [
+            *prefix,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": answer.rstrip(".").split()[-1]},
+        ]
         for turn, (messages, expert) in enumerate(
-            [(prefix, {"role": "assistant", "content": None, "tool_calls": [call]}),
-             (after_call, {"role": "assistant", "content": answer})]
+            [
+                (prefix, {"role": "assistant", "content": None, "tool_calls": [call]}),
+                (after_call, {"role": "assistant", "content": answer}),
+            ]
         ):
-            pivots.append(Pivot(id=f"calc/{trajectory}/t{turn}", domain=domain, messages=messages, expert=expert,
-                                tools=CALCULATOR_TOOLS, source={"trajectory": f"calc/{trajectory}", "turn": turn}))
+            pivots.append(
+                Pivot(
+                    id=f"calc/{trajectory}/t{turn}",
+                    domain=domain,
+                    messages=messages,
+                    expert=expert,
+                    tools=CALCULATOR_TOOLS,
+                    source={"trajectory": f"calc/{trajectory}", "turn": turn},
+                )
+            )
     return pivots
 
 
 def _tool(name: str, description: str) -> dict:
     number = {"type": "number"}
     parameters = {"type": "object", "properties": {"a": number, "b": number}, "required": ["a", "b"]}
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
 
 
 CALCULATOR_TOOLS = [_tool("add", "a + b"), _tool("multiply", "a * b")]
 
 TEMPLATES: dict[str, str] = {}
 
-TEMPLATES["pyproject.toml"] = '''\
+TEMPLATES["pyproject.toml"] = """\
 [build-system]
 requires = ["setuptools>=64"]
 build-backend = "setuptools.build_meta"
@@ -131,9 +158,9 @@ include = ["$module*"]  # the package and its data/ folder
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-'''
+"""
 
-TEMPLATES["README.md"] = '''\
+TEMPLATES["README.md"] = """\
 # pivot-envs-$name
 
 The `$name` domain for [pivot-envs](https://github.com/pivot-envs/pivot-envs): `pivot/$name-v0`.
@@ -144,7 +171,7 @@ The `$name` domain for [pivot-envs](https://github.com/pivot-envs/pivot-envs): `
 It starts as a calculator tool domain: replace the tools (`$module/backend.py`), the parser
 (`parse.py`), the verifier (`verifier.py`) and the pivots (`data/pivots.jsonl`) with your own,
 and keep `tests/test_domain.py` passing: it runs `check_pivot_env`, the pivot contract.
-'''
+"""
 
 TEMPLATES["MODULE/__init__.py"] = '''\
 """The $name domain: `pivot/$name-v0`."""

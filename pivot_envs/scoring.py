@@ -46,7 +46,9 @@ def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwa
     if env is None:
         domains = sorted({pivot.domain for pivot in pivots})
         if len(domains) != 1 or not domains[0]:
-            raise PivotSetError(f"cannot tell which env scores these pivots (domains {domains}): pass an env id")
+            raise PivotSetError(
+                f"cannot tell which env scores these pivots (domains {domains}): pass an env id"
+            )
         env = f"pivot/{domains[0]}-v0"
     env_id, kept = env, list(pivots)
 
@@ -93,8 +95,13 @@ class EnvPool:
             raise RuntimeError(f"pivot {pivot_id}: the env failed on an action: {error!r}") from error
         finally:
             self._idle.put(env)
-        return Score(float(reward), float(info.get("strict_reward", 0.0)), bool(info.get("valid", True)),
-                     str(info.get("category", "")), str(info.get("detail", "")))
+        return Score(
+            float(reward),
+            float(info.get("strict_reward", 0.0)),
+            bool(info.get("valid", True)),
+            str(info.get("category", "")),
+            str(info.get("detail", "")),
+        )
 
     def submit(self, pivot_id: str, action: Any) -> Future:
         """Step one action at a pivot on a pool thread; the future's result is its Score."""

@@ -31,7 +31,11 @@ class Chat(spaces.Space[dict]):
         return False
 
     def contains(self, x: Any) -> bool:
-        if not isinstance(x, dict) or not isinstance(x.get("messages"), list) or not isinstance(x.get("tools"), list):
+        if (
+            not isinstance(x, dict)
+            or not isinstance(x.get("messages"), list)
+            or not isinstance(x.get("tools"), list)
+        ):
             return False
         return all(isinstance(m, dict) and m.get("role") in _ROLES for m in x["messages"]) and all(
             isinstance(t, dict) for t in x["tools"]
@@ -128,14 +132,18 @@ def _register_vector_support() -> None:
     """Batch our spaces as tuples, like gymnasium does for Text and Graph (iteration then falls back to
     `iter(items)` over the batch, which is what we want)."""
     for space_type in (Chat, Completion):
-        vector_utils.batch_space.register(space_type)(lambda space, n=1: spaces.Tuple([space] * n, seed=space.np_random))
+        vector_utils.batch_space.register(space_type)(
+            lambda space, n=1: spaces.Tuple([space] * n, seed=space.np_random)
+        )
         vector_utils.concatenate.register(space_type)(lambda space, items, out: tuple(items))
         vector_utils.create_empty_array.register(space_type)(
             lambda space, n=1, fn=np.zeros: tuple(None for _ in range(n))
         )
     vector_utils.create_shared_memory.register(Chat)(_create_shared_memory)
     vector_utils.write_to_shared_memory.register(Chat)(_write_to_shared_memory)
-    vector_utils.read_from_shared_memory.register(Chat)(lambda space, shared_memory, n=1: SharedChatBatch(shared_memory))
+    vector_utils.read_from_shared_memory.register(Chat)(
+        lambda space, shared_memory, n=1: SharedChatBatch(shared_memory)
+    )
 
 
 _register_vector_support()

@@ -32,6 +32,12 @@ from .protocol import (
 )
 
 __all__ = [
-    "CommandRejected", "CommandResult", "FileChange", "Sandbox", "SandboxError", "SandboxLimits", "Snapshot",
+    "CommandRejected",
+    "CommandResult",
+    "FileChange",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "Snapshot",
     "file_changes",
 ]

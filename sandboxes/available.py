@@ -54,7 +54,18 @@ def bwrap_available() -> bool:
     # bwrap exits as soon as `true` does and leaves its init to the host's PID 1 (a zombie for
     # good where PID 1 does not reap, as in many containers).
     result = subprocess.run(
-        [*drop_privileges(), "bwrap", "--unshare-all", "--die-with-parent", "--as-pid-1", "--ro-bind", "/", "/", "true"],
-        capture_output=True, timeout=10,
+        [
+            *drop_privileges(),
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--as-pid-1",
+            "--ro-bind",
+            "/",
+            "/",
+            "true",
+        ],
+        capture_output=True,
+        timeout=10,
     )
     return result.returncode == 0

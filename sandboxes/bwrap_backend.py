@@ -65,11 +65,18 @@ class BwrapBackend:
 
     name = "bwrap"
 
-    def __init__(self, rootfs: str | os.PathLike, limits: SandboxLimits | None = None,
-                 root_dir: str | os.PathLike | None = None, warm_pool: int = 4) -> None:
+    def __init__(
+        self,
+        rootfs: str | os.PathLike,
+        limits: SandboxLimits | None = None,
+        root_dir: str | os.PathLike | None = None,
+        warm_pool: int = 4,
+    ) -> None:
         self.rootfs = Path(rootfs)
         if not (self.rootfs / "usr" / "bin" / "bash").exists():
-            raise SandboxError(f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`")
+            raise SandboxError(
+                f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`"
+            )
         self.limits = limits or SandboxLimits()
         parent = Path(root_dir or tempfile.gettempdir())
         self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=parent))
@@ -111,24 +118,52 @@ class BwrapBackend:
         if self._drop:
             subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(path)], check=True)
 
-    def argv(self, directory: Path, workdir: str, inner: list[str], new_session: bool = True,
-             channel: Path | None = None) -> list[str]:
+    def argv(
+        self,
+        directory: Path,
+        workdir: str,
+        inner: list[str],
+        new_session: bool = True,
+        channel: Path | None = None,
+    ) -> list[str]:
         """The bwrap argv that runs `inner` in the sandbox made of `directory`'s trees (without the user drop)."""
         d = directory
         return [
-            "bwrap", "--unshare-all", "--die-with-parent", *(["--new-session"] if new_session else []),
-            "--hostname", "sandbox",
-            "--uid", "0", "--gid", "0",
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            *(["--new-session"] if new_session else []),
+            "--hostname",
+            "sandbox",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
             *self._system,
-            "--dev", "/dev", "--proc", "/proc",
-            "--bind", str(d / "tmp"), "/tmp",
-            "--bind", str(d / "home"), "/root",
-            "--bind", str(d / "state"), STATE_DIR,
-            "--bind", str(d / "work"), workdir,
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--bind",
+            str(d / "tmp"),
+            "/tmp",
+            "--bind",
+            str(d / "home"),
+            "/root",
+            "--bind",
+            str(d / "state"),
+            STATE_DIR,
+            "--bind",
+            str(d / "work"),
+            workdir,
             *(["--ro-bind", str(channel), CHANNEL_DIR] if channel is not None else []),
-            "--chdir", workdir,
-            "--clearenv", *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
-            "--setenv", "PIVOT_WORKDIR", workdir,
+            "--chdir",
+            workdir,
+            "--clearenv",
+            *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
+            "--setenv",
+            "PIVOT_WORKDIR",
+            workdir,
             *inner,
         ]
 
@@ -140,10 +175,18 @@ class BwrapBackend:
         # fork instead of vfork, holding the GIL for the copy of the whole process. The cgroup is
         # joined before that (only root may), the hard rlimits set after it, all before bwrap.
         with open(channel / "stderr", "wb") as stderr:
-            process = subprocess.Popen([*(cgroup.launch_prefix() if cgroup else []), *self._drop, *default_signals_argv(),
-                                        *hard_limits(self.limits),
-                                        *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel)],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+            process = subprocess.Popen(
+                [
+                    *(cgroup.launch_prefix() if cgroup else []),
+                    *self._drop,
+                    *default_signals_argv(),
+                    *hard_limits(self.limits),
+                    *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         server = BwrapServer(process, channel, cgroup)
         with self._lock:
             self._servers.add(server)
@@ -166,11 +209,14 @@ class BwrapBackend:
     def _copy(self, snapshot: Snapshot) -> tuple[Path, KnownDigests]:
         directory = self._new_dir()
         directory.rmdir()
-        copied = subprocess.run([*BACKGROUND, "cp", "-a", "--reflink=auto", snapshot.ref, str(directory)],
-                                capture_output=True)
+        copied = subprocess.run(
+            [*BACKGROUND, "cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], capture_output=True
+        )
         if copied.returncode != 0:  # e.g. the snapshot was released while a warm copy was queued
             shutil.rmtree(directory, ignore_errors=True)
-            raise SandboxError(f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}")
+            raise SandboxError(
+                f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}"
+            )
         return directory, KnownDigests.of_copy(directory / "work", self._snapshot_digests(snapshot))
 
     def _snapshot_digests(self, snapshot: Snapshot) -> dict[str, tuple[int, int, str]]:
@@ -239,13 +285,15 @@ class BwrapBackend:
 
     def discard(self, directory: Path, server: BwrapServer | None) -> None:
         """Kill a sandbox and delete its directory (in the background while the backend is open)."""
+
         def remove() -> None:
             if server is not None:
                 self.stop_server(server)
             self._yield()
             # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
-            if subprocess.run([*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)],
-                              capture_output=True).returncode:
+            if subprocess.run(
+                [*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)], capture_output=True
+            ).returncode:
                 shutil.rmtree(directory, ignore_errors=True)
 
         if self._closed:
@@ -302,8 +350,15 @@ class BwrapSandbox:
 
     backend = "bwrap"
 
-    def __init__(self, owner: BwrapBackend, directory: Path, workdir: str, server: BwrapServer | None = None,
-                 known: KnownDigests | None = None, foreground: bool = True) -> None:
+    def __init__(
+        self,
+        owner: BwrapBackend,
+        directory: Path,
+        workdir: str,
+        server: BwrapServer | None = None,
+        known: KnownDigests | None = None,
+        foreground: bool = True,
+    ) -> None:
         self.owner = owner
         self.directory = directory
         self.workdir = workdir
@@ -325,8 +380,15 @@ class BwrapSandbox:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         nproc = user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
-        args = runner_argv(command, None, limits, new_marker(), nproc=nproc,
-                           address_space_kb=limits.memory_mb * 1024, report=False)[4:]
+        args = runner_argv(
+            command,
+            None,
+            limits,
+            new_marker(),
+            nproc=nproc,
+            address_space_kb=limits.memory_mb * 1024,
+            report=False,
+        )[4:]
         for attempt in (1, 2):
             if self.server is None:
                 self.server = self.owner.start_server(self.directory, self.workdir)
@@ -334,9 +396,16 @@ class BwrapSandbox:
             start = time.monotonic()
             try:
                 # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
-                _, exit_code = call_server(server.channel, args, start + timeout + 10, "a bubblewrap sandbox",
-                                           server.alive, disk_check(self.directory, limits), start + timeout,
-                                           server.kill_request)
+                _, exit_code = call_server(
+                    server.channel,
+                    args,
+                    start + timeout + 10,
+                    "a bubblewrap sandbox",
+                    server.alive,
+                    disk_check(self.directory, limits),
+                    start + timeout,
+                    server.kill_request,
+                )
                 note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
                 break
             except ServerDown as error:
@@ -349,12 +418,23 @@ class BwrapSandbox:
             except (ServerTimeout, LimitExceeded) as error:
                 # Killing the sandbox ends the command and whatever it started; the files stay.
                 self.owner.stop_server(server)
-                broken = str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
+                broken = (
+                    str(error) if isinstance(error, LimitExceeded) else "the sandbox did not answer: killed"
+                )
                 self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
                 break
         workspace = self.directory / "work" if files else None
-        result = result_from_files(self.directory / "state", workspace, command, 137 if exit_code is None else exit_code,
-                                   limits, timeout, time.monotonic() - start, within=self.directory, known=self.known)
+        result = result_from_files(
+            self.directory / "state",
+            workspace,
+            command,
+            137 if exit_code is None else exit_code,
+            limits,
+            timeout,
+            time.monotonic() - start,
+            within=self.directory,
+            known=self.known,
+        )
         result.output += note
         return result
 
@@ -377,8 +457,14 @@ class BwrapSandbox:
         if self.server is None:
             self.server = self.owner.start_server(self.directory, self.workdir)
         cgroup = self.server.cgroup.launch_prefix() if self.server.cgroup is not None else []
-        return [*cgroup, *self.owner._drop, *hard_limits(self.owner.limits),
-                *self.owner.argv(self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False)]
+        return [
+            *cgroup,
+            *self.owner._drop,
+            *hard_limits(self.owner.limits),
+            *self.owner.argv(
+                self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False
+            ),
+        ]
 
     def close(self) -> None:
         """Kill the sandbox's processes and delete its directory tree."""

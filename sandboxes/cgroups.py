@@ -205,7 +205,7 @@ def remove_stale() -> int:
         if not base.is_dir():
             continue
         for parent in _find_parents(base):
-            pid = parent.name[len(PREFIX):]
+            pid = parent.name[len(PREFIX) :]
             if pid.isdigit() and Path(f"/proc/{pid}").exists():
                 continue
             for child in [entry for entry in parent.iterdir() if entry.is_dir()]:

@@ -49,14 +49,21 @@ def _write_request(channel: Path, body: bytes) -> None:
     try:
         view = memoryview(body)
         while view:
-            view = view[os.write(descriptor, view):]
+            view = view[os.write(descriptor, view) :]
     finally:
         os.close(descriptor)
 
 
-def call_server(channel: Path, args: list[str], deadline: float, name: str,
-                alive: Callable[[], bool] | None = None, check: Callable[[], str] | None = None,
-                kill_at: float | None = None, kill: Callable[[], None] | None = None) -> tuple[bytes, int | None]:
+def call_server(
+    channel: Path,
+    args: list[str],
+    deadline: float,
+    name: str,
+    alive: Callable[[], bool] | None = None,
+    check: Callable[[], str] | None = None,
+    kill_at: float | None = None,
+    kill: Callable[[], None] | None = None,
+) -> tuple[bytes, int | None]:
     """Send the runner's arguments to a sandbox's command server; returns (reply, exit status or None).
 
     The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading stops
@@ -114,7 +121,7 @@ def call_server(channel: Path, args: list[str], deadline: float, name: str,
                 return bytes(chunks), None
             chunks += chunk
             at = chunks.rfind(trailer, max(len(chunks) - 64, 0))
-            status = chunks[at + len(trailer):-1] if at >= 0 and chunks.endswith(b"\n") else b""
+            status = chunks[at + len(trailer) : -1] if at >= 0 and chunks.endswith(b"\n") else b""
             if status.isdigit():
                 _wait_closed(reply, poller, min(deadline, time.monotonic() + 1.0))
                 return bytes(chunks[:at]), int(status)
@@ -157,6 +164,10 @@ def disk_check(root: Path, limits: SandboxLimits) -> Callable[[], str]:
 
     def check() -> str:
         used = disk_usage(root, stop_above=limit)
-        return f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed" if used > limit else ""
+        return (
+            f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed"
+            if used > limit
+            else ""
+        )
 
     return check

@@ -121,7 +121,7 @@ def _kill_orphaned_bwrap(all_owners: bool = False) -> int:
             continue
         if not argv or not argv[0].endswith(b"bwrap"):
             continue
-        roots = [arg[len(prefix):].split(b"-")[0] for arg in argv if arg.startswith(prefix)]
+        roots = [arg[len(prefix) :].split(b"-")[0] for arg in argv if arg.startswith(prefix)]
         if roots and (all_owners or not Path(f"/proc/{roots[0].decode()}").exists()):
             try:
                 os.kill(int(entry.name), 9)

@@ -52,8 +52,13 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, limits: SandboxLimits | None = None, warm_pool: int = 4, client_timeout: float = 120.0,
-                 channel: bool = True) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        warm_pool: int = 4,
+        client_timeout: float = 120.0,
+        channel: bool = True,
+    ) -> None:
         docker = docker_sdk("the Docker sandbox")
         self.limits = limits or SandboxLimits()
         try:
@@ -93,11 +98,19 @@ class DockerBackend:
         container = None
         try:
             container = self.client.containers.create(
-                image, command, init=True, labels=self.labels("container"),
-                network_disabled=True, network_mode="none", working_dir=workdir, volumes=volumes,
+                image,
+                command,
+                init=True,
+                labels=self.labels("container"),
+                network_disabled=True,
+                network_mode="none",
+                working_dir=workdir,
+                volumes=volumes,
                 environment={**runner_env(), "PIVOT_WORKDIR": workdir},
-                mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
-                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.processes,
+                mem_limit=f"{limits.memory_mb}m",
+                memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9),
+                pids_limit=limits.processes,
                 cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"],
                 security_opt=["no-new-privileges"],
             )
@@ -117,7 +130,9 @@ class DockerBackend:
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound as error:
-            raise SandboxError(f"docker image {image!r} is not available locally (nothing is pulled)") from error
+            raise SandboxError(
+                f"docker image {image!r} is not available locally (nothing is pulled)"
+            ) from error
         container, channel = self._start(image, workdir)
         sandbox = DockerSandbox(self, container, workdir, channel)
         sandbox.run(f"mkdir -p {workdir}", timeout=30)
@@ -211,6 +226,7 @@ class DockerBackend:
 
     def remove_container(self, container, channel: Path | None = None, wait: bool = False) -> None:
         """Remove a container and its channel directory (in the background unless `wait`)."""
+
         def remove() -> None:
             try:
                 container.remove(force=True)
@@ -263,8 +279,14 @@ class DockerSandbox:
 
     backend = "docker"
 
-    def __init__(self, owner: DockerBackend, container, workdir: str, channel: Path | None = None,
-                 foreground: bool = True) -> None:
+    def __init__(
+        self,
+        owner: DockerBackend,
+        container,
+        workdir: str,
+        channel: Path | None = None,
+        foreground: bool = True,
+    ) -> None:
         self.owner = owner
         self.container = container
         self.workdir = workdir
@@ -314,9 +336,17 @@ class DockerSandbox:
                 self.container.restart(timeout=0)
                 exit_code, note = None, str(error)
             workspace = self.workspace() if files else None
-            result = result_from_files(self.merged / STATE_DIR.lstrip("/"), workspace, command,
-                                       137 if exit_code is None else exit_code, limits, timeout, time.monotonic() - start,
-                                       within=self.merged, known=self.known)
+            result = result_from_files(
+                self.merged / STATE_DIR.lstrip("/"),
+                workspace,
+                command,
+                137 if exit_code is None else exit_code,
+                limits,
+                timeout,
+                time.monotonic() - start,
+                within=self.merged,
+                known=self.known,
+            )
             if exit_code is None:
                 result.output += f"\n[{note}]\n"
             return result
@@ -325,7 +355,9 @@ class DockerSandbox:
             raw, _ = call_server(self.channel, argv[4:], start + timeout + 30, name)
         else:
             try:
-                _, raw = self.container.exec_run(argv, environment=runner_env(), workdir=self.workdir, stdin=False)
+                _, raw = self.container.exec_run(
+                    argv, environment=runner_env(), workdir=self.workdir, stdin=False
+                )
             except Exception as error:
                 raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
         return parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
@@ -333,7 +365,8 @@ class DockerSandbox:
     def snapshot(self) -> Snapshot:
         """`docker commit` the container as a labelled image."""
         image = self.container.commit(
-            repository="pivot-envs/snapshot", tag=uuid.uuid4().hex[:12],
+            repository="pivot-envs/snapshot",
+            tag=uuid.uuid4().hex[:12],
             changes=[f"LABEL {LABEL}=snapshot", f"LABEL {OWNER_LABEL}={self.owner.owner}"],
         )
         return Snapshot("docker", image.id, self.workdir)
@@ -344,8 +377,25 @@ class DockerSandbox:
 
     def interactive_argv(self) -> list[str]:
         """The argv of an interactive bash in this container (for InteractiveShell)."""
-        env = [arg for key, value in runner_env().items() if key != "PIVOT_INNER" for arg in ("-e", f"{key}={value}")]
-        return ["docker", "exec", "-it", "-w", self.workdir, *env, self.container.id, "bash", "--norc", "--noprofile", "-i"]
+        env = [
+            arg
+            for key, value in runner_env().items()
+            if key != "PIVOT_INNER"
+            for arg in ("-e", f"{key}={value}")
+        ]
+        return [
+            "docker",
+            "exec",
+            "-it",
+            "-w",
+            self.workdir,
+            *env,
+            self.container.id,
+            "bash",
+            "--norc",
+            "--noprofile",
+            "-i",
+        ]
 
     def close(self) -> None:
         """Remove the container (in the background: it is never reused)."""

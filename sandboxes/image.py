@@ -72,8 +72,15 @@ def cannot_build() -> str:
     return ""
 
 
-def build_rootfs(target: Path, suite: str, packages: tuple[str, ...], mirror: str = "", rebuild: bool = False,
-                 command: str = "pivotrl sandbox build-image", log: Callable[[str], object] = print) -> Path:
+def build_rootfs(
+    target: Path,
+    suite: str,
+    packages: tuple[str, ...],
+    mirror: str = "",
+    rebuild: bool = False,
+    command: str = "pivotrl sandbox build-image",
+    log: Callable[[str], object] = print,
+) -> Path:
     """Build the root filesystem `target` with debootstrap (minbase plus `packages` from `suite`,
     from `mirror` or the one apt uses here) unless a complete one exists or `rebuild`; returns it.
 
@@ -90,12 +97,20 @@ def build_rootfs(target: Path, suite: str, packages: tuple[str, ...], mirror: st
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         work.chmod(0o755)  # mkdtemp makes it private; the sandbox user must read it
         try:
-            argv = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(work),
-                    mirror or apt_mirror()]
+            argv = [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                suite,
+                str(work),
+                mirror or apt_mirror(),
+            ]
             log(f"building {target} with: {' '.join(argv)}")
             result = subprocess.run(argv, capture_output=True, text=True)
             if result.returncode != 0:
-                raise SandboxError(f"debootstrap failed ({result.returncode}): {result.stderr[-2000:] or result.stdout[-2000:]}")
+                raise SandboxError(
+                    f"debootstrap failed ({result.returncode}): {result.stderr[-2000:] or result.stdout[-2000:]}"
+                )
             # Apt caches are not needed in a sandbox and double the image size.
             shutil.rmtree(work / "var" / "cache" / "apt" / "archives", ignore_errors=True)
             (work / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
@@ -139,8 +154,10 @@ def _import(rootfs: Path, tag: str) -> str:
         stdout=subprocess.PIPE,
     )
     result = subprocess.run(
-        ["docker", "import", "--change", f"LABEL {LABEL}=base", "--change", "CMD [\"bash\"]", "-", tag],
-        stdin=tar.stdout, capture_output=True, text=True,
+        ["docker", "import", "--change", f"LABEL {LABEL}=base", "--change", 'CMD ["bash"]', "-", tag],
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
     )
     tar.stdout.close()
     tar.wait()

@@ -83,11 +83,13 @@ class KnownDigests:
     def of_tree(cls, root: str | os.PathLike, limit: int = 5000) -> KnownDigests:
         """The digests of the regular files under `root` (.git left out) with their stat, unsealed;
         `root` must not change meanwhile (an image's files seen through a fresh container)."""
-        return cls({
-            relative: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, _digest(path))
-            for relative, path, info in _walk(root, limit)
-            if stat.S_ISREG(info.st_mode)
-        })
+        return cls(
+            {
+                relative: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, _digest(path))
+                for relative, path, info in _walk(root, limit)
+                if stat.S_ISREG(info.st_mode)
+            }
+        )
 
     def fork(self) -> KnownDigests:
         """The same digests, unsealed, for another tree showing the same files (a fork of the snapshot)."""

@@ -28,7 +28,10 @@ def default_signals_argv() -> tuple[str, ...]:
     in any job a script starts in the background) would otherwise stay ignored in every command
     of the sandbox. (subprocess already clears the blocked mask.)"""
     try:
-        works = subprocess.run(["env", "--default-signal", "true"], capture_output=True, timeout=10).returncode == 0
+        works = (
+            subprocess.run(["env", "--default-signal", "true"], capture_output=True, timeout=10).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         works = False
     return ("env", "--default-signal") if works else ()

@@ -22,14 +22,28 @@ from pivot_envs.errors import PivotEnvsError
 class SandboxLimits:
     """Resource limits applied to every command (both backends)."""
 
-    timeout: float = option(10.0, "hard wall-clock limit of one command in seconds; the whole process tree is killed")
-    output_bytes: int = option(16384, "output kept per command (head and tail halves; the middle is cut with a marker)")
-    memory_mb: int = option(1024, "memory limit (Docker: container memory; bubblewrap: the sandbox's cgroup when run as root, and the address space of each process)")
+    timeout: float = option(
+        10.0, "hard wall-clock limit of one command in seconds; the whole process tree is killed"
+    )
+    output_bytes: int = option(
+        16384, "output kept per command (head and tail halves; the middle is cut with a marker)"
+    )
+    memory_mb: int = option(
+        1024,
+        "memory limit (Docker: container memory; bubblewrap: the sandbox's cgroup when run as root, and the address space of each process)",
+    )
     cpus: float = option(1.0, "CPU share (Docker --cpus); bubblewrap limits CPU time instead")
     cpu_seconds: int = option(60, "CPU time per process in seconds (RLIMIT_CPU)")
-    processes: int = option(128, "process-count limit (Docker pids limit; bubblewrap: the sandbox's cgroup when run as root, plus RLIMIT_NPROC above the current count)")
-    file_mb: int = option(64, "largest file a command may write in MB (RLIMIT_FSIZE): bounds disk filling and endless output")
-    disk_mb: int = option(1024, "most a sandbox may write in all, in MB: a command over it is killed (checked every 0.1 s)")
+    processes: int = option(
+        128,
+        "process-count limit (Docker pids limit; bubblewrap: the sandbox's cgroup when run as root, plus RLIMIT_NPROC above the current count)",
+    )
+    file_mb: int = option(
+        64, "largest file a command may write in MB (RLIMIT_FSIZE): bounds disk filling and endless output"
+    )
+    disk_mb: int = option(
+        1024, "most a sandbox may write in all, in MB: a command over it is killed (checked every 0.1 s)"
+    )
     manifest_files: int = option(5000, "at most this many workspace entries are compared for file changes")
 
 

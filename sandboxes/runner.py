@@ -120,8 +120,16 @@ done
 CHANNEL_DIR = "/.pivot-chan"
 
 
-def runner_argv(command: str, timeout: float | None, limits: SandboxLimits, marker: str, manifest_dir: str = "",
-                nproc: int = 0, address_space_kb: int = 0, report: bool = True) -> list[str]:
+def runner_argv(
+    command: str,
+    timeout: float | None,
+    limits: SandboxLimits,
+    marker: str,
+    manifest_dir: str = "",
+    nproc: int = 0,
+    address_space_kb: int = 0,
+    report: bool = True,
+) -> list[str]:
     """The argv that runs `command` through the runner inside a sandbox.
 
     timeout=None: the caller enforces the time limit by killing the runner's process group (only
@@ -139,10 +147,20 @@ def runner_argv(command: str, timeout: float | None, limits: SandboxLimits, mark
     if problem:
         raise CommandRejected(problem)
     return [
-        "bash", "-c", RUNNER, "pivot-runner", command, "host" if timeout is None else f"{max(timeout, 0.1):.3f}",
+        "bash",
+        "-c",
+        RUNNER,
+        "pivot-runner",
+        command,
+        "host" if timeout is None else f"{max(timeout, 0.1):.3f}",
         str(limits.output_bytes if report else 0),
-        str(limits.file_mb * 1024), str(nproc), str(address_space_kb), str(limits.cpu_seconds), marker,
-        manifest_dir, str(limits.manifest_files),
+        str(limits.file_mb * 1024),
+        str(nproc),
+        str(address_space_kb),
+        str(limits.cpu_seconds),
+        marker,
+        manifest_dir,
+        str(limits.manifest_files),
     ]
 
 
@@ -151,8 +169,9 @@ def runner_env() -> dict[str, str]:
     return {**SAFE_ENV, "PIVOT_INNER": _INNER, "PIVOT_RUNNER": RUNNER}
 
 
-def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLimits, timeout: float,
-                        seconds: float) -> CommandResult:
+def parse_runner_output(
+    raw: bytes, command: str, marker: str, limits: SandboxLimits, timeout: float, seconds: float
+) -> CommandResult:
     """Decode what RUNNER printed into a CommandResult; raises SandboxError when the header is missing."""
     start = raw.find(marker.encode())
     header_end = raw.find(b"\n", start) if start >= 0 else -1
@@ -161,9 +180,9 @@ def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLi
         raise SandboxError(f"the sandbox runner did not report (got {raw[:300]!r}); is bash in the image?")
     exit_code, size = int(header[1]), int(header[2])
     kept = min(size, limits.output_bytes)
-    output = join_cut(raw[header_end + 1: header_end + 1 + kept], size - kept, limits.output_bytes)
+    output = join_cut(raw[header_end + 1 : header_end + 1 + kept], size - kept, limits.output_bytes)
     files = None
-    rest = raw[header_end + 1 + kept:].decode("utf-8", "replace")
+    rest = raw[header_end + 1 + kept :].decode("utf-8", "replace")
     manifest_at = rest.find(f"\n{marker} manifest\n")
     if manifest_at >= 0:
         files = parse_manifest(rest[manifest_at:], marker)
@@ -173,9 +192,17 @@ def parse_runner_output(raw: bytes, command: str, marker: str, limits: SandboxLi
     return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
 
 
-def result_from_files(state_dir: str | os.PathLike, workspace: str | os.PathLike | None, command: str,
-                      exit_code: int, limits: SandboxLimits, timeout: float, seconds: float,
-                      within: str | os.PathLike | None = None, known: KnownDigests | None = None) -> CommandResult:
+def result_from_files(
+    state_dir: str | os.PathLike,
+    workspace: str | os.PathLike | None,
+    command: str,
+    exit_code: int,
+    limits: SandboxLimits,
+    timeout: float,
+    seconds: float,
+    within: str | os.PathLike | None = None,
+    known: KnownDigests | None = None,
+) -> CommandResult:
     """A CommandResult read from the host side of a sandbox (the runner ran with report=False).
 
     `within` is the sandbox's tree on the host: a state directory, output file or workspace the

@@ -16,8 +16,16 @@ from .processes import kill_children
 from .protocol import CommandResult, SandboxError
 
 # tmux key names a Terminus agent sends, as the bytes a terminal would send.
-KEYS = {"Enter": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Up": "\x1b[A", "Down": "\x1b[B",
-        "Right": "\x1b[C", "Left": "\x1b[D"}
+KEYS = {
+    "Enter": "\r",
+    "Escape": "\x1b",
+    "Tab": "\t",
+    "BSpace": "\x7f",
+    "Up": "\x1b[A",
+    "Down": "\x1b[B",
+    "Right": "\x1b[C",
+    "Left": "\x1b[D",
+}
 
 
 def default_signals() -> None:
@@ -54,8 +62,16 @@ class InteractiveShell:
         self.marker = new_marker()
         head, tail = self.marker[:9], self.marker[9:]
         self._prompt = re.compile(re.escape(self.marker) + r" (\d+)\$ ")
-        self.child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
-                                   timeout=timeout, echo=False, dimensions=(50, 200), preexec_fn=default_signals)
+        self.child = pexpect.spawn(
+            argv[0],
+            argv[1:],
+            encoding="utf-8",
+            codec_errors="replace",
+            timeout=timeout,
+            echo=False,
+            dimensions=(50, 200),
+            preexec_fn=default_signals,
+        )
         self.child.sendline(
             f"stty -echo; __a={head}; __b={tail}; PS2=''; PROMPT_COMMAND=''; "
             "PS1='${__a}${__b} $?$ '; [ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1; true"
@@ -98,8 +114,13 @@ class InteractiveShell:
             output, status = self._wait(wait)
         except ShellExited:
             # The keys ended the shell (C-d at an empty prompt, `exit` typed): their effect, reported as such.
-            output, status = strip_ansi(self.child.before or "") + "\n[the shell exited]\n", self._exit_status()
-        return CommandResult(keys, status if status is not None else -1, output, False, 0, None, time.monotonic() - start)
+            output, status = (
+                strip_ansi(self.child.before or "") + "\n[the shell exited]\n",
+                self._exit_status(),
+            )
+        return CommandResult(
+            keys, status if status is not None else -1, output, False, 0, None, time.monotonic() - start
+        )
 
     def _exit_status(self, within: float = 2.0) -> int | None:
         """The ended shell's exit status (None if its process has not ended within `within` seconds)."""

@@ -70,4 +70,3 @@ def sandbox(backend):
     if backend.name == "docker":
         return backend.create(image.image_tag(), "/app")
     return backend.create("/app")
-

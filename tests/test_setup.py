@@ -22,12 +22,20 @@ VENV = Path(sys.prefix)
 NOBODY = 65534
 
 
-def run_setup(*args: str, env: dict[str, str] | None = None, user: int | None = None) -> subprocess.CompletedProcess:
+def run_setup(
+    *args: str, env: dict[str, str] | None = None, user: int | None = None
+) -> subprocess.CompletedProcess:
     """The script's run (stdout and stderr together), with PYTHON and VENV set to this test's venv."""
     full_env = {**os.environ, "PYTHON": sys.executable, "VENV": str(VENV), **(env or {})}
     prefix = [] if user is None else ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-    return subprocess.run([*prefix, "bash", str(SCRIPT), *args], env=full_env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [*prefix, "bash", str(SCRIPT), *args],
+        env=full_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def report(result: subprocess.CompletedProcess, step: str) -> str:
@@ -60,7 +68,10 @@ def test_dry_run_reports_each_package_the_machine_lacks_and_the_apt_command():
     line = report(result, "packages")
     missing = missing_packages()
     if not missing:
-        assert line == "setup: packages: installed (bubblewrap, debootstrap, debian-archive-keyring, gpgv, docker)"
+        assert (
+            line
+            == "setup: packages: installed (bubblewrap, debootstrap, debian-archive-keyring, gpgv, docker)"
+        )
     else:
         assert f"missing {' '.join(missing)}" in line
 

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 
-def save_checkpoint(path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: Any) -> Path:
+def save_checkpoint(
+    path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: Any
+) -> Path:
     """Weights (`save_pretrained`), tokenizer, optimizer, RNG states (python, numpy, torch, pivot sampler) and step."""
     import shutil
 
@@ -59,15 +61,31 @@ def refuse_earlier_run(out: Path, resuming: bool = False) -> None:
     if metrics.is_file() and (steps := sum(1 for line in metrics.read_text().splitlines() if line.strip())):
         found.append(f"{steps} step{'s' * (steps != 1)} in metrics.jsonl")
     if found:
-        advice = (" but no checkpoint to resume from: train" if resuming
-                  else ": continue it with --resume (resume=True) or train")
-        raise ValueError(f"{out} holds an earlier run ({', '.join(found)}){advice} into another --out; "
-                         "nothing there was changed")
+        advice = (
+            " but no checkpoint to resume from: train"
+            if resuming
+            else ": continue it with --resume (resume=True) or train"
+        )
+        raise ValueError(
+            f"{out} holds an earlier run ({', '.join(found)}){advice} into another --out; "
+            "nothing there was changed"
+        )
 
 
 # What a resumed run may change: its length, bookkeeping and how the work is laid out, not the method.
-RESUME_MAY_CHANGE = frozenset({"policy", "steps", "checkpoint_every", "eval_every", "eval_pivots", "num_envs",
-                               "tokens_per_pass", "out", "resume"})
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "policy",
+        "steps",
+        "checkpoint_every",
+        "eval_every",
+        "eval_pivots",
+        "num_envs",
+        "tokens_per_pass",
+        "out",
+        "resume",
+    }
+)
 
 
 def check_resumable(checkpoint: Path, saved: dict[str, Any], config: Any) -> None:
@@ -127,7 +145,11 @@ class MetricsLog:
         self.path = out / "metrics.jsonl"
         kept = []
         if resume_step and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= resume_step
+            ]
         self.path.write_text("".join(line + "\n" for line in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter

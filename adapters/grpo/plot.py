@@ -30,10 +30,21 @@ def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Pa
     std = [r["reward_std"] for r in records]
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.plot(steps, mean, label="reward mean")
-    axis.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.25, label="+- std")
+    axis.fill_between(
+        steps,
+        [m - s for m, s in zip(mean, std)],
+        [m + s for m, s in zip(mean, std)],
+        alpha=0.25,
+        label="+- std",
+    )
     evaluated = [r for r in records if "eval_turn_accuracy" in r]
     if evaluated:
-        axis.plot([r["step"] for r in evaluated], [r["eval_turn_accuracy"] for r in evaluated], "o-", label="held-out turn accuracy")
+        axis.plot(
+            [r["step"] for r in evaluated],
+            [r["eval_turn_accuracy"] for r in evaluated],
+            "o-",
+            label="held-out turn accuracy",
+        )
     axis.set_xlabel("step")
     axis.set_ylabel("reward")
     axis.legend()

@@ -38,7 +38,9 @@ class TrainablePolicy(Protocol):
 
     name: str
 
-    def generate(self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams) -> list[list[Completion]]: ...
+    def generate(
+        self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]: ...
 
 
 def _base_of(model: Any) -> Any:

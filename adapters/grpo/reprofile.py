@@ -77,7 +77,8 @@ def reprofile(
     for first in range(0, len(candidates), max(1, batch)):
         chunk = candidates[first : first + max(1, batch)]
         seeds = [
-            int(np.random.SeedSequence([seed, step, first + i, 1]).generate_state(1)[0]) for i in range(len(chunk))
+            int(np.random.SeedSequence([seed, step, first + i, 1]).generate_state(1)[0])
+            for i in range(len(chunk))
         ]
         completions = policy.generate(
             [pivot.observation for pivot in chunk],

@@ -74,23 +74,37 @@ def groups_logprobs(
     # row r of the actions belongs to group rows[r]
     rows = torch.repeat_interleave(torch.tensor([len(actions) for _, actions in groups], device=device))
     positions = torch.arange(prefixes.shape[1], device=device).expand_as(prefixes)
-    out = model(input_ids=prefixes, attention_mask=prefix_mask.long(), position_ids=positions, use_cache=True,
-                logits_to_keep=(lengths - 1)[:, None])  # each prefix's last position only
+    out = model(
+        input_ids=prefixes,
+        attention_mask=prefix_mask.long(),
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=(lengths - 1)[:, None],
+    )  # each prefix's last position only
     logits = out.logits[rows]
     if width > 1:
         cache = out.past_key_values
         cache.batch_select_indices(rows)
         attention = torch.cat([prefix_mask[rows], mask[:, :-1]], dim=1).long()
         positions = lengths[rows, None] + torch.arange(width - 1, device=device)
-        rest = model(input_ids=ids[:, :-1], attention_mask=attention, position_ids=positions, past_key_values=cache,
-                     use_cache=True)
+        rest = model(
+            input_ids=ids[:, :-1],
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
         logits = torch.cat([logits, rest.logits], dim=1)
     logprobs = token_logprobs(logits, ids, temperature)
     return logprobs, mask, token_entropy(logits, temperature) if entropy else None
 
 
 def action_logprobs(
-    model: Any, prefix_ids: Sequence[int], actions: Sequence[Sequence[int]], temperature: float = 1.0, entropy: bool = False
+    model: Any,
+    prefix_ids: Sequence[int],
+    actions: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    entropy: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Per-token log pi(a_i | s) of one group's G actions after its shared prefix: `groups_logprobs` of one group.
 

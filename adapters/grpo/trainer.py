@@ -69,45 +69,64 @@ LOSS_DENOMINATORS = ("trained", "sampled")
 class GRPOConfig:
     """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 7 and Algorithm 1)."""
 
-    policy: str = option("hf:smollm2", "policy spec to train (a local backend: hf:PATH, hf:smollm2, vllm:PATH, vllm:smollm2)")
+    policy: str = option(
+        "hf:smollm2", "policy spec to train (a local backend: hf:PATH, hf:smollm2, vllm:PATH, vllm:smollm2)"
+    )
     batch_pivots: int = option(
-        4, "B: pivots sampled per step (Algorithm 1, line 6). The paper's SWE-Bench run used 64 (its appendix: "
-        "64 prompts x 16 generations, a batch of 1024); 4 fits one GPU, and a CPU"
+        4,
+        "B: pivots sampled per step (Algorithm 1, line 6). The paper's SWE-Bench run used 64 (its appendix: "
+        "64 prompts x 16 generations, a batch of 1024); 4 fits one GPU, and a CPU",
     )
     group_size: int = option(
-        8, "G: actions sampled per pivot, the group of Eq. 1 (Algorithm 1, line 8). The paper's SWE-Bench run used "
-        "16; 8 halves the sampling per pivot"
+        8,
+        "G: actions sampled per pivot, the group of Eq. 1 (Algorithm 1, line 8). The paper's SWE-Bench run used "
+        "16; 8 halves the sampling per pivot",
     )
-    learning_rate: float = option(1e-6, "AdamW learning rate (the paper gives none; 1e-6 is TRL's GRPO default)")
+    learning_rate: float = option(
+        1e-6, "AdamW learning rate (the paper gives none; 1e-6 is TRL's GRPO default)"
+    )
     weight_decay: float = option(0.0, "AdamW weight decay")
-    epsilon_low: float = option(0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 7)")
-    epsilon_high: float = option(0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 7; DAPO raises it)")
+    epsilon_low: float = option(
+        0.2, "lower clip range of the importance weight w_i: clip(w, 1 - eps_low, ...) (Eq. 7)"
+    )
+    epsilon_high: float = option(
+        0.2, "upper clip range of w_i: clip(w, ..., 1 + eps_high) (Eq. 7; DAPO raises it)"
+    )
     beta: float = option(
-        0.0, "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 7; the paper gives no value). 0, TRL's "
+        0.0,
+        "coefficient of the k3 KL to the frozen reference pi_0 (Eq. 7; the paper gives no value). 0, TRL's "
         "default, loads no reference; NVIDIA's own tool-use recipe also runs without KL, but Theorem 3.3 (the "
-        "update keeps pi_0's ordering of the actions outside the acceptable set) assumes beta > 0"
+        "update keeps pi_0's ordering of the actions outside the acceptable set) assumes beta > 0",
     )
     loss_level: str = option(
-        "token", "what Eq. 7's ratio, clip and average are taken over. 'action', the paper's: one importance weight "
+        "token",
+        "what Eq. 7's ratio, clip and average are taken over. 'action', the paper's: one importance weight "
         "per action, w_i = exp(sum_t (log pi_theta - log pi_old)), clipped once, with the k3 KL of the whole action, "
         "averaged over the actions. 'token' (the default, as TRL and DAPO): a weight, clip and k3 per token, averaged "
         "over the action tokens, so long actions weigh more. The default stays 'token' because no run here was long "
-        "enough to show the paper's choice trains better"
+        "enough to show the paper's choice trains better",
     )
     loss_denominator: str = option(
-        "trained", "what the summed loss is divided by. 'trained': the tokens (or actions, see loss_level) of the "
+        "trained",
+        "what the summed loss is divided by. 'trained': the tokens (or actions, see loss_level) of the "
         "groups trained on; zero-variance groups carry no gradient and are left out, so the step is as large "
         "whatever the share of uninformative groups. 'sampled': those of every valid sample of the batch, as the "
         "paper's expectation over pivots counts a zero-variance pivot as a zero; the step shrinks with the share "
-        "of informative groups"
+        "of informative groups",
     )
     iterations: int = option(1, "optimizer steps per sampled batch (mu); >1 makes w_i differ from 1")
-    temperature: float = option(1.0, "sampling temperature of the G actions; logprobs are taken at the same temperature")
+    temperature: float = option(
+        1.0, "sampling temperature of the G actions; logprobs are taken at the same temperature"
+    )
     top_p: float = option(1.0, "nucleus sampling threshold of the G actions")
     max_new_tokens: int = option(256, "longest action sampled, in tokens")
-    leave_one_out: bool = option(False, "baseline r_i minus the mean of the other G-1 rewards instead of the group mean (Eq. 1)")
+    leave_one_out: bool = option(
+        False, "baseline r_i minus the mean of the other G-1 rewards instead of the group mean (Eq. 1)"
+    )
     std_epsilon: float = option(1e-4, "epsilon_std added to the group's reward std (Eq. 1)")
-    scale_by_std: bool = option(True, "divide by the group's reward std (Eq. 1); off gives Dr. GRPO's unscaled advantage")
+    scale_by_std: bool = option(
+        True, "divide by the group's reward std (Eq. 1); off gives Dr. GRPO's unscaled advantage"
+    )
     max_grad_norm: float = option(1.0, "clip the gradient's global norm to this (0 disables)")
     tokens_per_pass: int | None = option(
         None,
@@ -118,18 +137,23 @@ class GRPOConfig:
         "faster choice on a CPU, where packing two groups was 1.7x slower). Default: 8192 on a GPU, 0 on a CPU",
     )
     seed: int = option(0, "seed of pivot sampling, action sampling and torch")
-    lora: bool = option(False, "train LoRA adapters (peft) instead of all weights; the reference is the base model")
+    lora: bool = option(
+        False, "train LoRA adapters (peft) instead of all weights; the reference is the base model"
+    )
     lora_rank: int = option(16, "LoRA rank r")
     lora_alpha: int = option(32, "LoRA alpha")
     steps: int = option(100, "training steps K_train (Algorithm 1, line 5)")
-    checkpoint_every: int = option(50, "save a checkpoint every N steps (and at the end); 0 saves only at the end")
+    checkpoint_every: int = option(
+        50, "save a checkpoint every N steps (and at the end); 0 saves only at the end"
+    )
     eval_every: int = option(25, "turn accuracy on the held-out pivots every N steps (greedy); 0 disables")
     eval_pivots: int = option(64, "at most this many held-out pivots per evaluation")
     num_envs: int = option(4, "envs scoring actions concurrently (threads)")
     reprofile_every: int = option(
-        0, "online re-profiling (beyond the paper, its stated future work): every N steps, profile the candidates "
+        0,
+        "online re-profiling (beyond the paper, its stated future work): every N steps, profile the candidates "
         "again with the current policy and train at the new D_adv, retiring pivots it now always solves and "
-        "bringing back candidates that became mixed (grpo.reprofile); 0: the offline profile throughout, as the paper"
+        "bringing back candidates that became mixed (grpo.reprofile); 0: the offline profile throughout, as the paper",
     )
     reprofile_k: int = option(8, "samples per candidate when re-profiling (K of Eq. 4)")
     reprofile_lambda_diff: float = option(0.9, "lambda_diff of the re-profiled D_adv (Eq. 5)")
@@ -139,14 +163,34 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         from pivot_envs.config import at_least, between, one_of
 
-        at_least(self, 1, "batch_pivots", "iterations", "max_new_tokens", "steps", "eval_pivots", "num_envs",
-                 "lora_rank", "lora_alpha")
+        at_least(
+            self,
+            1,
+            "batch_pivots",
+            "iterations",
+            "max_new_tokens",
+            "steps",
+            "eval_pivots",
+            "num_envs",
+            "lora_rank",
+            "lora_alpha",
+        )
         at_least(self, 2, "reprofile_k")  # one sample has no variance: no candidate could be mixed
         at_least(self, 0, "reprofile_every")
         between(self, "reprofile_lambda_diff", 0, 1, open_low=True)
         at_least(self, 2, "group_size")  # a group of one has no baseline (Eq. 1): no update, ever
-        at_least(self, 0, "weight_decay", "beta", "epsilon_high", "std_epsilon", "max_grad_norm", "tokens_per_pass",
-                 "checkpoint_every", "eval_every")
+        at_least(
+            self,
+            0,
+            "weight_decay",
+            "beta",
+            "epsilon_high",
+            "std_epsilon",
+            "max_grad_norm",
+            "tokens_per_pass",
+            "checkpoint_every",
+            "eval_every",
+        )
         between(self, "learning_rate", 0, 1, open_low=True)
         between(self, "epsilon_low", 0, 1)
         between(self, "top_p", 0, 1, open_low=True)
@@ -172,10 +216,18 @@ class PivotRLConfig:
     """Algorithm 1's settings: one config per step, composed, never repeated (the Require line's G,
     lambda_diff, K and the rest live in them). The GRPO run writes to OUT/train, whatever `train.out` says."""
 
-    out: str = option("runs/pivotrl", "output directory: candidates.jsonl, profiled.jsonl, pivots.jsonl, train/")
-    extract: ExtractConfig = field(default_factory=ExtractConfig, metadata={"help": "line 2: D_cand from trajectories"})
-    profile: ProfileConfig = field(default_factory=ProfileConfig, metadata={"help": "line 3: profiling (Eq. 4)"})
-    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "line 4: D_pivot = D_adv (Eq. 5)"})
+    out: str = option(
+        "runs/pivotrl", "output directory: candidates.jsonl, profiled.jsonl, pivots.jsonl, train/"
+    )
+    extract: ExtractConfig = field(
+        default_factory=ExtractConfig, metadata={"help": "line 2: D_cand from trajectories"}
+    )
+    profile: ProfileConfig = field(
+        default_factory=ProfileConfig, metadata={"help": "line 3: profiling (Eq. 4)"}
+    )
+    filter: FilterConfig = field(
+        default_factory=FilterConfig, metadata={"help": "line 4: D_pivot = D_adv (Eq. 5)"}
+    )
     train: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "lines 5-14: GRPO at the pivots"})
 
 
@@ -232,7 +284,9 @@ def select_pivots(
     # line 2: extract the turns D_cand = {(s_t, a*_t)} of every trajectory (eq:cand)
     candidates = given + list(extract_pivots(trajectories, config.extract))
     if not candidates:
-        raise NoPivotsError(f"no candidate: the {len(items)} records given hold no assistant turn with a prefix")
+        raise NoPivotsError(
+            f"no candidate: the {len(items)} records given hold no assistant turn with a prefix"
+        )
     write_pivots(candidates, out / "candidates.jsonl", desc="writing candidates")
     # line 3: profile each s in D_cand with K samples of pi_0: mean and variance of r_func (Eq. 4)
     profiling = replace(config.profile, env=env_id or config.profile.env)
@@ -257,7 +311,13 @@ def select_pivots(
         )
     logger.info(
         "lines 3-4: %d candidates profiled (K=%d), %d with mixed rewards; D_pivot holds %d (filter mode %s, "
-        "lambda_diff %g)", len(profiled), profiling.k, len(mixed), len(pivots), config.filter.mode, lambda_diff,
+        "lambda_diff %g)",
+        len(profiled),
+        profiling.k,
+        len(mixed),
+        len(pivots),
+        config.filter.mode,
+        lambda_diff,
     )
     write_pivots(pivots, out / "pivots.jsonl")
     return Selection(candidates, profiled, pivots, run)
@@ -398,12 +458,23 @@ def update(
             if iteration == 0:
                 # pi_theta_old is the policy that sampled: the weights before this batch's first step.
                 old_logprobs.append(logprobs.detach())
-                ref_logprobs.append(reference_logprobs(model, reference, chunk, config) if config.beta > 0.0 else None)
+                ref_logprobs.append(
+                    reference_logprobs(model, reference, chunk, config) if config.beta > 0.0 else None
+                )
                 totals["entropy"] += float((entropy * mask).sum()) / tokens
-            advantages = torch.tensor([a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device)
+            advantages = torch.tensor(
+                [a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device
+            )
             loss, stats = clipped_loss(
-                logprobs, old_logprobs[index], advantages, mask, config.epsilon_low, config.epsilon_high,
-                config.beta, ref_logprobs[index], config.loss_level,
+                logprobs,
+                old_logprobs[index],
+                advantages,
+                mask,
+                config.epsilon_low,
+                config.epsilon_high,
+                config.beta,
+                ref_logprobs[index],
+                config.loss_level,
             )
             (loss / denominator).backward()
             totals["loss"] += float(loss.detach()) / denominator / config.iterations
@@ -452,7 +523,9 @@ def prepare_run(
     model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
     reference = frozen_reference(model, config)
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
     )
     sampler = np.random.default_rng(config.seed)
     start = 0
@@ -496,14 +569,20 @@ def train(
     if not pivots:
         raise ValueError("no pivots to train on")
     if config.group_size < 2:
-        raise ValueError(f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}")
+        raise ValueError(
+            f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}"
+        )
     ranks = setup()
     if config.reprofile_every and ranks.world_size > 1:
-        raise DistributedSetupError("reprofile_every: online re-profiling runs in one process only (every rank "
-                                    "would have to agree on the re-profiled pivots); set it to 0 under torchrun")
+        raise DistributedSetupError(
+            "reprofile_every: online re-profiling runs in one process only (every rank "
+            "would have to agree on the re-profiled pivots); set it to 0 under torchrun"
+        )
     if min(config.batch_pivots, len(pivots)) < ranks.world_size:
-        raise DistributedSetupError(f"{min(config.batch_pivots, len(pivots))} pivots per step for {ranks.world_size} "
-                                    "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)")
+        raise DistributedSetupError(
+            f"{min(config.batch_pivots, len(pivots))} pivots per step for {ranks.world_size} "
+            "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)"
+        )
     out = Path(config.out)
     policy, model, reference, optimizer, sampler, start = prepare_run(config, policy, model, ranks)
     log = MetricsLog(out, start) if ranks.main else None
@@ -516,22 +595,39 @@ def train(
     # (a strict ablation): an env id is built without `verifier`; a factory of envs is used as given.
     make_eval_env = resolve_env(env_id, held, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
     if config.reprofile_every and start:
-        pivots = reprofile.restore(out, start, pool_of_candidates, pivots)  # the pivots in play at the checkpoint
+        pivots = reprofile.restore(
+            out, start, pool_of_candidates, pivots
+        )  # the pivots in play at the checkpoint
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
-    bar = tqdm(total=config.steps, initial=start, unit="step", desc="GRPO", file=sys.stderr,
-               disable=progress_disabled() or not ranks.main)
+    bar = tqdm(
+        total=config.steps,
+        initial=start,
+        unit="step",
+        desc="GRPO",
+        file=sys.stderr,
+        disable=progress_disabled() or not ranks.main,
+    )
 
     try:
         # line 5: for k = 1, ..., K_train (line 14 ends it)
         for step in range(start + 1, config.steps + 1):
             began = time.perf_counter()
             changed = None
-            if reprofile.due(step, config.reprofile_every):  # beyond the paper: D_adv under the current policy
+            if reprofile.due(
+                step, config.reprofile_every
+            ):  # beyond the paper: D_adv under the current policy
                 changed = reprofile.reprofile(
-                    policy, pool, pool_of_candidates, pivots, step, config.reprofile_k, config.reprofile_lambda_diff,
-                    SamplingParams(config.temperature, config.top_p, config.max_new_tokens), config.seed,
+                    policy,
+                    pool,
+                    pool_of_candidates,
+                    pivots,
+                    step,
+                    config.reprofile_k,
+                    config.reprofile_lambda_diff,
+                    SamplingParams(config.temperature, config.top_p, config.max_new_tokens),
+                    config.seed,
                     config.batch_pivots,
                 )
                 pivots = changed.pivots
@@ -550,7 +646,9 @@ def train(
             generated = time.perf_counter()
 
             # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 6)
-            scores = pool.score([(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group])
+            scores = pool.score(
+                [(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group]
+            )
             scored = time.perf_counter()
 
             # line 11: group-normalised advantages (Eq. 1); invalid samples masked, zero-variance groups skipped
@@ -559,11 +657,17 @@ def train(
                 mine = scores[index * config.group_size : (index + 1) * config.group_size]
                 valid = [s.valid for s in mine]
                 advantages = group_advantages(
-                    [s.reward for s in mine], valid, config.std_epsilon, config.leave_one_out, config.scale_by_std
+                    [s.reward for s in mine],
+                    valid,
+                    config.std_epsilon,
+                    config.leave_one_out,
+                    config.scale_by_std,
                 )
                 if advantages is None:
                     zero_variance += 1
-                    if config.loss_denominator == "sampled":  # counted in the average as zeros (the paper's E_s)
+                    if (
+                        config.loss_denominator == "sampled"
+                    ):  # counted in the average as zeros (the paper's E_s)
                         uninformative.append(build_group(pivot.id, group, [0.0] * len(group), valid))
                     continue
                 built = build_group(pivot.id, group, advantages, valid)
@@ -573,7 +677,9 @@ def train(
             # line 12 ends the per-pivot loop; line 13: update theta with Eq. 7, then hand the weights to the generator
             # (under torchrun: counted over every rank, and every rank updates when any has a group)
             trained, denominator, zero_variance, sampled_tokens = ranks.total(
-                len(groups), loss_units(groups + uninformative, config.loss_level), zero_variance,
+                len(groups),
+                loss_units(groups + uninformative, config.loss_level),
+                zero_variance,
                 sum(len(c.token_ids) for group in completions for c in group),
             )
             stats = update(model, reference, optimizer, groups, config, denominator, ranks) if trained else {}
@@ -588,7 +694,9 @@ def train(
                 "step": step,
                 "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
                 "reward_std": float(np.std(rewards)) if rewards else 0.0,
-                "strict_reward_mean": float(np.mean([s.strict_reward for s in valid_scores])) if valid_scores else 0.0,
+                "strict_reward_mean": float(np.mean([s.strict_reward for s in valid_scores]))
+                if valid_scores
+                else 0.0,
                 "frac_zero_variance": zero_variance / len(chosen),
                 "frac_invalid": 1.0 - len(valid_scores) / len(scores),
                 "groups_trained": trained,
@@ -597,21 +705,30 @@ def train(
                 "time_generate_s": generated - began,
                 "time_score_s": scored - generated,
                 "time_update_s": updated - scored,
-                **{key: stats.get(key, 0.0) for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")},
+                **{
+                    key: stats.get(key, 0.0)
+                    for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")
+                },
             }
             if config.reprofile_every:
                 record["pivots_in_play"] = len(pivots)
                 if changed is not None:
-                    record.update(retired=len(changed.retired), revived=len(changed.revived),
-                                  reprofile_mixed=changed.mixed, reprofile_samples=changed.samples)
+                    record.update(
+                        retired=len(changed.retired),
+                        revived=len(changed.revived),
+                        reprofile_mixed=changed.mixed,
+                        reprofile_samples=changed.samples,
+                    )
             history.append(record)
             bar.update()
             if not ranks.main:  # rank 0 alone evaluates, logs and saves
                 continue
             if heldout and config.eval_every and step % config.eval_every == 0:
                 report = evaluate(
-                    policy, heldout[: config.eval_pivots],
-                    EvalConfig(max_new_tokens=config.max_new_tokens, num_envs=config.num_envs), env=make_eval_env,
+                    policy,
+                    heldout[: config.eval_pivots],
+                    EvalConfig(max_new_tokens=config.max_new_tokens, num_envs=config.num_envs),
+                    env=make_eval_env,
                 )
                 greedy = [row for row in report.rows if row.mode == "greedy"][-1]
                 record["eval_turn_accuracy"] = greedy.functional.mean
@@ -619,13 +736,24 @@ def train(
             log.write(record)
             logger.info(
                 "step %d/%d: reward mean %.3f std %.3f, zero-variance groups %.2f, invalid %.2f, loss %.4f, "
-                "KL %.4f, %.0f tokens/s%s", step, config.steps, record["reward_mean"], record["reward_std"],
-                record["frac_zero_variance"], record["frac_invalid"], record["loss"], record["kl"],
+                "KL %.4f, %.0f tokens/s%s",
+                step,
+                config.steps,
+                record["reward_mean"],
+                record["reward_std"],
+                record["frac_zero_variance"],
+                record["frac_invalid"],
+                record["loss"],
+                record["kl"],
                 record["tokens_per_s"],
-                f", held-out turn accuracy {record['eval_turn_accuracy']:.3f}" if "eval_turn_accuracy" in record else "",
+                f", held-out turn accuracy {record['eval_turn_accuracy']:.3f}"
+                if "eval_turn_accuracy" in record
+                else "",
             )
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                save_checkpoint(out / "checkpoints" / f"step-{step}", model, tokenizer, optimizer, sampler, step, config)
+                save_checkpoint(
+                    out / "checkpoints" / f"step-{step}", model, tokenizer, optimizer, sampler, step, config
+                )
     finally:
         bar.close()
         pool.close()
@@ -636,8 +764,14 @@ def train(
     if ranks.main:
         save_checkpoint(final, model, tokenizer, optimizer, sampler, max(start, config.steps), config)
     ranks.barrier()  # the run's outputs are complete when any rank returns
-    return TrainResult(out=out, steps=config.steps, final=final, metrics_path=out / "metrics.jsonl", history=history,
-                       seconds=time.perf_counter() - began_run)
+    return TrainResult(
+        out=out,
+        steps=config.steps,
+        final=final,
+        metrics_path=out / "metrics.jsonl",
+        history=history,
+        seconds=time.perf_counter() - began_run,
+    )
 
 
 # -- Algorithm 1, lines 1-14 ----------------------------------------------------------------------

@@ -23,11 +23,34 @@ from pivot_envs.sandboxes.docker_backend import KEEPALIVE, DockerBackend, Docker
 from pivot_envs.sandboxes.processes import NOBODY, hard_limits, kill_children
 
 __all__ = [
-    "BWRAP_PREFIX", "CHECK_EVERY", "DOCKER_PREFIX", "INSTALL_HELP", "KEEPALIVE", "LABEL", "NOBODY", "OWNER_LABEL",
-    "BwrapBackend", "BwrapSandbox", "DockerBackend", "DockerSandbox", "LimitExceeded", "ServerDown", "ServerTimeout",
-    "bwrap_available", "call_server", "docker_available", "gc", "hard_limits", "kill_children", "owner_id",
+    "BWRAP_PREFIX",
+    "CHECK_EVERY",
+    "DOCKER_PREFIX",
+    "INSTALL_HELP",
+    "KEEPALIVE",
+    "LABEL",
+    "NOBODY",
+    "OWNER_LABEL",
+    "BwrapBackend",
+    "BwrapSandbox",
+    "DockerBackend",
+    "DockerSandbox",
+    "LimitExceeded",
+    "ServerDown",
+    "ServerTimeout",
+    "bwrap_available",
+    "call_server",
+    "docker_available",
+    "gc",
+    "hard_limits",
+    "kill_children",
+    "owner_id",
     "remove_labelled",
 ]
 
-warnings.warn("pivot_envs.domains.terminal.backends is deprecated: import from pivot_envs.sandboxes.bwrap_backend, "
-              ".docker_backend, .available or .cleanup", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "pivot_envs.domains.terminal.backends is deprecated: import from pivot_envs.sandboxes.bwrap_backend, "
+    ".docker_backend, .available or .cleanup",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -25,28 +25,51 @@ HELP = "Build the terminal sandbox base image (build-image), remove leftover san
 class GcConfig:
     """What `pivotrl sandbox gc` removes."""
 
-    all: bool = option(False, "remove the sandboxes of live processes too, not only of processes that are gone")
-    base: bool = option(False, "also remove the base image (rebuilt from the cached root filesystem in seconds)")
+    all: bool = option(
+        False, "remove the sandboxes of live processes too, not only of processes that are gone"
+    )
+    base: bool = option(
+        False, "also remove the base image (rebuilt from the cached root filesystem in seconds)"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.domains.terminal.image import ImageConfig
 
-    actions = parser.add_subparsers(dest="sandbox_action", metavar="ACTION", required=True, parser_class=command_parser)
-    build = actions.add_parser("build-image", help="build the Debian base root filesystem and Docker image (idempotent)")
+    actions = parser.add_subparsers(
+        dest="sandbox_action", metavar="ACTION", required=True, parser_class=command_parser
+    )
+    build = actions.add_parser(
+        "build-image", help="build the Debian base root filesystem and Docker image (idempotent)"
+    )
     add_config(build, ImageConfig, "image")
-    gc = actions.add_parser("gc", help="remove labelled containers/images and bubblewrap sandboxes/directories left behind")
+    gc = actions.add_parser(
+        "gc", help="remove labelled containers/images and bubblewrap sandboxes/directories left behind"
+    )
     add_config(gc, GcConfig, "gc")
-    harbor = actions.add_parser("harbor", help="replay a Harbor task directory's trajectory (else its oracle solution), "
-                                "run its tests before and after, and write terminal pivots (docs/harbor.md)")
-    harbor.add_argument("task_dir", help="the Harbor task directory (task.toml, instruction.md, environment/, tests/)")
-    harbor.add_argument("--trajectory", default=None,
-                        help="the agent's trajectory: ATIF trajectory.json, a JSON list of commands, or one command a line")
+    harbor = actions.add_parser(
+        "harbor",
+        help="replay a Harbor task directory's trajectory (else its oracle solution), "
+        "run its tests before and after, and write terminal pivots (docs/harbor.md)",
+    )
+    harbor.add_argument(
+        "task_dir", help="the Harbor task directory (task.toml, instruction.md, environment/, tests/)"
+    )
+    harbor.add_argument(
+        "--trajectory",
+        default=None,
+        help="the agent's trajectory: ATIF trajectory.json, a JSON list of commands, or one command a line",
+    )
     harbor.add_argument("--out", default=None, help="write the pivots (JSONL) here")
-    harbor.add_argument("--sandbox", default="bwrap", choices=("auto", "docker", "bwrap"), help="sandbox backend")
-    harbor.add_argument("--docker-build", action="store_true",
-                        help="Docker: build environment/Dockerfile as an image and run in it (default: the Dockerfile "
-                             "replayed as set-up on the base image, which pivots replay on either backend)")
+    harbor.add_argument(
+        "--sandbox", default="bwrap", choices=("auto", "docker", "bwrap"), help="sandbox backend"
+    )
+    harbor.add_argument(
+        "--docker-build",
+        action="store_true",
+        help="Docker: build environment/Dockerfile as an image and run in it (default: the Dockerfile "
+        "replayed as set-up on the base image, which pivots replay on either backend)",
+    )
 
 
 def harbor_main(args: argparse.Namespace) -> int:
@@ -60,7 +83,9 @@ def harbor_main(args: argparse.Namespace) -> int:
     task = harbor.load_task(args.task_dir)
     kind = resolve_sandbox(args.sandbox)
     if args.docker_build and kind != "docker":
-        raise SandboxError("--docker-build needs the Docker backend (--sandbox docker): bubblewrap has only the base image")
+        raise SandboxError(
+            "--docker-build needs the Docker backend (--sandbox docker): bubblewrap has only the base image"
+        )
     rootfs = image.base_rootfs(build=False)
     backend, _ = make_backend(kind, None, 0, rootfs, image.image_tag())
     try:
@@ -69,8 +94,10 @@ def harbor_main(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     before, after = run.check_before, run.check_after
-    print(f"task {task.name}: workdir {task.workdir}, {len(task.setup)} set-up commands, "
-          f"verifier timeout {task.verifier_timeout:g} s, sandbox {kind}{', image ' + built if built else ''}")
+    print(
+        f"task {task.name}: workdir {task.workdir}, {len(task.setup)} set-up commands, "
+        f"verifier timeout {task.verifier_timeout:g} s, sandbox {kind}{', image ' + built if built else ''}"
+    )
     print(f"tests before: exit {before.exit_code}; after {len(run.results)} commands: exit {after.exit_code}")
     print(after.output[-1000:].rstrip())
     if args.out:

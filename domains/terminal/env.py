@@ -35,10 +35,16 @@ from .verifier import TerminalVerifier
 class TerminalConfig:
     """Options of `pivot/terminal-v0` (keyword arguments of gym.make)."""
 
-    sandbox: str = option("auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES)
+    sandbox: str = option(
+        "auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES
+    )
     prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
-    warm_pool: int = option(4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)")
-    build_image: bool = option(True, "build the base root filesystem/image when it is missing (needs root and debootstrap)")
+    warm_pool: int = option(
+        4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)"
+    )
+    build_image: bool = option(
+        True, "build the base root filesystem/image when it is missing (needs root and debootstrap)"
+    )
 
 
 def bundled_pivots() -> list[Pivot]:
@@ -118,12 +124,16 @@ class TerminalEnv(PivotEnv):
             try:
                 self.sandbox = self.backend.fork(self._state.snapshot)
             except SandboxError as error:
-                self._state = dataclasses.replace(self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}")
+                self._state = dataclasses.replace(
+                    self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}"
+                )
 
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
         state = self._state
         if state is None or not state.replayable or self.sandbox is None:
-            raise InfrastructureError(state.reason if state is not None else f"pivot {pivot.id}: no prefix state")
+            raise InfrastructureError(
+                state.reason if state is not None else f"pivot {pivot.id}: no prefix state"
+            )
         found = parse_command(action)
         try:
             if found.keys:
@@ -137,10 +147,17 @@ class TerminalEnv(PivotEnv):
             self.sandbox.close()
             self.sandbox = None
         changes = file_changes(state.before, result.files) if result.files is not None else []
-        reply = result.output + ("\n[timed out]" if result.timed_out else "") + f"\n[exit code {result.exit_code}]"
+        reply = (
+            result.output
+            + ("\n[timed out]" if result.timed_out else "")
+            + f"\n[exit code {result.exit_code}]"
+        )
         call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
         # Undecodable bytes (lone surrogates) in paths and output become U+FFFD in PivotEnv.step.
-        output = {**result.to_dict(), "files_changed": [{"path": change.path, "kind": change.kind} for change in changes]}
+        output = {
+            **result.to_dict(),
+            "files_changed": [{"path": change.path, "kind": change.kind} for change in changes],
+        }
         return Outcome(
             messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
             output=output,
@@ -179,7 +196,9 @@ class TerminalEnv(PivotEnv):
         from .prefix import PrefixCache
 
         rootfs = image.base_rootfs(build=self.config.build_image)
-        self.backend, tag = make_backend(self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag())
+        self.backend, tag = make_backend(
+            self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag()
+        )
         self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs, docker_base=tag)
 
     def close(self) -> None:
@@ -201,4 +220,3 @@ class TerminalEnv(PivotEnv):
             command = command_of_message(self._last["action"]) or ""
             text += f"\n$ {command}\n{json.dumps(self._last['info'].get('output'))[:500]}"
         return text
-

@@ -32,14 +32,39 @@ logger = logging.getLogger(__name__)
 
 # The generic steps are part of this module's interface (the set-up script and tests use them).
 __all__ = [
-    "DEFAULT_IMAGE", "PACKAGES", "ImageConfig", "apt_mirror", "base_rootfs", "build_command", "build_image",
-    "build_rootfs", "cache_dir", "cannot_build", "docker_image_exists", "image_key", "image_tag", "import_image",
-    "is_base_image", "rootfs_path", "rootfs_ready",
+    "DEFAULT_IMAGE",
+    "PACKAGES",
+    "ImageConfig",
+    "apt_mirror",
+    "base_rootfs",
+    "build_command",
+    "build_image",
+    "build_rootfs",
+    "cache_dir",
+    "cannot_build",
+    "docker_image_exists",
+    "image_key",
+    "image_tag",
+    "import_image",
+    "is_base_image",
+    "rootfs_path",
+    "rootfs_ready",
 ]
 
 # What the bundled tasks use beyond the minbase essentials (coreutils, grep, sed, tar, gzip, findutils...).
 PACKAGES = (
-    "python3", "git", "gawk", "bzip2", "xz-utils", "zip", "unzip", "procps", "file", "jq", "patch", "bc",
+    "python3",
+    "git",
+    "gawk",
+    "bzip2",
+    "xz-utils",
+    "zip",
+    "unzip",
+    "procps",
+    "file",
+    "jq",
+    "patch",
+    "bc",
 )
 DEFAULT_IMAGE = "pivot-envs/terminal-base"
 
@@ -50,7 +75,10 @@ class ImageConfig:
 
     suite: str = option("bookworm", "Debian suite debootstrap installs")
     mirror: str = option("", "Debian mirror URL (default: the first one apt uses here, else deb.debian.org)")
-    cache_dir: str = option("", "where the root filesystem is kept (default: $PIVOT_ENVS_CACHE, ~/.cache/pivot-envs, root: /var/cache/pivot-envs)")
+    cache_dir: str = option(
+        "",
+        "where the root filesystem is kept (default: $PIVOT_ENVS_CACHE, ~/.cache/pivot-envs, root: /var/cache/pivot-envs)",
+    )
     docker: bool = option(True, "also import the root filesystem as a Docker image when a daemon answers")
     rebuild: bool = option(False, "build again even when a complete root filesystem exists")
 
@@ -93,10 +121,15 @@ def base_rootfs(build: bool = True, config: ImageConfig | None = None) -> Path:
         return target
     reason = cannot_build() if build else "building it on first use is off (build_image=False)"
     if reason:
-        raise SandboxError(f"the terminal sandbox's base root filesystem {target} is not built and {reason}: "
-                           f"run `{build_command(config)}` once")
-    logger.warning("building the terminal sandbox's base root filesystem %s with debootstrap "
-                   "(once; about 2 minutes, a download of about 100 MB)", target)
+        raise SandboxError(
+            f"the terminal sandbox's base root filesystem {target} is not built and {reason}: "
+            f"run `{build_command(config)}` once"
+        )
+    logger.warning(
+        "building the terminal sandbox's base root filesystem %s with debootstrap "
+        "(once; about 2 minutes, a download of about 100 MB)",
+        target,
+    )
     start = time.monotonic()
     build_rootfs(config, log=logger.info)
     logger.warning("built %s in %.0f s", target, time.monotonic() - start)
@@ -106,8 +139,9 @@ def base_rootfs(build: bool = True, config: ImageConfig | None = None) -> Path:
 def build_rootfs(config: ImageConfig | None = None, log=print) -> Path:
     """Build the root filesystem with debootstrap unless a complete one exists; returns its path."""
     config = config or ImageConfig()
-    return build_debian_rootfs(rootfs_path(config), config.suite, PACKAGES, config.mirror, config.rebuild,
-                               build_command(config), log)
+    return build_debian_rootfs(
+        rootfs_path(config), config.suite, PACKAGES, config.mirror, config.rebuild, build_command(config), log
+    )
 
 
 def build_image(config: ImageConfig | None = None, log=print) -> tuple[Path, str | None]:

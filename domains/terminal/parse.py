@@ -116,19 +116,26 @@ def _find_command(action: Any) -> Command:
             if not isinstance(calls, list):
                 return Command(None, "unparseable", f"tool_calls must be a list, got {type(calls).__name__}")
             if len(calls) > 1:
-                return Command(None, "multiple_commands", f"{len(calls)} tool calls; the action must be one command")
+                return Command(
+                    None, "multiple_commands", f"{len(calls)} tool calls; the action must be one command"
+                )
             function = calls[0].get("function", calls[0]) if isinstance(calls[0], dict) else None
             if not isinstance(function, dict):
                 return Command(None, "unparseable", "a tool call must be an object with a 'function' object")
             return _from_call(str(function.get("name", "")), function.get("arguments"))
         content = action.get("content")
         if isinstance(content, list):
-            content = "".join(part["text"] for part in content
-                              if isinstance(part, dict) and isinstance(part.get("text"), str))
+            content = "".join(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
         return _from_text(content if isinstance(content, str) else "")
     if isinstance(action, str):
         return _from_text(action)
-    return Command(None, "unparseable", f"an action must be text or a message dict, got {type(action).__name__}")
+    return Command(
+        None, "unparseable", f"an action must be text or a message dict, got {type(action).__name__}"
+    )
 
 
 def _from_call(name: str, arguments: Any) -> Command:
@@ -156,7 +163,9 @@ def _from_text(text: str) -> Command:
     hermes = _HERMES.findall(stripped)
     if hermes:
         if len(hermes) > 1:
-            return Command(None, "multiple_commands", f"{len(hermes)} <tool_call> blocks; the action must be one command")
+            return Command(
+                None, "multiple_commands", f"{len(hermes)} <tool_call> blocks; the action must be one command"
+            )
         try:
             call = json.loads(hermes[0])
         except json.JSONDecodeError as error:
@@ -170,7 +179,9 @@ def _from_text(text: str) -> Command:
             return terminus
     blocks = _FENCE.findall(stripped)
     if len(blocks) > 1:
-        return Command(None, "multiple_commands", f"{len(blocks)} code blocks; the action must be one command")
+        return Command(
+            None, "multiple_commands", f"{len(blocks)} code blocks; the action must be one command"
+        )
     if blocks:
         return Command(blocks[0][1])
     return Command(None, "no_command", "no command found: answer with one ```bash block or a bash tool call")
@@ -195,5 +206,7 @@ def _from_terminus(text: str) -> Command | None:
     if len(keys) == 1 and SPECIAL_KEYS.match(keys[0].strip()):
         return Command(keys[0].strip(), keys=True)
     if not all(k.endswith("\n") for k in keys):
-        return Command(None, "incomplete_command", "keystrokes that do not end with a newline do not run a command")
+        return Command(
+            None, "incomplete_command", "keystrokes that do not end with a newline do not run a command"
+        )
     return Command("".join(keys))

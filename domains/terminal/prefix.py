@@ -49,8 +49,13 @@ def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
         found = parse_command(message)
         if found.command is not None and not found.keys:
             commands.append(found.command)
-        elif found.category in ("unsupported_tool", "multiple_commands", "malformed_arguments", "incomplete_command",
-                                "invalid_command"):
+        elif found.category in (
+            "unsupported_tool",
+            "multiple_commands",
+            "malformed_arguments",
+            "incomplete_command",
+            "invalid_command",
+        ):
             return commands, f"prefix message {turn} cannot be replayed: {found.detail}"
     return commands, ""
 
@@ -70,8 +75,13 @@ def prefix_key(pivot: Pivot) -> str:
     """What identifies a prefix state: image, workdir, setup and the expert's earlier commands."""
     commands, _ = prefix_commands(pivot)
     expert = parse_command(pivot.expert).command
-    data = [pivot_image(pivot), pivot.context.get("workdir", "/app"),
-            setup_commands(pivot.context), commands, expert]
+    data = [
+        pivot_image(pivot),
+        pivot.context.get("workdir", "/app"),
+        setup_commands(pivot.context),
+        commands,
+        expert,
+    ]
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
@@ -81,12 +91,16 @@ class PrefixCache:
     `builds` counts how many prefixes were built (G resets at one pivot: one build, G forks).
     """
 
-    def __init__(self, backend: Any, capacity: int = 16, rootfs: Path | None = None, docker_base: str = "") -> None:
+    def __init__(
+        self, backend: Any, capacity: int = 16, rootfs: Path | None = None, docker_base: str = ""
+    ) -> None:
         self.backend = backend
         self.rootfs = rootfs
         self.docker_base = docker_base
         self.builds = 0
-        self._states: SnapshotCache[PrefixState] = SnapshotCache(backend, capacity, lambda state: state.snapshot)
+        self._states: SnapshotCache[PrefixState] = SnapshotCache(
+            backend, capacity, lambda state: state.snapshot
+        )
         self._keys: dict[int, tuple[Pivot, str]] = {}
 
     def key(self, pivot: Pivot) -> str:
@@ -107,7 +121,9 @@ class PrefixCache:
 
     def _image(self, pivot: Pivot) -> str:
         image = pivot_image(pivot)
-        docker_only = pivot.context.get("docker_only")  # why the set-up needs Docker (a Harbor task's Dockerfile)
+        docker_only = pivot.context.get(
+            "docker_only"
+        )  # why the set-up needs Docker (a Harbor task's Dockerfile)
         if docker_only and self.backend.name != "docker":
             raise SandboxError(f"the pivot replays on Docker only: {docker_only}")
         if self.backend.name == "docker":
@@ -126,19 +142,31 @@ class PrefixCache:
         sandbox = None
         try:
             image = self._image(pivot)
-            sandbox = self.backend.create(image, workdir) if self.backend.name == "docker" else self.backend.create(workdir)
+            sandbox = (
+                self.backend.create(image, workdir)
+                if self.backend.name == "docker"
+                else self.backend.create(workdir)
+            )
             for command in setup_commands(pivot.context):
                 result = sandbox.run(command, timeout=SETUP_TIMEOUT)
                 if not result.ok:
-                    return PrefixState(key, False, f"pivot {pivot.id}: setup command failed "
-                                       f"(exit {result.exit_code}): {command[:200]!r}: {result.output[-300:]}")
+                    return PrefixState(
+                        key,
+                        False,
+                        f"pivot {pivot.id}: setup command failed "
+                        f"(exit {result.exit_code}): {command[:200]!r}: {result.output[-300:]}",
+                    )
             expected = pivot.context.get("prefix_exit_codes")
             for index, command in enumerate(commands):
                 result = sandbox.run(command)
                 want = expected[index] if isinstance(expected, list) and index < len(expected) else 0
                 if result.timed_out or result.exit_code != want:
-                    return PrefixState(key, False, f"pivot {pivot.id}: prefix command {index} {command[:200]!r} "
-                                       f"{'timed out' if result.timed_out else f'exited {result.exit_code}, expected {want}'}")
+                    return PrefixState(
+                        key,
+                        False,
+                        f"pivot {pivot.id}: prefix command {index} {command[:200]!r} "
+                        f"{'timed out' if result.timed_out else f'exited {result.exit_code}, expected {want}'}",
+                    )
             before = sandbox.run(":", files=True).files or {}
             snapshot = sandbox.snapshot()
         except SandboxError as error:

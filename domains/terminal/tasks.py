@@ -56,7 +56,13 @@ class Task:
 
     @property
     def context(self) -> dict[str, Any]:
-        return {"image": self.image, "setup": self.setup, "workdir": self.workdir, "task": self.id, "check": self.check}
+        return {
+            "image": self.image,
+            "setup": self.setup,
+            "workdir": self.workdir,
+            "task": self.id,
+            "check": self.check,
+        }
 
 
 @dataclass
@@ -93,10 +99,23 @@ def load_tasks(path: str | Path | None = None) -> list[Task]:
             raise TaskFileError(f"{path}: task id {raw['id']!r} is defined twice")
         seen.add(raw["id"])
         expert = raw["expert"]
-        if not isinstance(expert, list) or not expert or not all(isinstance(c, str) and c.strip() for c in expert):
+        if (
+            not isinstance(expert, list)
+            or not expert
+            or not all(isinstance(c, str) and c.strip() for c in expert)
+        ):
             raise TaskFileError(f"{path}: task {raw['id']!r}: 'expert' must be a non-empty list of commands")
-        tasks.append(Task(raw["id"], raw["instruction"], raw.get("setup", "").strip(), expert, raw["check"],
-                          raw.get("workdir", "/app"), raw.get("image", BASE_IMAGE)))
+        tasks.append(
+            Task(
+                raw["id"],
+                raw["instruction"],
+                raw.get("setup", "").strip(),
+                expert,
+                raw["check"],
+                raw.get("workdir", "/app"),
+                raw.get("image", BASE_IMAGE),
+            )
+        )
     return tasks
 
 
@@ -109,8 +128,10 @@ def run_task(backend: Any, task: Task) -> TaskRun:
 
     if backend.name == "bwrap":
         if not is_base_image(task.image):
-            raise TaskError(f"task {task.id}: its image {task.image!r} runs on Docker only: bubblewrap has the base "
-                            f"image {BASE_IMAGE} alone (a Harbor task replays its Dockerfile as set-up there)")
+            raise TaskError(
+                f"task {task.id}: its image {task.image!r} runs on Docker only: bubblewrap has the base "
+                f"image {BASE_IMAGE} alone (a Harbor task replays its Dockerfile as set-up there)"
+            )
         sandbox = backend.create(task.workdir)
     else:
         sandbox = backend.create(image_tag() if is_base_image(task.image) else task.image, task.workdir)
@@ -121,8 +142,10 @@ def run_task(backend: Any, task: Task) -> TaskRun:
                 continue
             setup = sandbox.run(command, timeout=max(60.0, task.check_timeout))
             if not setup.ok:
-                raise TaskError(f"task {task.id}: setup failed (exit {setup.exit_code}): {command[:200]!r}: "
-                                f"{setup.output[-500:]}")
+                raise TaskError(
+                    f"task {task.id}: setup failed (exit {setup.exit_code}): {command[:200]!r}: "
+                    f"{setup.output[-500:]}"
+                )
         run.check_before = run_check(sandbox, task)
         for command in task.expert:
             run.results.append(sandbox.run(command))
@@ -153,15 +176,30 @@ def task_pivots(run: TaskRun) -> list[Pivot]:
         expert = canonical_message(command)
         expert["tool_calls"][0]["id"] = f"call_{turn}"
         context = {**task.context, "prefix_exit_codes": [r.exit_code for r in run.results[:turn]]}
-        pivots.append(Pivot(
-            id=f"{trajectory}/t{turn}", domain="terminal", messages=[dict(m) for m in messages], expert=expert,
-            tools=[BASH_TOOL], context=context,
-            source={"trajectory": trajectory, "turn": turn, "reward": 1.0 if run.solved else 0.0,
-                    "format": "pivot-envs terminal tasks"},
-        ))
+        pivots.append(
+            Pivot(
+                id=f"{trajectory}/t{turn}",
+                domain="terminal",
+                messages=[dict(m) for m in messages],
+                expert=expert,
+                tools=[BASH_TOOL],
+                context=context,
+                source={
+                    "trajectory": trajectory,
+                    "turn": turn,
+                    "reward": 1.0 if run.solved else 0.0,
+                    "format": "pivot-envs terminal tasks",
+                },
+            )
+        )
         messages.append(expert)
-        messages.append({"role": "tool", "tool_call_id": f"call_{turn}",
-                         "content": f"{result.output}\n[exit code {result.exit_code}]"})
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{turn}",
+                "content": f"{result.output}\n[exit code {result.exit_code}]",
+            }
+        )
     return pivots
 
 
@@ -180,8 +218,10 @@ def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None =
         for task in tasks or load_tasks():
             run = run_task(backend, task)
             if not run.solved:
-                raise TaskError(f"task {task.id}: the expert's trajectory does not pass the check: "
-                                   f"{run.check_after.output if run.check_after else ''}")
+                raise TaskError(
+                    f"task {task.id}: the expert's trajectory does not pass the check: "
+                    f"{run.check_after.output if run.check_after else ''}"
+                )
             pivots.extend(task_pivots(run))
     finally:
         backend.close()
@@ -189,7 +229,9 @@ def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Regenerate the bundled terminal pivots from data/tasks.toml.")
+    parser = argparse.ArgumentParser(
+        description="Regenerate the bundled terminal pivots from data/tasks.toml."
+    )
     parser.add_argument("--sandbox", default="bwrap", choices=("auto", "docker", "bwrap"))
     parser.add_argument("--out", default=str(tasks_file().with_name("pivots.jsonl")))
     args = parser.parse_args(argv)

@@ -45,7 +45,8 @@ class TerminalVerifierConfig:
     """Options of the functional verifier (`verifier_config=` of the env)."""
 
     similarity_threshold: float = option(
-        0.95, "token similarity to the expert's command above which a command with the same exit status is accepted"
+        0.95,
+        "token similarity to the expert's command above which a command with the same exit status is accepted",
     )
     compare_files: bool = option(True, "require the same workspace file changes for effect equivalence")
 
@@ -95,7 +96,9 @@ class TerminalVerifier:
 
     name = "functional"
 
-    def __init__(self, similarity_threshold: float = 0.95, compare_files: bool = True, judge: Judge | None = None) -> None:
+    def __init__(
+        self, similarity_threshold: float = 0.95, compare_files: bool = True, judge: Judge | None = None
+    ) -> None:
         self.similarity_threshold = similarity_threshold
         self.compare_files = compare_files
         self.judge = judge
@@ -111,28 +114,48 @@ class TerminalVerifier:
         if sample is not None and sample.exit_code == 2 and not sample.timed_out:
             problem = syntax_error(command)  # bash exits 2 on a syntax error (and on some usage errors)
             if problem:
-                return Verdict(0.0, "malformed_command", f"bash -n rejects the command: {problem}", extra=extra)
+                return Verdict(
+                    0.0, "malformed_command", f"bash -n rejects the command: {problem}", extra=extra
+                )
         if sample is not None and sample.timed_out:
-            return Verdict(0.0, "timed_out", f"the command ran past its {sample.seconds:.1f}s limit", extra=extra)
+            return Verdict(
+                0.0, "timed_out", f"the command ran past its {sample.seconds:.1f}s limit", extra=extra
+            )
         if command_tokens(command) == command_tokens(expert) and command_tokens(command):
-            return Verdict(1.0, "same_command", "the command is the expert's up to spacing and quoting", extra=extra)
+            return Verdict(
+                1.0, "same_command", "the command is the expert's up to spacing and quoting", extra=extra
+            )
         differences: list[str] = []
         if sample is not None and reference is not None and not reference.timed_out:
-            mine, theirs = effect_of(sample, data.get("before", {})), effect_of(reference, data.get("before", {}))
-            differences = [key for key in ("exit_code", "output", "files")
-                           if mine[key] != theirs[key] and (key != "files" or self.compare_files)]
+            mine, theirs = (
+                effect_of(sample, data.get("before", {})),
+                effect_of(reference, data.get("before", {})),
+            )
+            differences = [
+                key
+                for key in ("exit_code", "output", "files")
+                if mine[key] != theirs[key] and (key != "files" or self.compare_files)
+            ]
             extra["differences"] = differences
             if not differences:
-                return Verdict(1.0, "equivalent_effect", "same exit status, output and file changes as the expert's command",
-                               extra=extra)
+                return Verdict(
+                    1.0,
+                    "equivalent_effect",
+                    "same exit status, output and file changes as the expert's command",
+                    extra=extra,
+                )
         same_exit = sample is not None and reference is not None and sample.exit_code == reference.exit_code
         if similarity >= self.similarity_threshold and same_exit:
-            return Verdict(1.0, "similar_command", f"similarity {similarity:.2f} and the same exit status", extra=extra)
+            return Verdict(
+                1.0, "similar_command", f"similarity {similarity:.2f} and the same exit status", extra=extra
+            )
         if self.judge is not None:
             judged = self.judge(pivot, action, outcome)
             return Verdict(float(judged), "judge", "decided by the LLM judge", extra=extra)
         if sample is None or reference is None:
-            detail = "no effect to compare (the expert's command could not be run); similarity below threshold"
+            detail = (
+                "no effect to compare (the expert's command could not be run); similarity below threshold"
+            )
         else:
             detail = "differs from the expert's command in " + ", ".join(differences or ["effect"])
         return Verdict(0.0, "different_effect", f"{detail} (similarity {similarity:.2f})", extra=extra)

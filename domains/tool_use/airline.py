@@ -45,11 +45,26 @@ CERTIFICATE_IDS = ("certificate_3221322", "certificate_3221323", "certificate_32
 # The airports list_all_airports returns; the database holds codes only, the names come from
 # the recorded output of this tool.
 AIRPORTS = {
-    "SFO": "San Francisco", "JFK": "New York", "LAX": "Los Angeles", "ORD": "Chicago",
-    "DFW": "Dallas", "DEN": "Denver", "SEA": "Seattle", "ATL": "Atlanta", "MIA": "Miami",
-    "BOS": "Boston", "PHX": "Phoenix", "IAH": "Houston", "LAS": "Las Vegas", "MCO": "Orlando",
-    "EWR": "Newark", "CLT": "Charlotte", "MSP": "Minneapolis", "DTW": "Detroit",
-    "PHL": "Philadelphia", "LGA": "LaGuardia",
+    "SFO": "San Francisco",
+    "JFK": "New York",
+    "LAX": "Los Angeles",
+    "ORD": "Chicago",
+    "DFW": "Dallas",
+    "DEN": "Denver",
+    "SEA": "Seattle",
+    "ATL": "Atlanta",
+    "MIA": "Miami",
+    "BOS": "Boston",
+    "PHX": "Phoenix",
+    "IAH": "Houston",
+    "LAS": "Las Vegas",
+    "MCO": "Orlando",
+    "EWR": "Newark",
+    "CLT": "Charlotte",
+    "MSP": "Minneapolis",
+    "DTW": "Detroit",
+    "PHL": "Philadelphia",
+    "LGA": "LaGuardia",
 }
 
 
@@ -187,7 +202,9 @@ def _next_day(date: str) -> str:
     return (datetime.date.fromisoformat(date) + datetime.timedelta(days=1)).isoformat()
 
 
-def search_onestop_flight(state: State, origin: str, destination: str, date: str) -> list[list[dict[str, Any]]]:
+def search_onestop_flight(
+    state: State, origin: str, destination: str, date: str
+) -> list[list[dict[str, Any]]]:
     results = []
     flights_by_origin = state.database.flights_by_origin
     for first_number in flights_by_origin.get(origin, ()):
@@ -308,7 +325,9 @@ def cancel_reservation(state: State, reservation_id: str) -> dict[str, Any]:
         # tau-bench would refund the refunds again, doubling the history per call (module docstring).
         return current
     reservation = state.get_mut("reservations", reservation_id)
-    refunds = [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]]
+    refunds = [
+        {"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]
+    ]
     reservation["payment_history"].extend(refunds)
     reservation["status"] = "cancelled"
     return reservation
@@ -362,7 +381,11 @@ def update_reservation_flights(
         # prices will not be updated based on the current price").
         kept = current_legs.get((number, date))
         if kept is not None and cabin == current["cabin"]:
-            leg["price"], leg["origin"], leg["destination"] = kept["price"], kept["origin"], kept["destination"]
+            leg["price"], leg["origin"], leg["destination"] = (
+                kept["price"],
+                kept["origin"],
+                kept["destination"],
+            )
         else:
             flight = _flight_for_date(state, number, date)
             data = flight["dates"][date]
@@ -382,7 +405,9 @@ def update_reservation_flights(
     return reservation
 
 
-def update_reservation_passengers(state: State, reservation_id: str, passengers: list[dict[str, Any]]) -> dict[str, Any]:
+def update_reservation_passengers(
+    state: State, reservation_id: str, passengers: list[dict[str, Any]]
+) -> dict[str, Any]:
     current = state.get("reservations", reservation_id)
     if current is None:
         raise ToolError("reservation not found")
@@ -400,7 +425,11 @@ def send_certificate(state: State, user_id: str, amount: float) -> str:
     for certificate in CERTIFICATE_IDS:
         if certificate not in methods:
             user = state.get_mut("users", user_id)
-            user["payment_methods"][certificate] = {"source": "certificate", "amount": amount, "id": certificate}
+            user["payment_methods"][certificate] = {
+                "source": "certificate",
+                "amount": amount,
+                "id": certificate,
+            }
             return f"Certificate {certificate} added to user {user_id} with amount {amount}."
     raise ToolError("too many certificates")
 
@@ -487,7 +516,15 @@ def call_tool(state: State, name: str, arguments: Any) -> str:
     except ToolError as error:
         state.writes = saved
         return f"Error: {error}"
-    except (TypeError, KeyError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as error:
+    except (
+        TypeError,
+        KeyError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        ArithmeticError,
+        RecursionError,
+    ) as error:
         # Malformed arguments (wrong type, missing field): the tool's answer, not a crash.
         state.writes = saved
         return f"Error: {name} failed on its arguments: {type(error).__name__}: {error}"

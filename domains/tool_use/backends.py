@@ -196,12 +196,16 @@ class AirlineBackend:
 class HttpBackendConfig:
     """Options of the HTTP tool backend."""
 
-    url: str = option("", "the tool server's URL; each call is POSTed there as JSON {name, arguments, pivot_id}")
+    url: str = option(
+        "", "the tool server's URL; each call is POSTed there as JSON {name, arguments, pivot_id}"
+    )
     timeout_s: float = option(
         10.0,
         "seconds one attempt may take in all: connect, send, and the whole reply (a server trickling bytes is cut off)",
     )
-    retries: int = option(2, "extra attempts after a connection error, a timeout, a reply cut short or a 5xx answer")
+    retries: int = option(
+        2, "extra attempts after a connection error, a timeout, a reply cut short or a 5xx answer"
+    )
     backoff_s: float = option(0.5, "wait before retry n is backoff_s * 2**(n-1) seconds")
     max_response_bytes: int = option(
         1 << 20, "reading a reply stops past this many bytes; what was read is the output, marked as cut"
@@ -250,10 +254,14 @@ class HttpBackend:
     def __init__(self, config: HttpBackendConfig | None = None, **options: Any) -> None:
         self.config = config or HttpBackendConfig(**options)
         if not self.config.url:
-            raise ConfigError("the http tool backend needs a url: backend_config={'url': 'http://host:port/path'}")
+            raise ConfigError(
+                "the http tool backend needs a url: backend_config={'url': 'http://host:port/path'}"
+            )
         parts = urllib.parse.urlsplit(self.config.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"the http tool backend's url must be http(s)://host[:port]/path, got {self.config.url!r}")
+            raise ConfigError(
+                f"the http tool backend's url must be http(s)://host[:port]/path, got {self.config.url!r}"
+            )
         self._parts = parts
 
     def prepare(self, pivot: Pivot) -> None:
@@ -338,7 +346,9 @@ class HttpBackend:
                 reply = self._exchange(body, deadline if by_step else attempt_deadline)
             except _Timeout:
                 if by_step:
-                    problem = "no complete reply before the step's tool deadline (ToolUseLimits.step_timeout_s)"
+                    problem = (
+                        "no complete reply before the step's tool deadline (ToolUseLimits.step_timeout_s)"
+                    )
                     break
                 problem = f"no complete reply within timeout_s={config.timeout_s} s"
                 continue

@@ -80,7 +80,9 @@ def build_pivots(source: Path) -> list[Pivot]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the tool-use package data from tau-bench airline files.")
+    parser = argparse.ArgumentParser(
+        description="Build the tool-use package data from tau-bench airline files."
+    )
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="tau-bench airline data folder")
     parser.add_argument("--database-only", action="store_true", help="copy the database, build no pivots")
     args = parser.parse_args(argv)

@@ -18,7 +18,14 @@ from typing import Any
 
 from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_database, call_tool
 
-DEFAULT_TRAJECTORIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau_bench" / "airline" / "gpt4o_trajectories.json"
+DEFAULT_TRAJECTORIES = (
+    Path(__file__).resolve().parents[3]
+    / "shared"
+    / "data"
+    / "tau_bench"
+    / "airline"
+    / "gpt4o_trajectories.json"
+)
 
 
 def normalized(text: Any) -> Any:
@@ -66,7 +73,13 @@ class Mismatch:
 
 
 READ_ONLY_TOOLS = frozenset(
-    {"get_user_details", "get_reservation_details", "search_direct_flight", "search_onestop_flight", "list_all_airports"}
+    {
+        "get_user_details",
+        "get_reservation_details",
+        "search_direct_flight",
+        "search_onestop_flight",
+        "list_all_airports",
+    }
 )
 
 
@@ -122,11 +135,22 @@ def replay_messages(
                 report.matched += 1
             else:
                 difference = _first_difference(expected, actual)
-                report.mismatches.append(Mismatch(trajectory, index, name, arguments, difference, _cause(database, name, arguments, output)))
+                report.mismatches.append(
+                    Mismatch(
+                        trajectory,
+                        index,
+                        name,
+                        arguments,
+                        difference,
+                        _cause(database, name, arguments, output),
+                    )
+                )
     return report
 
 
-def replay_trajectories(path: str | Path = DEFAULT_TRAJECTORIES, successful_only: bool = True) -> ReplayReport:
+def replay_trajectories(
+    path: str | Path = DEFAULT_TRAJECTORIES, successful_only: bool = True
+) -> ReplayReport:
     """Replay every (successful) trajectory of a tau-bench airline trajectory file."""
     total = ReplayReport()
     for episode in json.loads(Path(path).read_text(encoding="utf-8")):

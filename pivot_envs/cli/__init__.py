@@ -55,10 +55,16 @@ def _load(entry_points: dict[str, metadata.EntryPoint]) -> dict[str, ModuleType]
         try:
             module = entry_point.load()
         except Exception as error:  # one broken plugin must not take the other commands down
-            print(f"{PROG}: warning: command {name!r} ({entry_point.value}) failed to load: {error!r}", file=sys.stderr)
+            print(
+                f"{PROG}: warning: command {name!r} ({entry_point.value}) failed to load: {error!r}",
+                file=sys.stderr,
+            )
             continue
         if not (hasattr(module, "main") and hasattr(module, "add_arguments")):
-            print(f"{PROG}: warning: command {name!r} ({entry_point.value}) has no add_arguments and main", file=sys.stderr)
+            print(
+                f"{PROG}: warning: command {name!r} ({entry_point.value}) has no add_arguments and main",
+                file=sys.stderr,
+            )
             continue
         found[name] = module
     return found
@@ -76,10 +82,22 @@ def _add_verbosity(parser: argparse.ArgumentParser, suffix: str) -> None:
     """-v/-q, counted into `verbose{suffix}` and `quiet{suffix}` (the command's own copy has a
     suffix, so flags given on both sides of the command name add up)."""
     group = parser.add_argument_group("output")
-    group.add_argument("-v", "--verbose", action="count", default=0, dest=f"verbose{suffix}",
-                       help="more output: debug log lines, and the traceback of an error")
-    group.add_argument("-q", "--quiet", action="count", default=0, dest=f"quiet{suffix}",
-                       help="less output: warnings and errors only, no progress bars")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        dest=f"verbose{suffix}",
+        help="more output: debug log lines, and the traceback of an error",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=0,
+        dest=f"quiet{suffix}",
+        help="less output: warnings and errors only, no progress bars",
+    )
 
 
 class _TopParser(argparse.ArgumentParser):
@@ -88,10 +106,17 @@ class _TopParser(argparse.ArgumentParser):
 
 def _add_config_file(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings")
-    group.add_argument("--config", metavar="FILE", default=None,
-                       help="read settings from a TOML, YAML or JSON file (flags given here override it)")
-    group.add_argument("--print-config", action="store_true",
-                       help="print the effective settings as TOML (a file --config reads) and exit")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="read settings from a TOML, YAML or JSON file (flags given here override it)",
+    )
+    group.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings as TOML (a file --config reads) and exit",
+    )
 
 
 def build_parser(only: str | None = "") -> argparse.ArgumentParser:
@@ -116,7 +141,9 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
             subparsers.add_parser(name)
             continue
         # argparse %-formats help texts: a literal % (as in "95% CI") must be doubled.
-        sub = subparsers.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP.replace("%", "%%"))
+        sub = subparsers.add_parser(
+            name, help=module.HELP.replace("%", "%%"), description=module.HELP.replace("%", "%%")
+        )
         sub.set_defaults(_main=module.main, _renamed=getattr(module, "RENAMED", {}))
         if only == "" or only == name:
             module.add_arguments(sub)
@@ -176,7 +203,9 @@ class _Formatter(logging.Formatter):
 
 def level_of(verbosity: int) -> int:
     """The log level of a verbosity (count of -v minus count of -q): 0 is INFO."""
-    return {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG if verbosity > 0 else logging.ERROR)
+    return {-1: logging.WARNING, 0: logging.INFO}.get(
+        verbosity, logging.DEBUG if verbosity > 0 else logging.ERROR
+    )
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ FORMATS = ("nemo-gym",)
 class ExportConfig:
     """What to export to."""
 
-    format: str = option("nemo-gym", "target format: nemo-gym (responses_create_params + expected_action rows)", choices=FORMATS)
+    format: str = option(
+        "nemo-gym",
+        "target format: nemo-gym (responses_create_params + expected_action rows)",
+        choices=FORMATS,
+    )
 
     def __post_init__(self) -> None:
         one_of(self, "format", FORMATS)
@@ -25,7 +29,11 @@ class ExportConfig:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.config import add_config
 
-    parser.add_argument("pivots", metavar="PIVOTS", help="pivot file (or any trajectory file: every assistant turn is exported)")
+    parser.add_argument(
+        "pivots",
+        metavar="PIVOTS",
+        help="pivot file (or any trajectory file: every assistant turn is exported)",
+    )
     parser.add_argument("--out", required=True, metavar="ROWS.jsonl", help="where to write the rows")
     add_config(parser, ExportConfig, "export")
 
@@ -39,5 +47,7 @@ def main(args: argparse.Namespace) -> int:
     pivots = read_input(args.pivots, report=report)
     with file_errors(args.out, "--out"):
         written = write_nemo_gym_rows(pivots, args.out)
-    print(f"read {report.records} records ({report.skipped_total} skipped); wrote {written} NeMo-Gym rows -> {args.out}")
+    print(
+        f"read {report.records} records ({report.skipped_total} skipped); wrote {written} NeMo-Gym rows -> {args.out}"
+    )
     return 0

@@ -16,9 +16,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.config import add_config
     from pivot_envs.extract import ExtractConfig
 
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="trajectory or pivot files (format detected by content)")
-    parser.add_argument("--out", required=True, metavar="PIVOTS.jsonl", help="where to write the pivot candidates")
-    parser.add_argument("--id-prefix", default=None, help="trajectory id prefix (default: the file stem; tau-<folder> for tau-bench)")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="trajectory or pivot files (format detected by content)"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="PIVOTS.jsonl", help="where to write the pivot candidates"
+    )
+    parser.add_argument(
+        "--id-prefix",
+        default=None,
+        help="trajectory id prefix (default: the file stem; tau-<folder> for tau-bench)",
+    )
     add_config(parser, ExtractConfig, "extract")
 
 
@@ -34,7 +42,9 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.out)
     report = ReadReport()
     pivots, seen, empty = [], set(), []
-    for path in tqdm(args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=progress_disabled()):
+    for path in tqdm(
+        args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=progress_disabled()
+    ):
         records = report.records
         with file_errors(path):
             read = read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix)

@@ -12,7 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.config import add_config
     from pivot_envs.extract import FilterConfig
 
-    parser.add_argument("profiled", metavar="PROFILED", help="profiled pivot JSONL (pivotrl profile's output)")
+    parser.add_argument(
+        "profiled", metavar="PROFILED", help="profiled pivot JSONL (pivotrl profile's output)"
+    )
     parser.add_argument("--out", required=True, metavar="PIVOTS", help="where to write the kept pivots")
     add_config(parser, FilterConfig, "filter")
 

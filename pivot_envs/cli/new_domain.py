@@ -12,8 +12,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.scaffold import NAME_RULE
 
     parser.add_argument("name", metavar="NAME", help=f"the domain name, for pivot/NAME-v0: {NAME_RULE}")
-    parser.add_argument("--dir", metavar="PATH", default=None,
-                        help="the package directory to create, new or empty (default: ./pivot-envs-NAME)")
+    parser.add_argument(
+        "--dir",
+        metavar="PATH",
+        default=None,
+        help="the package directory to create, new or empty (default: ./pivot-envs-NAME)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

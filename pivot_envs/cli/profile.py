@@ -43,7 +43,13 @@ def main(args: argparse.Namespace) -> int:
         log.warning("%s held profiles made with other settings: moved to %s", args.out, run.moved_aside)
     log.info(
         "profiled %d candidates (%d already done) in %.1fs: %d samples (%.2f/s), %d invalid, %d env errors",
-        run.profiled, run.skipped, run.seconds, run.samples, run.samples_per_s, run.invalid, run.env_errors,
+        run.profiled,
+        run.skipped,
+        run.seconds,
+        run.samples,
+        run.samples_per_s,
+        run.invalid,
+        run.env_errors,
     )
     print(_report(read_pivots(args.out)))
     return 0

@@ -14,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("pivots", metavar="PIVOTS", help="pivot file")
     parser.add_argument("--train-out", required=True, metavar="A", help="where to write the train pivots")
-    parser.add_argument("--heldout-out", required=True, metavar="B", help="where to write the held-out pivots")
+    parser.add_argument(
+        "--heldout-out", required=True, metavar="B", help="where to write the held-out pivots"
+    )
     add_config(parser, SplitConfig, "split")
 
 
@@ -27,8 +29,10 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.heldout_out, "--heldout-out")
     pivots = read_input(args.pivots)
     train, heldout = split_by_trajectory(pivots, config.heldout, config.seed)
-    for name, part, out, flag in (("train", train, args.train_out, "--train-out"),
-                                  ("heldout", heldout, args.heldout_out, "--heldout-out")):
+    for name, part, out, flag in (
+        ("train", train, args.train_out, "--train-out"),
+        ("heldout", heldout, args.heldout_out, "--heldout-out"),
+    ):
         with file_errors(out, flag):
             write_pivot_file(part, out, desc=f"writing {name}")
         trajectories = len({p.trajectory_id for p in part})

@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.diagnostics import DiagnosticsConfig
 
     parser.add_argument("file", metavar="FILE", help="pivots (profiled or not), or any trajectory file")
-    parser.add_argument("--plot", metavar="DIR", default=None, help="also write PNG figures into DIR (needs matplotlib)")
+    parser.add_argument(
+        "--plot", metavar="DIR", default=None, help="also write PNG figures into DIR (needs matplotlib)"
+    )
     add_config(parser, DiagnosticsConfig, "stats")
 
 

@@ -30,9 +30,13 @@ def content_text(content: Any, where: str) -> str | None:
                 texts.append(part["refusal"])
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise MalformedRecord("unsupported content", f"{where}: content part of type {kind!r} has no text")
+                raise MalformedRecord(
+                    "unsupported content", f"{where}: content part of type {kind!r} has no text"
+                )
         return "".join(texts)
-    raise MalformedRecord("wrong type", f"{where}: content must be a string or content parts, got {type(content).__name__}")
+    raise MalformedRecord(
+        "wrong type", f"{where}: content must be a string or content parts, got {type(content).__name__}"
+    )
 
 
 def _arguments(arguments: Any, where: str) -> str:
@@ -42,7 +46,10 @@ def _arguments(arguments: Any, where: str) -> str:
         return arguments
     if isinstance(arguments, (dict, list)):
         return json.dumps(arguments, ensure_ascii=False)
-    raise MalformedRecord("malformed tool call", f"{where}: arguments must be a JSON string or object, got {type(arguments).__name__}")
+    raise MalformedRecord(
+        "malformed tool call",
+        f"{where}: arguments must be a JSON string or object, got {type(arguments).__name__}",
+    )
 
 
 def chat_tool_call(call: Any, where: str, default_id: str) -> dict:
@@ -87,7 +94,8 @@ def normalize_messages(messages: Any, where: str = "messages") -> list[dict]:
                 if not isinstance(calls, list):
                     raise MalformedRecord("malformed tool call", f"{here}: tool_calls must be a list")
                 clean["tool_calls"] = [
-                    chat_tool_call(call, f"{here} tool call {j}", f"call_{index}_{j}") for j, call in enumerate(calls)
+                    chat_tool_call(call, f"{here} tool call {j}", f"call_{index}_{j}")
+                    for j, call in enumerate(calls)
                 ]
             if isinstance(message.get("reasoning_content"), str):
                 clean["reasoning_content"] = message["reasoning_content"]

@@ -30,7 +30,11 @@ def read_rollout(record: dict, default_id: str) -> Trajectory:
         raise MalformedRecord("wrong type", "input and response.output must be lists of items")
     messages = responses_to_messages([*items, *output])
     extra = extra_params(params)
-    context: dict[str, Any] = {k: v for k, v in record.items() if k not in ("responses_create_params", "response", "reward", "instance_config")}
+    context: dict[str, Any] = {
+        k: v
+        for k, v in record.items()
+        if k not in ("responses_create_params", "response", "reward", "instance_config")
+    }
     metadata = extra.pop("metadata", None)
     if isinstance(metadata, dict):  # task metadata (instance id, task name, image, workdir): lift it up
         for key, value in metadata.items():

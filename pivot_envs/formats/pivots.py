@@ -19,5 +19,8 @@ def read_pivot_record(record: dict) -> Pivot:
         raise MalformedRecord("malformed tools", "tools must be a list")
     chat_tools(pivot.tools)
     if pivot.expert.get("role") != "assistant":
-        raise MalformedRecord("malformed pivot", f"the expert must be an assistant message, got role {pivot.expert.get('role')!r}")
+        raise MalformedRecord(
+            "malformed pivot",
+            f"the expert must be an assistant message, got role {pivot.expert.get('role')!r}",
+        )
     return pivot

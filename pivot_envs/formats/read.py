@@ -43,7 +43,9 @@ def _read_record(kind: str, record: dict, default_id: str, prefix: str) -> Traje
     return read_openai_chat(record, default_id, prefix)
 
 
-def _read(path: Path, report: ReadReport, id_prefix: str | None) -> Iterator[tuple[str, str, Trajectory | Pivot]]:
+def _read(
+    path: Path, report: ReadReport, id_prefix: str | None
+) -> Iterator[tuple[str, str, Trajectory | Pivot]]:
     """(where, format, Trajectory or Pivot) per good record; malformed ones go to the report."""
     stem = path.name.split(".")[0]
     prefix = id_prefix or _default_prefix(path)
@@ -52,7 +54,9 @@ def _read(path: Path, report: ReadReport, id_prefix: str | None) -> Iterator[tup
         kind = record_kind(record)
         if kind is None:
             keys = ", ".join(sorted(record)[:8]) if isinstance(record, dict) else type(record).__name__
-            report.skip(where, "unrecognized record", f"not a trajectory or pivot in any known format ({keys})")
+            report.skip(
+                where, "unrecognized record", f"not a trajectory or pivot in any known format ({keys})"
+            )
             continue
         report.formats.setdefault(str(path), kind)
         default_id = f"{id_prefix or stem}/{where.rsplit(':', 1)[1].strip('[]')}"
@@ -87,7 +91,14 @@ def read_trajectories(
     path = Path(path)
     for _, _, item in _read(path, report, id_prefix):
         if isinstance(item, Pivot):
-            item = Trajectory(item.trajectory_id, [*item.messages, item.expert], item.tools, item.source.get("reward"), item.context, report.formats[str(path)])
+            item = Trajectory(
+                item.trajectory_id,
+                [*item.messages, item.expert],
+                item.tools,
+                item.source.get("reward"),
+                item.context,
+                report.formats[str(path)],
+            )
         report.trajectories += 1
         if item.assistant_turns == 0:
             report.no_assistant += 1
@@ -117,7 +128,9 @@ def read_as_pivots(
     trajectories: list[Trajectory] = []
     for _, _, item in _read(path, own, id_prefix):
         if isinstance(item, Pivot):
-            rejected = reward_rejection(item.source.get("reward"), config) or turn_rejection(item.expert, config)
+            rejected = reward_rejection(item.source.get("reward"), config) or turn_rejection(
+                item.expert, config
+            )
             if rejected:
                 own.filtered[rejected] += 1
                 continue

@@ -66,7 +66,9 @@ def records(path: str | os.PathLike[str], report: ReadReport) -> Iterator[tuple[
             report.skip(f"{path}:1", "invalid JSON", f"not UTF-8 at byte {error.start}")
             return
         except json.JSONDecodeError as error:
-            report.skip(f"{path}:{error.lineno}", "invalid JSON", f"the JSON list does not parse ({error.msg})")
+            report.skip(
+                f"{path}:{error.lineno}", "invalid JSON", f"the JSON list does not parse ({error.msg})"
+            )
             return
         if isinstance(whole, list):
             report.records += len(whole) - 1
@@ -130,4 +132,6 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         if count + 1 >= _DETECT_RECORDS:
             break
     shown = f"; first records look like: {seen[:3]}" if seen else " (no JSON records found)"
-    raise FormatError(f"{path}: cannot detect the trajectory format{shown}; expected one of {', '.join(FORMATS)}")
+    raise FormatError(
+        f"{path}: cannot detect the trajectory format{shown}; expected one of {', '.join(FORMATS)}"
+    )

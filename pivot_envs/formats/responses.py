@@ -50,7 +50,10 @@ def responses_to_messages(items: Any) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role not in ROLES or role == "tool":
-                raise MalformedRecord("unknown role", f"{here}: message role {role!r} is not system, developer, user or assistant")
+                raise MalformedRecord(
+                    "unknown role",
+                    f"{here}: message role {role!r} is not system, developer, user or assistant",
+                )
             text = content_text(item.get("content"), here)
             if role == "assistant":
                 open_turn(fresh=True)["content"] = text
@@ -71,13 +74,19 @@ def responses_to_messages(items: Any) -> list[dict]:
             close()
             output = item.get("output")
             if not isinstance(output, str):
-                output = content_text(output, here) if isinstance(output, list) else json.dumps(output, ensure_ascii=False)
+                output = (
+                    content_text(output, here)
+                    if isinstance(output, list)
+                    else json.dumps(output, ensure_ascii=False)
+                )
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise MalformedRecord("malformed tool output", f"{here}: function_call_output has no call_id")
             messages.append({"role": "tool", "content": output, "tool_call_id": call_id})
         else:
-            raise MalformedRecord("unsupported item", f"{here}: Responses item type {kind!r} is not supported")
+            raise MalformedRecord(
+                "unsupported item", f"{here}: Responses item type {kind!r} is not supported"
+            )
     close()
     return messages
 
@@ -89,23 +98,38 @@ def messages_to_responses(messages: list[dict]) -> list[dict]:
         role = message.get("role")
         if role == "assistant":
             if message.get("reasoning_content"):
-                items.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": message["reasoning_content"]}]})
+                items.append(
+                    {
+                        "type": "reasoning",
+                        "summary": [{"type": "summary_text", "text": message["reasoning_content"]}],
+                    }
+                )
             if message.get("content") is not None:
-                items.append({
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
-                })
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+                    }
+                )
             for call in message.get("tool_calls") or []:
                 function = call["function"]
-                items.append({
-                    "type": "function_call",
-                    "name": function["name"],
-                    "arguments": function["arguments"],
-                    "call_id": call["id"],
-                })
+                items.append(
+                    {
+                        "type": "function_call",
+                        "name": function["name"],
+                        "arguments": function["arguments"],
+                        "call_id": call["id"],
+                    }
+                )
         elif role == "tool":
-            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id", ""), "output": message.get("content") or ""})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id", ""),
+                    "output": message.get("content") or "",
+                }
+            )
         else:
             items.append({"type": "message", "role": role, "content": message.get("content") or ""})
     return items

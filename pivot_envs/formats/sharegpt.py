@@ -51,19 +51,28 @@ def read_sharegpt(record: dict, default_id: str) -> Trajectory:
             try:
                 parsed = json.loads(value) if isinstance(value, str) else value
             except json.JSONDecodeError as error:
-                raise MalformedRecord("malformed tool call", f"{here}: the function call is not JSON ({error.msg})") from None
+                raise MalformedRecord(
+                    "malformed tool call", f"{here}: the function call is not JSON ({error.msg})"
+                ) from None
             calls = parsed if isinstance(parsed, list) else [parsed]
-            tool_calls = [chat_tool_call(call, f"{here} call {j}", f"call_{index}_{j}") for j, call in enumerate(calls)]
+            tool_calls = [
+                chat_tool_call(call, f"{here} call {j}", f"call_{index}_{j}") for j, call in enumerate(calls)
+            ]
             messages.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
             pending = [call["id"] for call in tool_calls]
         elif role == "tool":
-            message = {"role": "tool", "content": value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}
+            message = {
+                "role": "tool",
+                "content": value if isinstance(value, str) else json.dumps(value, ensure_ascii=False),
+            }
             if pending:
                 message["tool_call_id"] = pending.pop(0)
             messages.append(message)
         else:
             if not isinstance(value, str):
-                raise MalformedRecord("wrong type", f"{here}: value must be a string, got {type(value).__name__}")
+                raise MalformedRecord(
+                    "wrong type", f"{here}: value must be a string, got {type(value).__name__}"
+                )
             messages.append({"role": role, "content": value})
             pending = []
     skip = {"conversations", "tools", "reward", "id", "system"}

@@ -73,7 +73,9 @@ def test_smollm2_template_does_not_speak_tools_so_messages_are_normalised(tokeni
     # The raw template fails on content=None; the normalised form renders.
     with pytest.raises((TypeError, jinja2.exceptions.TemplateError)):
         tokenizer.apply_chat_template(messages, tokenize=False)
-    assert '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>' in render_prompt(tokenizer, messages)
+    assert '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>' in render_prompt(
+        tokenizer, messages
+    )
 
 
 def test_every_real_nemo_gym_pivot_renders_with_its_tools_in_the_one_system_turn(tokenizer, shared_data):
@@ -84,7 +86,9 @@ def test_every_real_nemo_gym_pivot_renders_with_its_tools_in_the_one_system_turn
         assert [role for role, _ in rendered].count("system") == 1
         system = rendered[0][1]
         listed = re.search(r"<tools>\n(.*?)\n</tools>", system, flags=re.S).group(1).splitlines()
-        assert [json.loads(line)["function"]["name"] for line in listed] == [t["function"]["name"] for t in chat["tools"]]
+        assert [json.loads(line)["function"]["name"] for line in listed] == [
+            t["function"]["name"] for t in chat["tools"]
+        ]
         assert system.startswith(chat["messages"][0]["content"].strip()[:40])
         assert "<tool_call>" in system  # the instruction shows the answer format
 
@@ -119,14 +123,21 @@ def test_tool_replies_are_tool_response_blocks_in_user_turns_merged_when_consecu
     ]
     normalised = prompt_messages(messages, None)
     assert [m["role"] for m in normalised] == ["user", "assistant", "user"]
-    assert normalised[2]["content"] == "<tool_response>\non time\n</tool_response>\n<tool_response>\ndelayed\n</tool_response>"
+    assert (
+        normalised[2]["content"]
+        == "<tool_response>\non time\n</tool_response>\n<tool_response>\ndelayed\n</tool_response>"
+    )
     assert normalised[1]["content"].count("<tool_call>") == 2
     # The input is not modified.
     assert messages[1]["content"] is None and messages[2]["role"] == "tool"
 
 
 def test_tools_without_a_system_message_become_the_system_turn(tokenizer):
-    tools = [tool_to_chat({"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}})]
+    tools = [
+        tool_to_chat(
+            {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+        )
+    ]
     text = render_prompt(tokenizer, [{"role": "user", "content": "hi"}], tools)
     rendered = turns(text)
     assert rendered[0][0] == "system" and rendered[0][1].startswith("# Tools")
@@ -140,7 +151,9 @@ def test_encode_prompt_is_the_token_ids_of_the_rendered_prompt(tokenizer, shared
     header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     assert ids[-len(header) :] == header
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == len(chat["messages"]) + 1 - sum(
-        1 for i, m in enumerate(chat["messages"]) if m["role"] == "tool" and chat["messages"][i - 1]["role"] == "tool"
+        1
+        for i, m in enumerate(chat["messages"])
+        if m["role"] == "tool" and chat["messages"][i - 1]["role"] == "tool"
     )
 
 

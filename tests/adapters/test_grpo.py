@@ -48,7 +48,9 @@ class HasLetterVerifier:
 
     def verify(self, pivot, action, outcome=None):
         text = str(action.get("content") or "")
-        return Verdict(1.0 if "a" in text.lower() else 0.0, "has_letter" if "a" in text.lower() else "no_letter")
+        return Verdict(
+            1.0 if "a" in text.lower() else 0.0, "has_letter" if "a" in text.lower() else "no_letter"
+        )
 
 
 def make_env():
@@ -68,15 +70,33 @@ def tiny_policy(tokenizer, seed: int = 0) -> HFPolicy:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return HFPolicy(LlamaForCausalLM(config).eval(), tokenizer, name="hf:tiny")
 
 
 def tiny_config(out: Path, **overrides) -> GRPOConfig:
-    values = dict(batch_pivots=2, group_size=4, max_new_tokens=6, learning_rate=1e-3, steps=4, checkpoint_every=2,
-                  eval_every=0, num_envs=2, out=str(out), seed=3)
+    values = dict(
+        batch_pivots=2,
+        group_size=4,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        steps=4,
+        checkpoint_every=2,
+        eval_every=0,
+        num_envs=2,
+        out=str(out),
+        seed=3,
+    )
     values.update(overrides)
     return GRPOConfig(**values)
 
@@ -124,8 +144,12 @@ def test_clipped_loss_stops_the_gradient_of_tokens_outside_the_clip_range():
 def test_k3_kl_is_zero_at_the_reference_and_positive_away_from_it():
     logprobs = torch.tensor([[-1.0, -2.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    _, same = clipped_loss(logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs)
-    _, away = clipped_loss(logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs - 0.5)
+    _, same = clipped_loss(
+        logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs
+    )
+    _, away = clipped_loss(
+        logprobs, logprobs, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, ref_logprobs=logprobs - 0.5
+    )
     assert same["kl"] == 0.0
     assert away["kl"] == pytest.approx(2 * (math.exp(-0.5) + 0.5 - 1))
 
@@ -138,7 +162,9 @@ def test_the_trainer_scores_exactly_the_tokens_the_policy_sampled(tokenizer):
 
     policy = tiny_policy(tokenizer)
     pivot = real_pivots()[0]
-    completions = policy.generate([pivot.observation], 3, SamplingParams(temperature=1.0, max_new_tokens=8, seed=5))[0]
+    completions = policy.generate(
+        [pivot.observation], 3, SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    )[0]
     group = build_group(pivot.id, completions, [1.0, -1.0, 0.0], [True, True, True])
     for completion, action in zip(completions, group.actions):
         assert group.prefix + action == completion.prompt_token_ids + completion.token_ids
@@ -159,7 +185,10 @@ def test_completions_without_prompt_ids_are_refused_with_the_pivot_named():
 def test_invalid_samples_are_dropped_from_the_update():
     from pivot_envs.policy import Completion
 
-    completions = [Completion("a", token_ids=[1], prompt_token_ids=[9]), Completion("b", token_ids=[2], prompt_token_ids=[9])]
+    completions = [
+        Completion("a", token_ids=[1], prompt_token_ids=[9]),
+        Completion("b", token_ids=[2], prompt_token_ids=[9]),
+    ]
     group = build_group("p/1", completions, [0.5, 0.0], [True, False])
     assert group.actions == [[1]] and group.advantages == [0.5]
 
@@ -174,8 +203,10 @@ def _groups(seed: int, shapes) -> list[Group]:
     def ids(n):
         return torch.randint(0, 500, (n,), generator=generator).tolist()
 
-    return [Group(f"p/{i}", ids(prefix), [ids(n) for n in actions], [(-1.0) ** j for j in range(len(actions))])
-            for i, (prefix, actions) in enumerate(shapes)]
+    return [
+        Group(f"p/{i}", ids(prefix), [ids(n) for n in actions], [(-1.0) ** j for j in range(len(actions))])
+        for i, (prefix, actions) in enumerate(shapes)
+    ]
 
 
 def test_groups_are_packed_into_passes_within_the_token_budget():
@@ -186,7 +217,11 @@ def test_groups_are_packed_into_passes_within_the_token_budget():
     assert sorted(id(g) for chunk in passes for g in chunk) == sorted(id(g) for g in groups)
     assert [[len(g.prefix) for g in chunk] for chunk in passes] == [[100], [80, 30], [20]]
     assert [padded_tokens(chunk) for chunk in passes] == [120, 192, 26]  # 80 joining 100 would make 250
-    assert [[len(g.prefix) for g in chunk] for chunk in pack_groups(groups, 100)] == [[100], [80], [30, 20]]  # over: alone
+    assert [[len(g.prefix) for g in chunk] for chunk in pack_groups(groups, 100)] == [
+        [100],
+        [80],
+        [30, 20],
+    ]  # over: alone
     assert pack_groups(groups, 0) == [[g] for g in sorted(groups, key=lambda g: -len(g.prefix))]
     assert pack_groups(groups, 10**6) == [sorted(groups, key=lambda g: -len(g.prefix))]
 
@@ -206,7 +241,9 @@ def test_packing_groups_into_one_pass_makes_the_same_update_as_one_group_per_pas
     for tokens_per_pass in (0, 10**6):
         model = tiny_policy(tokenizer).model
         reference = tiny_policy(tokenizer, seed=1).model if beta else None  # another model: KL > 0
-        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # linear in the gradients, unlike Adam's first step
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=1.0
+        )  # linear in the gradients, unlike Adam's first step
         config = GRPOConfig(tokens_per_pass=tokens_per_pass, iterations=2, beta=beta, loss_level=level)
         stats = update(model, reference, optimizer, groups, config)
         results.append((stats, {k: v - initial[k] for k, v in model.state_dict().items()}))
@@ -237,11 +274,25 @@ def test_the_sampled_denominator_scales_the_step_by_the_share_of_units_trained(t
 def test_training_logs_metrics_and_moves_the_weights(tokenizer, tmp_path):
     policy = tiny_policy(tokenizer)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    result = train(tiny_config(tmp_path, steps=2, eval_every=2), real_pivots(), policy=policy, env_id=make_env,
-                   heldout=real_pivots()[:2])
+    result = train(
+        tiny_config(tmp_path, steps=2, eval_every=2),
+        real_pivots(),
+        policy=policy,
+        env_id=make_env,
+        heldout=real_pivots()[:2],
+    )
     records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
-    for key in ("reward_mean", "reward_std", "frac_zero_variance", "kl", "clip_fraction", "entropy", "tokens_per_s", "loss"):
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "frac_zero_variance",
+        "kl",
+        "clip_fraction",
+        "entropy",
+        "tokens_per_s",
+        "loss",
+    ):
         assert key in records[0]
     assert "eval_turn_accuracy" in records[1] and "eval_turn_accuracy" not in records[0]
     assert sum(r["groups_trained"] for r in records) > 0
@@ -266,19 +317,26 @@ def test_resuming_from_a_checkpoint_continues_the_run_as_if_it_had_not_stopped(t
 
     straight_policy = tiny_policy(tokenizer)
     straight = train(config(tmp_path / "straight"), real_pivots(), policy=straight_policy, env_id=make_env)
-    first = train(config(tmp_path / "split", steps=2), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    first = train(
+        config(tmp_path / "split", steps=2), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env
+    )
     assert latest_checkpoint(first.out).name == "step-2"
     # a fresh process would start from the initial weights again: a different seed proves they are restored
     resumed_policy = tiny_policy(tokenizer, seed=99)
-    resumed = train(config(tmp_path / "split", resume=True), real_pivots(), policy=resumed_policy, env_id=make_env)
+    resumed = train(
+        config(tmp_path / "split", resume=True), real_pivots(), policy=resumed_policy, env_id=make_env
+    )
     assert [r["step"] for r in resumed.history] == [3, 4]
     assert all(r["groups_trained"] > 0 and r["loss"] != 0.0 for r in straight.history)
     # Equal up to float32 rounding (two identical runs differ by ~1e-7: the loss sums terms of size
     # |A_i| ~ 1 that nearly cancel); a resume without the optimizer's moments moves ~1e-3 per step.
     for key in ("loss", "grad_norm", "kl", "clip_fraction", "entropy"):
-        assert [r[key] for r in first.history + resumed.history] == pytest.approx([r[key] for r in straight.history],
-                                                                                  rel=1e-5, abs=1e-6), key
-    assert [r["reward_mean"] for r in first.history + resumed.history] == [r["reward_mean"] for r in straight.history]
+        assert [r[key] for r in first.history + resumed.history] == pytest.approx(
+            [r[key] for r in straight.history], rel=1e-5, abs=1e-6
+        ), key
+    assert [r["reward_mean"] for r in first.history + resumed.history] == [
+        r["reward_mean"] for r in straight.history
+    ]
     # The weights end where the straight run's do, to a thousandth of how far its four steps moved them
     # (elementwise equality is too strict: AdamW turns rounding noise in a near-zero gradient into a full step).
     initial, straight_weights = tiny_policy(tokenizer).model.state_dict(), straight_policy.model.state_dict()
@@ -286,38 +344,77 @@ def test_resuming_from_a_checkpoint_continues_the_run_as_if_it_had_not_stopped(t
     moved = math.sqrt(sum(float(((straight_weights[k] - initial[k]) ** 2).sum()) for k in initial))
     apart = math.sqrt(sum(float(((resumed_weights[k] - straight_weights[k]) ** 2).sum()) for k in initial))
     assert moved > 0 and apart < 1e-3 * moved, (apart, moved)
-    assert [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(line)["step"] for line in resumed.metrics_path.read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
-def test_a_fresh_run_into_an_output_holding_an_earlier_run_is_refused_and_changes_nothing(tokenizer, tmp_path):
+def test_a_fresh_run_into_an_output_holding_an_earlier_run_is_refused_and_changes_nothing(
+    tokenizer, tmp_path
+):
     train(tiny_config(tmp_path, steps=2), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
     before = {path: path.stat().st_mtime_ns for path in tmp_path.rglob("*")}
-    with pytest.raises(ValueError, match=r"holds an earlier run \(checkpoint step-2, 2 steps in metrics.jsonl\).*--resume"):
+    with pytest.raises(
+        ValueError, match=r"holds an earlier run \(checkpoint step-2, 2 steps in metrics.jsonl\).*--resume"
+    ):
         train(tiny_config(tmp_path, steps=4), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
     assert {path: path.stat().st_mtime_ns for path in tmp_path.rglob("*")} == before
     # A resume continues the run: its method's settings cannot change, its length and layout can.
-    with pytest.raises(ValueError, match=r"step-2 with other settings \(group_size: 4 there, 2 now; "
-                                         r"learning_rate: 0.001 there, 0.01 now\)"):
-        train(tiny_config(tmp_path, steps=3, resume=True, learning_rate=1e-2, group_size=2), real_pivots(),
-              policy=tiny_policy(tokenizer), env_id=make_env)
-    resumed = train(tiny_config(tmp_path, steps=3, resume=True, checkpoint_every=1, tokens_per_pass=0), real_pivots(),
-                    policy=tiny_policy(tokenizer), env_id=make_env)
+    with pytest.raises(
+        ValueError,
+        match=r"step-2 with other settings \(group_size: 4 there, 2 now; "
+        r"learning_rate: 0.001 there, 0.01 now\)",
+    ):
+        train(
+            tiny_config(tmp_path, steps=3, resume=True, learning_rate=1e-2, group_size=2),
+            real_pivots(),
+            policy=tiny_policy(tokenizer),
+            env_id=make_env,
+        )
+    resumed = train(
+        tiny_config(tmp_path, steps=3, resume=True, checkpoint_every=1, tokens_per_pass=0),
+        real_pivots(),
+        policy=tiny_policy(tokenizer),
+        env_id=make_env,
+    )
     assert [r["step"] for r in resumed.history] == [3]
     # A run that saved no checkpoint cannot be resumed, and its metrics are not overwritten either.
     unsaved = tmp_path / "unsaved"
-    train(tiny_config(unsaved, steps=1, checkpoint_every=0), real_pivots(), policy=tiny_policy(tokenizer), env_id=make_env)
+    train(
+        tiny_config(unsaved, steps=1, checkpoint_every=0),
+        real_pivots(),
+        policy=tiny_policy(tokenizer),
+        env_id=make_env,
+    )
     with pytest.raises(ValueError, match=r"\(1 step in metrics.jsonl\) but no checkpoint to resume from"):
-        train(tiny_config(unsaved, steps=2, checkpoint_every=0, resume=True), real_pivots(), policy=tiny_policy(tokenizer),
-              env_id=make_env)
+        train(
+            tiny_config(unsaved, steps=2, checkpoint_every=0, resume=True),
+            real_pivots(),
+            policy=tiny_policy(tokenizer),
+            env_id=make_env,
+        )
 
 
-def test_a_policy_that_would_never_sample_from_the_trained_weights_is_refused_before_the_first_step(tokenizer, tmp_path):
+def test_a_policy_that_would_never_sample_from_the_trained_weights_is_refused_before_the_first_step(
+    tokenizer, tmp_path
+):
     policy = tiny_policy(tokenizer)
     assert isinstance(policy, TrainablePolicy)
     # The module trained is not the one the hf policy generates with, and hf takes no new weights.
-    with pytest.raises(UntrainablePolicyError, match="policy 'hf:tiny' neither shares the trained module nor has update_weights"):
-        train(tiny_config(tmp_path), real_pivots(), policy=policy, model=tiny_policy(tokenizer, seed=1).model,
-              env_id=make_env)
+    with pytest.raises(
+        UntrainablePolicyError,
+        match="policy 'hf:tiny' neither shares the trained module nor has update_weights",
+    ):
+        train(
+            tiny_config(tmp_path),
+            real_pivots(),
+            policy=policy,
+            model=tiny_policy(tokenizer, seed=1).model,
+            env_id=make_env,
+        )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -359,14 +456,20 @@ def test_lora_trains_only_the_adapters_and_the_policy_generates_with_them(tokeni
     probe = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         logits_before = policy.model(probe).logits
-    result = train(tiny_config(tmp_path, steps=2, lora=True, lora_rank=4, learning_rate=5e-3, checkpoint_every=0),
-                   real_pivots(), policy=policy, env_id=make_env)
+    result = train(
+        tiny_config(tmp_path, steps=2, lora=True, lora_rank=4, learning_rate=5e-3, checkpoint_every=0),
+        real_pivots(),
+        policy=policy,
+        env_id=make_env,
+    )
     state = policy.model.state_dict()
     assert any("lora_" in k for k in state)  # the policy's own module carries the adapters
     assert all(torch.equal(state[k], v) for k, v in state.items() if "lora_" not in k and k in base)
     assert (result.final / "adapter_model.safetensors").is_file()
     with torch.no_grad():
-        assert not torch.allclose(policy.model(probe).logits, logits_before)  # what the policy generates with moved
+        assert not torch.allclose(
+            policy.model(probe).logits, logits_before
+        )  # what the policy generates with moved
 
 
 @pytest.fixture(scope="module")
@@ -387,34 +490,52 @@ def verifier_env_id():
 
     name = "test/echo-verifier-choice-v0"
     if name not in gym.registry:
-        gym.register(name, entry_point=lambda pivots=None, verifier=None: EchoEnv(
-            pivots, verifier=NeverVerifier() if verifier == "never" else AlwaysVerifier()))
+        gym.register(
+            name,
+            entry_point=lambda pivots=None, verifier=None: EchoEnv(
+                pivots, verifier=NeverVerifier() if verifier == "never" else AlwaysVerifier()
+            ),
+        )
     return name
 
 
-def test_held_out_accuracy_is_graded_by_the_default_verifier_whatever_the_training_verifier(tokenizer, tmp_path,
-                                                                                          verifier_env_id):
+def test_held_out_accuracy_is_graded_by_the_default_verifier_whatever_the_training_verifier(
+    tokenizer, tmp_path, verifier_env_id
+):
     pivots = real_pivots()
-    result = train(tiny_config(tmp_path, steps=1, eval_every=1), pivots[2:], policy=tiny_policy(tokenizer),
-                   env_id=verifier_env_id, heldout=pivots[:2], verifier="never")
+    result = train(
+        tiny_config(tmp_path, steps=1, eval_every=1),
+        pivots[2:],
+        policy=tiny_policy(tokenizer),
+        env_id=verifier_env_id,
+        heldout=pivots[:2],
+        verifier="never",
+    )
     record = result.history[0]
     assert record["reward_mean"] == 0.0  # training scored with the verifier asked for
     assert record["eval_turn_accuracy"] == 1.0  # graded by the env's default verifier
 
 
-def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_the_pivots(tokenizer, tmp_path,
-                                                                                          has_letter_env_id):
+def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_the_pivots(
+    tokenizer, tmp_path, has_letter_env_id
+):
     from pivot_envs.extract import ExtractConfig, FilterConfig
     from pivot_envs.profile import ProfileConfig, profile
     from pivot_envs.trajectory import Trajectory
 
     experts = real_pivots()[:8]
-    trajectories = [Trajectory(id=f"expert-{i}", messages=[*p.messages, p.expert], tools=p.tools)
-                    for i, p in enumerate(experts)]
+    trajectories = [
+        Trajectory(id=f"expert-{i}", messages=[*p.messages, p.expert], tools=p.tools)
+        for i, p in enumerate(experts)
+    ]
     profiling = ProfileConfig(k=4, max_new_tokens=2, seed=0, batch_pivots=4, env_workers=2, progress=False)
-    config = PivotRLConfig(out=str(tmp_path / "run"), extract=ExtractConfig(domain="echo"), profile=profiling,
-                           filter=FilterConfig(lambda_diff=0.6),
-                           train=tiny_config(tmp_path / "ignored", steps=2, max_new_tokens=2, checkpoint_every=0))
+    config = PivotRLConfig(
+        out=str(tmp_path / "run"),
+        extract=ExtractConfig(domain="echo"),
+        profile=profiling,
+        filter=FilterConfig(lambda_diff=0.6),
+        train=tiny_config(tmp_path / "ignored", steps=2, max_new_tokens=2, checkpoint_every=0),
+    )
     result = pivotrl(trajectories, tiny_policy(tokenizer), config, env_id=has_letter_env_id)
     selection = result.selection
 
@@ -425,8 +546,12 @@ def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_th
     # initial model profiles them the same
     assert [p.id for p in selection.profiled] == [p.id for p in selection.candidates]
     assert all(p.profile.k == 4 and len(p.profile.rewards) == 4 for p in selection.profiled)
-    profile(selection.candidates, tiny_policy(tokenizer), tmp_path / "again.jsonl",
-            ProfileConfig(**{**vars(profiling), "env": has_letter_env_id}))
+    profile(
+        selection.candidates,
+        tiny_policy(tokenizer),
+        tmp_path / "again.jsonl",
+        ProfileConfig(**{**vars(profiling), "env": has_letter_env_id}),
+    )
     again = {p.id: p.profile.rewards for p in read_pivots(tmp_path / "again.jsonl")}
     assert {p.id: p.profile.rewards for p in selection.profiled} == again
     # line 4: D_pivot is D_adv (var > 0, mean < lambda_diff): here the candidates with mean 0.75 go
@@ -434,15 +559,24 @@ def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_th
     assert [p.id for p in selection.pivots] == kept and 0 < len(kept) < len(selection.profiled)
     assert [p.id for p in read_pivots(tmp_path / "run" / "pivots.jsonl")] == kept
     # lines 5-14: the GRPO run at those pivots, in OUT/train
-    assert result.training.out == tmp_path / "run" / "train" and [r["step"] for r in result.training.history] == [1, 2]
+    assert result.training.out == tmp_path / "run" / "train" and [
+        r["step"] for r in result.training.history
+    ] == [1, 2]
     assert not (tmp_path / "ignored").exists()
 
     # A threshold nothing is under keeps no pivot: refused with the profiles' figures (reused, not redone).
-    with pytest.raises(NoPivotsError, match=rf"of {len(selection.profiled)} profiled candidates \(K=4\), "
-                                            rf"{sum(p.profile.var > 0 for p in selection.profiled)} had mixed"):
-        select_pivots(selection.candidates, tiny_policy(tokenizer, seed=5),
-                      PivotRLConfig(out=config.out, profile=profiling, filter=FilterConfig(lambda_diff=0.0)),
-                      env_id=has_letter_env_id, reference_name="hf:tiny")
+    with pytest.raises(
+        NoPivotsError,
+        match=rf"of {len(selection.profiled)} profiled candidates \(K=4\), "
+        rf"{sum(p.profile.var > 0 for p in selection.profiled)} had mixed",
+    ):
+        select_pivots(
+            selection.candidates,
+            tiny_policy(tokenizer, seed=5),
+            PivotRLConfig(out=config.out, profile=profiling, filter=FilterConfig(lambda_diff=0.0)),
+            env_id=has_letter_env_id,
+            reference_name="hf:tiny",
+        )
 
 
 class AlwaysVerifier:
@@ -463,8 +597,9 @@ class NeverVerifier:
         return Verdict(0.0, "never")
 
 
-def test_an_empty_d_adv_stops_pivotrl_before_training_unless_the_filter_falls_back_to_the_unsolved(tokenizer,
-                                                                                                   tmp_path):
+def test_an_empty_d_adv_stops_pivotrl_before_training_unless_the_filter_falls_back_to_the_unsolved(
+    tokenizer, tmp_path
+):
     import gymnasium as gym
 
     from pivot_envs.extract import FilterConfig
@@ -477,13 +612,19 @@ def test_an_empty_d_adv_stops_pivotrl_before_training_unless_the_filter_falls_ba
     profiling = ProfileConfig(k=2, max_new_tokens=2, seed=0, batch_pivots=3, env_workers=1, progress=False)
     train = tiny_config(tmp_path / "ignored", steps=1, max_new_tokens=2, checkpoint_every=0)
 
-    strict = PivotRLConfig(out=str(tmp_path / "adv"), profile=profiling, filter=FilterConfig(lambda_diff=0.6), train=train)
+    strict = PivotRLConfig(
+        out=str(tmp_path / "adv"), profile=profiling, filter=FilterConfig(lambda_diff=0.6), train=train
+    )
     with pytest.raises(NoPivotsError, match="of 3 profiled candidates \\(K=2\\), 0 had mixed rewards"):
         pivotrl(candidates, tiny_policy(tokenizer), strict, env_id=name)
     assert not (tmp_path / "adv" / "train").exists()
 
-    falling_back = PivotRLConfig(out=str(tmp_path / "fallback"), profile=profiling,
-                                 filter=FilterConfig(lambda_diff=0.6, mode="adv-or-unsolved"), train=train)
+    falling_back = PivotRLConfig(
+        out=str(tmp_path / "fallback"),
+        profile=profiling,
+        filter=FilterConfig(lambda_diff=0.6, mode="adv-or-unsolved"),
+        train=train,
+    )
     result = pivotrl(candidates, tiny_policy(tokenizer), falling_back, env_id=name)
     # Every candidate failed all its samples: all are kept, and the groups at them carry no signal.
     assert [p.id for p in result.selection.pivots] == [p.id for p in candidates]
@@ -511,10 +652,32 @@ def test_pivotrl_train_runs_on_the_bundled_tool_use_pivots(tiny_checkpoint, tmp_
     bundled = gym.make("pivot/tool-use-v0").unwrapped.pivots
     write_pivots(bundled[:3], tmp_path / "train.jsonl")
     write_pivots(bundled[3:5], tmp_path / "heldout.jsonl")
-    code = main(["train", "--pivots", str(tmp_path / "train.jsonl"), "--heldout", str(tmp_path / "heldout.jsonl"),
-                 "--policy", f"hf:{tiny_checkpoint}", "--steps", "2", "--batch-pivots", "2", "--group-size", "2",
-                 "--max-new-tokens", "4", "--eval-every", "2", "--checkpoint-every", "1", "--out", str(tmp_path / "run"),
-                 "--plot"])
+    code = main(
+        [
+            "train",
+            "--pivots",
+            str(tmp_path / "train.jsonl"),
+            "--heldout",
+            str(tmp_path / "heldout.jsonl"),
+            "--policy",
+            f"hf:{tiny_checkpoint}",
+            "--steps",
+            "2",
+            "--batch-pivots",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--eval-every",
+            "2",
+            "--checkpoint-every",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+            "--plot",
+        ]
+    )
     assert code == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]

@@ -62,7 +62,9 @@ def test_due_every_n_steps_after_the_first():
 def test_reprofiling_retires_the_solved_pivot_and_brings_back_mixed_candidates(tokenizer, tmp_path):
     # the offline profile (pretend) said pivots 0 and 2 were mixed; the pool holds five candidates
     in_play, candidates = [PIVOTS[0], PIVOTS[2]], PIVOTS[:5]
-    result = train(config(tmp_path), in_play, policy=tiny_policy(tokenizer), env_id=make_env, candidates=candidates)
+    result = train(
+        config(tmp_path), in_play, policy=tiny_policy(tokenizer), env_id=make_env, candidates=candidates
+    )
     records = [json.loads(line) for line in (tmp_path / "reprofiled.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [3]
     (record,) = records
@@ -86,15 +88,27 @@ def test_an_empty_reprofiled_d_adv_keeps_the_pivots_in_play(tokenizer, tmp_path)
 
 def test_a_resumed_run_restores_the_pivots_in_play_and_drops_later_reprofiles(tokenizer, tmp_path):
     in_play, candidates = [PIVOTS[0], PIVOTS[2]], PIVOTS[:5]
-    straight = train(config(tmp_path / "straight", steps=4), in_play, policy=tiny_policy(tokenizer),
-                     env_id=make_env, candidates=candidates)
+    straight = train(
+        config(tmp_path / "straight", steps=4),
+        in_play,
+        policy=tiny_policy(tokenizer),
+        env_id=make_env,
+        candidates=candidates,
+    )
     split = tmp_path / "split"
-    train(config(split, steps=3), in_play, policy=tiny_policy(tokenizer), env_id=make_env, candidates=candidates)
+    train(
+        config(split, steps=3), in_play, policy=tiny_policy(tokenizer), env_id=make_env, candidates=candidates
+    )
     # a line written after the checkpoint the run resumes from (a crash between them) is dropped
     with (split / "reprofiled.jsonl").open("a") as handle:
         handle.write(json.dumps({"step": 5, "pivots": [UNSOLVED]}) + "\n")
-    resumed = train(config(split, steps=4, resume=True), in_play, policy=tiny_policy(tokenizer, seed=9),
-                    env_id=make_env, candidates=candidates)
+    resumed = train(
+        config(split, steps=4, resume=True),
+        in_play,
+        policy=tiny_policy(tokenizer, seed=9),
+        env_id=make_env,
+        candidates=candidates,
+    )
     assert [r["step"] for r in resumed.history] == [4]
     assert resumed.history[0]["pivots_in_play"] == straight.history[3]["pivots_in_play"]
     assert resumed.history[0]["reward_mean"] == straight.history[3]["reward_mean"]

@@ -54,6 +54,7 @@ def test_warm_up_profile_filter_and_grpo_with_the_real_verifier(pivots, tmp_path
     env = gym.make("pivot/tool-use-v0", pivots=pivots)
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
+
         def greedy_rewards() -> list[float]:
             rewards = []
             for pivot, group in zip(pivots, policy.generate([p.observation for p in pivots], 1, greedy)):
@@ -63,11 +64,17 @@ def test_warm_up_profile_filter_and_grpo_with_the_real_verifier(pivots, tmp_path
 
         assert greedy_rewards() == [0.0, 0.0]  # the model as it ships
 
-        records = warm_up(policy, pivots, SFTConfig(epochs=3, batch_size=2, learning_rate=1e-4, progress=False))
+        records = warm_up(
+            policy, pivots, SFTConfig(epochs=3, batch_size=2, learning_rate=1e-4, progress=False)
+        )
         assert records[-1]["loss"] < records[0]["loss"] / 2
 
-        run = profile(pivots, policy, tmp_path / "profiled.jsonl",
-                      ProfileConfig(k=8, max_new_tokens=48, seed=0, batch_pivots=2, env_workers=1, progress=False))
+        run = profile(
+            pivots,
+            policy,
+            tmp_path / "profiled.jsonl",
+            ProfileConfig(k=8, max_new_tokens=48, seed=0, batch_pivots=2, env_workers=1, progress=False),
+        )
         assert run.profiled == 2
         profiled = read_pivots(tmp_path / "profiled.jsonl")
         successes = sum(sum(p.profile.rewards) for p in profiled)
@@ -75,9 +82,22 @@ def test_warm_up_profile_filter_and_grpo_with_the_real_verifier(pivots, tmp_path
         kept = filter_pivots(profiled, lambda_diff=0.95)
         assert kept and all(0 < p.profile.mean < 0.95 for p in kept)
 
-        result = train(GRPOConfig(batch_pivots=len(kept), group_size=8, max_new_tokens=48, learning_rate=1e-5, steps=2,
-                                  checkpoint_every=0, eval_every=0, num_envs=1, out=str(tmp_path / "train"), seed=0),
-                       kept, policy=policy)
+        result = train(
+            GRPOConfig(
+                batch_pivots=len(kept),
+                group_size=8,
+                max_new_tokens=48,
+                learning_rate=1e-5,
+                steps=2,
+                checkpoint_every=0,
+                eval_every=0,
+                num_envs=1,
+                out=str(tmp_path / "train"),
+                seed=0,
+            ),
+            kept,
+            policy=policy,
+        )
         history = result.history
         assert all(0 < r["reward_mean"] < 1 for r in history), history
         assert sum(r["groups_trained"] for r in history) > 0  # groups with reward variance got updates

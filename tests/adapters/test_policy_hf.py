@@ -105,7 +105,9 @@ def test_sharing_the_prefix_cache_samples_exactly_what_recomputing_it_per_sample
 
 def test_the_same_seed_reproduces_the_samples_and_another_seed_changes_them(policy):
     def run(seed):
-        groups = policy.generate(CHATS, n=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed))
+        groups = policy.generate(
+            CHATS, n=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed)
+        )
         return [[c.token_ids for c in g] for g in groups]
 
     first = run(5)
@@ -127,7 +129,9 @@ def test_completions_stop_at_end_of_turn_or_at_the_token_budget(policy, model_an
 
 def test_a_vanishing_top_p_is_greedy(policy):
     greedy = policy.generate(CHATS, n=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=6))
-    nucleus = policy.generate(CHATS, n=2, sampling=SamplingParams(temperature=1.5, top_p=1e-6, max_new_tokens=6, seed=1))
+    nucleus = policy.generate(
+        CHATS, n=2, sampling=SamplingParams(temperature=1.5, top_p=1e-6, max_new_tokens=6, seed=1)
+    )
     for g, group in zip(greedy, nucleus):
         assert all(c.token_ids == g[0].token_ids for c in group)
 
@@ -147,7 +151,9 @@ def test_bad_arguments_are_clear_errors(model_and_tokenizer, policy):
         policy.generate(CHATS, n=0, sampling=SamplingParams())
 
 
-def test_token_id_prompts_generate_without_a_tokenizer_and_an_empty_stop_list_never_stops(model_and_tokenizer, policy):
+def test_token_id_prompts_generate_without_a_tokenizer_and_an_empty_stop_list_never_stops(
+    model_and_tokenizer, policy
+):
     model, _ = model_and_tokenizer
     prompt = policy.encode(CHATS[0])
     bare = HFPolicy(model, None, stop_token_ids=[])
@@ -155,7 +161,9 @@ def test_token_id_prompts_generate_without_a_tokenizer_and_an_empty_stop_list_ne
     (reference,) = policy.generate_ids([prompt], 1, SamplingParams(temperature=0.0, max_new_tokens=20))
     stop = reference[0].token_ids.index(next(t for t in reference[0].token_ids if t in policy.stop_ids))
     for completion in group:
-        assert len(completion.token_ids) == 20 and completion.finish_reason == "length" and completion.text == ""
+        assert (
+            len(completion.token_ids) == 20 and completion.finish_reason == "length" and completion.text == ""
+        )
         assert completion.token_ids[: stop + 1] == reference[0].token_ids
     with pytest.raises(ValueError, match="no tokenizer"):
         bare.generate(CHATS, 1, SamplingParams())
@@ -177,8 +185,9 @@ def test_a_batch_shares_its_prompts_common_head_and_samples_what_whole_prompts_d
     assert all(prompts[row][:head] == prompts[0][:head] for row in together)
 
     fed: list[int] = []  # tokens of every forward pass
-    hook = model.register_forward_pre_hook(lambda _, args, kwargs: fed.append(kwargs["input_ids"].numel()),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: fed.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
     try:
         sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=4)
         with_head = shared.generate(chats, n=3, sampling=sampling)

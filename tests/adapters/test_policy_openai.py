@@ -100,7 +100,9 @@ class Server:
                     "index": index,
                     "message": message,
                     "finish_reason": completion.finish_reason,
-                    "logprobs": {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, completion.logprobs)]},
+                    "logprobs": {
+                        "content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, completion.logprobs)]
+                    },
                 }
             )
         return {"id": "cmpl-test", "object": "chat.completion", "model": body["model"], "choices": choices}
@@ -132,7 +134,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_n_samples_come_back_with_text_logprobs_and_finish_reasons_equal_to_the_local_backend(server, hf_policy):
+def test_n_samples_come_back_with_text_logprobs_and_finish_reasons_equal_to_the_local_backend(
+    server, hf_policy
+):
     policy = OpenAIPolicy(server.url, "smollm2", timeout=60)
     assert isinstance(policy, Policy)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=4)
@@ -143,12 +147,20 @@ def test_n_samples_come_back_with_text_logprobs_and_finish_reasons_equal_to_the_
     for r, lo in zip(remote, local):
         assert r.logprobs == pytest.approx(lo.logprobs, abs=1e-6) and len(r.logprobs) == len(lo.token_ids)
     body = server.bodies[-1]
-    assert (body["n"], body["max_tokens"], body["temperature"], body["seed"], body["logprobs"]) == (3, 8, 1.0, 4, True)
+    assert (body["n"], body["max_tokens"], body["temperature"], body["seed"], body["logprobs"]) == (
+        3,
+        8,
+        1.0,
+        4,
+        True,
+    )
 
 
 def test_tools_are_sent_and_parsed_tool_calls_come_back_as_the_message(server):
     policy = OpenAIPolicy(server.url, "echo")
-    call = '<tool_call>\n{"name": "get_flight_status", "arguments": {"flight_number": "HAT069"}}\n</tool_call>'
+    call = (
+        '<tool_call>\n{"name": "get_flight_status", "arguments": {"flight_number": "HAT069"}}\n</tool_call>'
+    )
     chat = {**TOOL_CHAT, "messages": [{"role": "user", "content": call}]}
     (group,) = policy.generate([chat], n=2, sampling=SamplingParams(temperature=0.0, max_new_tokens=40))
     assert server.bodies[-1]["tools"] == TOOL_CHAT["tools"]
@@ -172,7 +184,9 @@ def test_each_chat_is_requested_with_its_own_seed(server):
     assert [group[0].text for group in groups] == ["chat 0", "chat 1", "chat 2"]
     sent = {body["messages"][-1]["content"]: body["seed"] for body in server.bodies[-3:]}
     assert sent == {"chat 0": 21, "chat 1": 22, "chat 2": 23}
-    policy.generate(chats[:2], n=1, sampling=SamplingParams(seed=4))  # without per-chat seeds, the call's seed
+    policy.generate(
+        chats[:2], n=1, sampling=SamplingParams(seed=4)
+    )  # without per-chat seeds, the call's seed
     assert [body["seed"] for body in server.bodies[-2:]] == [4, 4]
     with pytest.raises(ValueError, match="holds 2 seeds for 3 chats"):
         policy.generate(chats, n=1, sampling=SamplingParams(seeds=[1, 2]))
@@ -192,7 +206,9 @@ def test_several_base_urls_are_used_round_robin(server):
 def test_a_500_answer_is_retried_then_a_clear_error_names_the_endpoint_and_status(server):
     server.requests.clear()
     policy = OpenAIPolicy(server.url, "fail500", max_retries=2, backoff=0.01)
-    with pytest.raises(EndpointError, match=r"POST http://127\.0\.0\.1:\d+/v1/chat/completions: HTTP 500.*after 3 attempts") as info:
+    with pytest.raises(
+        EndpointError, match=r"POST http://127\.0\.0\.1:\d+/v1/chat/completions: HTTP 500.*after 3 attempts"
+    ) as info:
         policy.generate([CHAT], n=1, sampling=SamplingParams(max_new_tokens=2))
     assert info.value.status == 500 and server.requests["fail500"] == 3
 
@@ -235,12 +251,16 @@ def test_the_openai_spec_builds_a_policy_over_several_urls():
 def test_a_prompt_budget_for_a_server_policy_is_refused_naming_why():
     from pivot_envs.policy import PolicySpecError
 
-    with pytest.raises(PolicySpecError, match=r"openai:http://h:1#m'.*prompt budget.*own template and tokenizer"):
+    with pytest.raises(
+        PolicySpecError, match=r"openai:http://h:1#m'.*prompt budget.*own template and tokenizer"
+    ):
         load_policy("openai:http://h:1#m", max_prompt_tokens=1024)
     assert isinstance(load_policy("openai:http://h:1#m", max_prompt_tokens=0), OpenAIPolicy)
 
 
-def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_writes_nothing_twice(server, tmp_path: Path):
+def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_writes_nothing_twice(
+    server, tmp_path: Path
+):
     from dataclasses import replace
 
     from pivot_envs.domains.tool_use.env import bundled_pivots
@@ -249,12 +269,27 @@ def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_wri
     from pivot_envs.pivot import read_pivots, write_pivots
 
     pivots = [
-        replace(p, messages=[{"role": "user", "content": "Hi, I need help with my reservation."}], tools=p.tools[:1])
+        replace(
+            p,
+            messages=[{"role": "user", "content": "Hi, I need help with my reservation."}],
+            tools=p.tools[:1],
+        )
         for p in bundled_pivots()[:3]
     ]
     candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
     write_pivots(pivots[:2], candidates)
-    args = ["--k", "2", "--max-new-tokens", "6", "--temperature", "0.7", "--out", str(out), "--progress", "false"]
+    args = [
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0.7",
+        "--out",
+        str(out),
+        "--progress",
+        "false",
+    ]
     assert main(["profile", str(candidates), "--policy", f"openai:{server.url}#smollm2", *args]) == 0
     first = out.read_bytes()
     assert [p.id for p in read_pivots(out)] == [p.id for p in pivots[:2]]

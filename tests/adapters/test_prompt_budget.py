@@ -28,7 +28,9 @@ def test_a_prompt_within_the_budget_is_rendered_unchanged(tokenizer, pivots) -> 
     pivot = pivots[0]
     whole = encode_prompt(tokenizer, pivot.messages, pivot.tools)
     assert encode_prompt(tokenizer, pivot.messages, pivot.tools, max_tokens=len(whole)) == whole
-    assert fit_prompt(tokenizer, pivot.messages, pivot.tools, len(whole)) == render_prompt(tokenizer, pivot.messages, pivot.tools)
+    assert fit_prompt(tokenizer, pivot.messages, pivot.tools, len(whole)) == render_prompt(
+        tokenizer, pivot.messages, pivot.tools
+    )
 
 
 @pytest.mark.parametrize("budget", [768, 1024, 2048])

@@ -61,8 +61,11 @@ def test_the_prompts_common_head_runs_once_and_changes_no_value(policy, pivots):
     assert shared > 50  # the system prompt's start is shared
     seen = []  # the prompt tokens each forward pass without gradient gets
     hook = policy.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()) if not torch.is_grad_enabled() else None,
-        with_kwargs=True)
+        lambda module, args, kwargs: (
+            seen.append(kwargs["input_ids"].numel()) if not torch.is_grad_enabled() else None
+        ),
+        with_kwargs=True,
+    )
     try:
         turn_logprobs(policy.model, examples, detach_prefix=True)
     finally:
@@ -110,9 +113,19 @@ def test_the_warm_up_fits_its_examples_and_records_each_step(policy, pivots, tmp
 
     before = nll()
     metrics = tmp_path / "sft.jsonl"
-    records = warm_up(policy, pivots, SFTConfig(epochs=3, batch_size=2, learning_rate=1e-4, metrics=str(metrics),
-                                                progress=False))
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and [r["epoch"] for r in records] == [0, 0, 1, 1, 2, 2]
+    records = warm_up(
+        policy,
+        pivots,
+        SFTConfig(epochs=3, batch_size=2, learning_rate=1e-4, metrics=str(metrics), progress=False),
+    )
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and [r["epoch"] for r in records] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+    ]
     assert len(metrics.read_text().splitlines()) == 6
     assert nll() < 0.7 * before
 

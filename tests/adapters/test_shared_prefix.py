@@ -50,7 +50,9 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_per_sequence_computation
     torch.testing.assert_close(shared[shared_mask], naive[naive_mask], rtol=1e-5, atol=5e-5)
     assert shared_grads.keys() == naive_grads.keys() and len(shared_grads) > 20
     assert _relative_difference(shared_grads, naive_grads) < 1e-5
-    embedding = "model.embed_tokens.weight"  # the prefix's own tokens get gradient only through the shared pass
+    embedding = (
+        "model.embed_tokens.weight"  # the prefix's own tokens get gradient only through the shared pass
+    )
     assert shared_grads[embedding][prefix[0]].abs().sum() > 0
 
 
@@ -67,20 +69,28 @@ def test_groups_in_one_pass_give_each_group_its_own_logprobs_and_the_summed_grad
     smollm2.zero_grad(set_to_none=True)
     batched, mask, _ = groups_logprobs(smollm2, groups)
     (batched * mask).sum().backward()
-    batched_grads = {name: p.grad.detach().clone() for name, p in smollm2.named_parameters() if p.grad is not None}
+    batched_grads = {
+        name: p.grad.detach().clone() for name, p in smollm2.named_parameters() if p.grad is not None
+    }
     smollm2.zero_grad(set_to_none=True)
     assert batched.shape == (6, 8) and mask.sum().item() == 23
 
     row, per_group, naive_grads = 0, {}, {}
     for prefix, actions in groups:
         shared, shared_mask, grads = _logprobs_and_grads(smollm2, action_logprobs, prefix, actions)
-        naive, naive_mask, naive_group_grads = _logprobs_and_grads(smollm2, sequence_logprobs, prefix, actions)
+        naive, naive_mask, naive_group_grads = _logprobs_and_grads(
+            smollm2, sequence_logprobs, prefix, actions
+        )
         rows = slice(row, row + len(actions))
         row += len(actions)
         width = shared.shape[1]
         assert torch.equal(mask[rows, :width], shared_mask) and not mask[rows, width:].any()
-        torch.testing.assert_close(batched[rows, :width][shared_mask], shared[shared_mask], rtol=1e-5, atol=5e-5)
-        torch.testing.assert_close(batched[rows, :width][shared_mask], naive[naive_mask], rtol=1e-5, atol=5e-5)
+        torch.testing.assert_close(
+            batched[rows, :width][shared_mask], shared[shared_mask], rtol=1e-5, atol=5e-5
+        )
+        torch.testing.assert_close(
+            batched[rows, :width][shared_mask], naive[naive_mask], rtol=1e-5, atol=5e-5
+        )
         for name in grads:
             per_group[name] = per_group.get(name, 0) + grads[name]
             naive_grads[name] = naive_grads.get(name, 0) + naive_group_grads[name]
@@ -89,7 +99,9 @@ def test_groups_in_one_pass_give_each_group_its_own_logprobs_and_the_summed_grad
     # float32 rounding over 30 layers: the per-group and the naive gradients differ by 2.4e-5 here themselves
     assert _relative_difference(batched_grads, per_group) < 5e-5
     assert _relative_difference(batched_grads, naive_grads) < 5e-5
-    embedding = batched_grads["model.embed_tokens.weight"]  # every prefix gets its gradient through the shared pass
+    embedding = batched_grads[
+        "model.embed_tokens.weight"
+    ]  # every prefix gets its gradient through the shared pass
     assert all(embedding[prefix[0]].abs().sum() > 0 for prefix, _ in groups)
 
 
@@ -109,8 +121,15 @@ def test_single_token_actions_need_no_second_pass():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     model = LlamaForCausalLM(config).eval()
     shared, mask, _ = action_logprobs(model, [5, 6, 7, 8], [[1], [2], [3]])
     naive, _ = sequence_logprobs(model, [5, 6, 7, 8], [[1], [2], [3]])

@@ -58,7 +58,9 @@ def test_dataset_with_a_tokenizer_holds_the_rendered_prompt():
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     pivot = real_pivots()[1]
-    assert to_dataset([pivot], tokenizer=tokenizer)[0]["prompt"] == render_prompt(tokenizer, pivot.messages, pivot.tools)
+    assert to_dataset([pivot], tokenizer=tokenizer)[0]["prompt"] == render_prompt(
+        tokenizer, pivot.messages, pivot.tools
+    )
 
 
 def test_reward_function_scores_each_completion_at_its_rows_pivot():
@@ -99,9 +101,18 @@ def test_a_tool_call_trl_parsed_out_of_the_text_is_stepped_as_the_message():
     pivots = real_pivots()
     pivot = pivots[3]  # the expert calls get_weather(city="Paris")
 
-    def parsed(city):  # a completion as TRL's parse_response gives it: the call out of the text, arguments a dict
-        return [{"role": "assistant", "content": "",
-                 "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]}]
+    def parsed(
+        city,
+    ):  # a completion as TRL's parse_response gives it: the call out of the text, arguments a dict
+        return [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+                ],
+            }
+        ]
 
     reward = reward_function(lambda: EchoEnv(pivots))  # strict verifier: only the expert's call scores 1
     assert reward(completions=[parsed("Paris"), parsed("Rome")], pivot_id=[pivot.id, pivot.id]) == [1.0, 0.0]
@@ -137,12 +148,29 @@ def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
         return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
 
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=2,
-        max_completion_length=16, learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, seed=0, temperature=1.0, dataloader_num_workers=0, gradient_checkpointing=False, bf16=False,
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=16,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        temperature=1.0,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+        bf16=False,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=pivot_reward, args=args, train_dataset=to_dataset(pivots),
-                          processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=pivot_reward,
+        args=args,
+        train_dataset=to_dataset(pivots),
+        processing_class=tokenizer,
+    )
     trainer.train()
 
     logged = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
@@ -178,17 +206,37 @@ def test_trl_grpo_trainer_hands_the_env_the_tool_calls_its_chat_template_parsed(
         return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
 
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
-        max_completion_length=len(call) + 4, learning_rate=1e-5, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0, gradient_checkpointing=False, bf16=False,
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=len(call) + 4,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+        bf16=False,
         generation_kwargs={"sequence_bias": steer},
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=pivot_reward, args=args, train_dataset=to_dataset([pivot]),
-                          processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=pivot_reward,
+        args=args,
+        train_dataset=to_dataset([pivot]),
+        processing_class=tokenizer,
+    )
     trainer.train()
 
-    assert [c[0]["tool_calls"][0]["function"] for c in seen] == [{"name": "get_weather", "arguments": {"city": "Paris"}}] * 2
-    assert all(c[0]["content"] == "" for c in seen)  # the call is not in the text: stepping the text would score 0
+    assert [c[0]["tool_calls"][0]["function"] for c in seen] == [
+        {"name": "get_weather", "arguments": {"city": "Paris"}}
+    ] * 2
+    assert all(
+        c[0]["content"] == "" for c in seen
+    )  # the call is not in the text: stepping the text would score 0
     assert [entry["reward"] for entry in trainer.state.log_history if "reward" in entry] == [1.0]
 
 
@@ -203,6 +251,8 @@ def test_reward_function_by_env_id_scores_with_the_registered_tool_use_domain():
     reward = reward_function("pivot/tool-use-v0", pivots=pivots, num_envs=2)
     # the expert's turn written the way the model writes it: Hermes <tool_call> blocks
     expert_texts = [prompt_messages([p.expert], [])[0]["content"] for p in pivots]
-    got = reward(completions=[[{"role": "assistant", "content": t}] for t in expert_texts] + ["no tool call"],
-                 pivot_id=[p.id for p in pivots] + [pivots[0].id])
+    got = reward(
+        completions=[[{"role": "assistant", "content": t}] for t in expert_texts] + ["no tool call"],
+        pivot_id=[p.id for p in pivots] + [pivots[0].id],
+    )
     assert got == [1.0, 1.0, 1.0, 0.0]

@@ -38,7 +38,9 @@ def real_pivots() -> list[Pivot]:
             if expected["type"] == "message":
                 expert["content"] = _message(expected)["content"]
             else:
-                expert["tool_calls"] = [tool_call(c["name"], c["arguments"], f"call_{i}") for i, c in enumerate(calls)]
+                expert["tool_calls"] = [
+                    tool_call(c["name"], c["arguments"], f"call_{i}") for i, c in enumerate(calls)
+                ]
             pivots.append(
                 Pivot(
                     id=f"{path.stem}/{number}",

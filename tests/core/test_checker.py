@@ -17,18 +17,51 @@ from pivot_envs.checker import CHECKS, PivotEnvCheckError, PivotEnvReport
 from pivot_envs.errors import PivotEnvsError, UnknownNameError
 from pivot_envs.verifiers import Verdict
 
-TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 PIVOTS = [
-    Pivot(id="weather/t0", domain="generic", tools=TOOLS,
-          messages=[{"role": "system", "content": "Answer with the tools."}, {"role": "user", "content": "Weather in Oslo?"}],
-          expert={"role": "assistant", "content": None, "tool_calls": [tool_call("lookup", {"city": "Oslo"}, "call_0")]}),
-    Pivot(id="weather/t1", domain="generic", tools=TOOLS,
-          messages=[{"role": "user", "content": "Weather in Oslo?"},
-                    {"role": "assistant", "content": None, "tool_calls": [tool_call("lookup", {"city": "Oslo"}, "call_0")]},
-                    {"role": "tool", "tool_call_id": "call_0", "content": "rain, 4 C"}],
-          expert={"role": "assistant", "content": "Rain and 4 degrees."}),
-    Pivot(id="sum/t0", domain="generic", messages=[{"role": "user", "content": "What is 2 + 2?"}],
-          expert={"role": "assistant", "content": "4"}),
+    Pivot(
+        id="weather/t0",
+        domain="generic",
+        tools=TOOLS,
+        messages=[
+            {"role": "system", "content": "Answer with the tools."},
+            {"role": "user", "content": "Weather in Oslo?"},
+        ],
+        expert={
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call("lookup", {"city": "Oslo"}, "call_0")],
+        },
+    ),
+    Pivot(
+        id="weather/t1",
+        domain="generic",
+        tools=TOOLS,
+        messages=[
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [tool_call("lookup", {"city": "Oslo"}, "call_0")],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": "rain, 4 C"},
+        ],
+        expert={"role": "assistant", "content": "Rain and 4 degrees."},
+    ),
+    Pivot(
+        id="sum/t0",
+        domain="generic",
+        messages=[{"role": "user", "content": "What is 2 + 2?"}],
+        expert={"role": "assistant", "content": "4"},
+    ),
 ]
 
 
@@ -47,7 +80,9 @@ class WeatherEnv(PivotEnv):
             return Outcome()
         if not self.online:
             raise InfrastructureError(f"pivot {pivot.id}: the weather backend is offline")
-        return Outcome(messages=[{"role": "tool", "tool_call_id": "call_0", "content": "rain, 4 C"}], output="rain, 4 C")
+        return Outcome(
+            messages=[{"role": "tool", "tool_call_id": "call_0", "content": "rain, 4 C"}], output="rain, 4 C"
+        )
 
 
 def take_offline(env: PivotEnv) -> bool | None:
@@ -58,7 +93,9 @@ def take_offline(env: PivotEnv) -> bool | None:
 
 
 def check(env: PivotEnv, **kwargs: object) -> PivotEnvReport:
-    return check_pivot_env(env, **{"pivots": 3, "break_infrastructure": take_offline, "raise_on_failure": False, **kwargs})
+    return check_pivot_env(
+        env, **{"pivots": 3, "break_infrastructure": take_offline, "raise_on_failure": False, **kwargs}
+    )
 
 
 def failed_checks(report: PivotEnvReport) -> set[str]:
@@ -107,7 +144,10 @@ class TruncatedPrefixEnv(WeatherEnv):
 def test_an_env_whose_reset_drops_part_of_the_prefix_fails_reset_restores_prefix_at_that_pivot() -> None:
     report = check(TruncatedPrefixEnv())
     failures = report.failed("reset_restores_prefix")
-    assert [f.pivot for f in failures] == ["weather/t0", "weather/t1"]  # sum/t0 has one message: nothing dropped
+    assert [f.pivot for f in failures] == [
+        "weather/t0",
+        "weather/t1",
+    ]  # sum/t0 has one message: nothing dropped
     assert "item 0" in failures[0].detail and "system" in failures[0].detail
 
 
@@ -135,7 +175,11 @@ class AlwaysRightVerifier:
 def test_an_env_that_rewards_junk_fails_junk_scores_zero_naming_the_action() -> None:
     report = check(WeatherEnv(verifier=AlwaysRightVerifier()))
     detail = report.failed("junk_scores_zero")[0].detail
-    assert "empty text '' scored 1.0" in detail and "; random text" in detail and "a call to a tool that does not exist" in detail
+    assert (
+        "empty text '' scored 1.0" in detail
+        and "; random text" in detail
+        and "a call to a tool that does not exist" in detail
+    )
     assert "expert_scores_one" in report.passed
 
 
@@ -149,7 +193,10 @@ class RaisesOnEmptyTextEnv(WeatherEnv):
 def test_an_env_that_raises_on_junk_fails_step_never_raises() -> None:
     report = check(RaisesOnEmptyTextEnv())
     failure = report.failed("step_never_raises")[0]
-    assert failure.detail == "step(empty text) raised ValueError: empty completion" and failure.pivot == "weather/t0"
+    assert (
+        failure.detail == "step(empty text) raised ValueError: empty completion"
+        and failure.pivot == "weather/t0"
+    )
     assert report.unchecked == ["junk_scores_zero"] and "junk_scores_zero" not in report.passed
     assert "gymnasium_check_env" in report.passed and "expert_scores_one" in report.passed
 
@@ -163,7 +210,10 @@ class NotJSONInfoEnv(WeatherEnv):
 def test_an_env_with_non_json_info_fails_json_encodable() -> None:
     report = check(NotJSONInfoEnv())
     assert failed_checks(report) == {"json_encodable"}
-    assert "the info of step(" in report.failures[0].detail and "date is not JSON serializable" in report.failures[0].detail
+    assert (
+        "the info of step(" in report.failures[0].detail
+        and "date is not JSON serializable" in report.failures[0].detail
+    )
 
 
 class EndlessEpisodeEnv(WeatherEnv):
@@ -199,7 +249,7 @@ class PrefixlessStepEnv(WeatherEnv):
 
     def step(self, action):
         observation, *rest = super().step(action)
-        return {**observation, "messages": observation["messages"][len(self.pivot.messages):]}, *rest
+        return {**observation, "messages": observation["messages"][len(self.pivot.messages) :]}, *rest
 
 
 def test_an_env_whose_step_observation_drops_the_prefix_fails_step_observation_extends_prefix() -> None:
@@ -217,7 +267,9 @@ class MoodyVerifier:
 
     def verify(self, pivot: Pivot, action: dict, outcome: object = None) -> Verdict:
         self.calls += 1
-        if action.get("content") == pivot.expert.get("content") and action.get("tool_calls") == pivot.expert.get("tool_calls"):
+        if action.get("content") == pivot.expert.get("content") and action.get(
+            "tool_calls"
+        ) == pivot.expert.get("tool_calls"):
             return Verdict(1.0, "exact_match")
         return Verdict(0.0, f"wrong_{self.calls}")
 

@@ -69,7 +69,9 @@ def test_no_help_shows_a_none_value_or_says_its_default_twice(path: tuple[str, .
     assert not re.search(r"--[\w.-]+ None\b", helped), helped  # `--out None` named no value
     assert "(default: None)" not in helped and "(default: False)" not in helped, helped
     for paragraph in helped.split("\n  -"):
-        assert paragraph.count("default") <= 1 or "(default:" not in paragraph.split("default", 1)[1], paragraph
+        assert paragraph.count("default") <= 1 or "(default:" not in paragraph.split("default", 1)[1], (
+            paragraph
+        )
 
 
 def test_the_commands_walked_include_every_data_and_method_command() -> None:
@@ -130,20 +132,37 @@ def test_log_lines_follow_the_verbosity(capsys) -> None:
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "pivotrl: error: a failure",  # -qq
-        "pivotrl: warning: a skipped record", "pivotrl: error: a failure",  # -q
-        "a step", "pivotrl: warning: a skipped record", "pivotrl: error: a failure",  # default
-        "debug: pivot_envs.test: a detail", "a step", "pivotrl: warning: a skipped record", "pivotrl: error: a failure",
+        "pivotrl: warning: a skipped record",
+        "pivotrl: error: a failure",  # -q
+        "a step",
+        "pivotrl: warning: a skipped record",
+        "pivotrl: error: a failure",  # default
+        "debug: pivot_envs.test: a detail",
+        "a step",
+        "pivotrl: warning: a skipped record",
+        "pivotrl: error: a failure",
     ]
     assert logging.getLogger("pivot_envs").handlers == []  # main leaves the logger as it found it
 
 
 @pytest.mark.parametrize(
     ("before", "after", "warned"),
-    [([], [], True), (["-q"], [], True), ([], ["-q"], True), (["-q", "-q"], [], False), (["-q"], ["-q"], False)],
+    [
+        ([], [], True),
+        (["-q"], [], True),
+        ([], ["-q"], True),
+        (["-q", "-q"], [], False),
+        (["-q"], ["-q"], False),
+    ],
 )
-def test_quiet_flags_count_on_both_sides_of_the_command(tmp_path: Path, capsys, before, after, warned) -> None:
+def test_quiet_flags_count_on_both_sides_of_the_command(
+    tmp_path: Path, capsys, before, after, warned
+) -> None:
     broken = tmp_path / "chats.jsonl"
-    good = {"id": "chat-1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    good = {
+        "id": "chat-1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
     broken.write_text(json.dumps(good) + "\n{not json\n")
     assert main([*before, "extract", str(broken), "--out", str(tmp_path / "out.jsonl"), *after]) == 0
     captured = capsys.readouterr()
@@ -172,8 +191,16 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path: Path, capsys, fla
     assert err.strip().splitlines()[-1] == f"pivotrl extract: error: {empty}: the input is empty (no records)"
 
 
-@pytest.mark.parametrize("error", [ZeroDivisionError("division by zero"), ValueError("a bug's message"),
-                                   KeyError("key"), OSError("deep inside")], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "error",
+    [
+        ZeroDivisionError("division by zero"),
+        ValueError("a bug's message"),
+        KeyError("key"),
+        OSError("deep inside"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
 def test_an_exception_that_is_no_user_error_is_a_bug_and_keeps_its_traceback(monkeypatch, error) -> None:
     import pivot_envs.cli.domains
 
@@ -209,23 +236,30 @@ def _command_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
-def test_a_command_comes_from_the_entry_point_group_with_config_and_print_config(tmp_path, monkeypatch, capsys) -> None:
-    _command_plugin(tmp_path, monkeypatch, "greeting_command", (
-        "from dataclasses import dataclass\n"
-        "from pivot_envs.config import add_config, at_least, option\n"
-        "HELP = 'greet someone'\n"
-        "@dataclass\n"
-        "class Greeting:\n"
-        "    times: int = option(1, 'how many greetings')\n"
-        "    def __post_init__(self):\n"
-        "        at_least(self, 1, 'times')\n"
-        "def add_arguments(parser):\n"
-        "    parser.add_argument('--name', required=True)\n"
-        "    add_config(parser, Greeting, 'greeting')\n"
-        "def main(args):\n"
-        "    print(' '.join(['hello', args.name] * args.greeting.times))\n"
-        "    return 0\n"
-    ))
+def test_a_command_comes_from_the_entry_point_group_with_config_and_print_config(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    _command_plugin(
+        tmp_path,
+        monkeypatch,
+        "greeting_command",
+        (
+            "from dataclasses import dataclass\n"
+            "from pivot_envs.config import add_config, at_least, option\n"
+            "HELP = 'greet someone'\n"
+            "@dataclass\n"
+            "class Greeting:\n"
+            "    times: int = option(1, 'how many greetings')\n"
+            "    def __post_init__(self):\n"
+            "        at_least(self, 1, 'times')\n"
+            "def add_arguments(parser):\n"
+            "    parser.add_argument('--name', required=True)\n"
+            "    add_config(parser, Greeting, 'greeting')\n"
+            "def main(args):\n"
+            "    print(' '.join(['hello', args.name] * args.greeting.times))\n"
+            "    return 0\n"
+        ),
+    )
     assert main(["--help"]) == 0
     assert "greet someone" in capsys.readouterr().out
     assert main(["hello", "--name", "ada", "--times", "2"]) == 0
@@ -236,11 +270,16 @@ def test_a_command_comes_from_the_entry_point_group_with_config_and_print_config
     assert error_line(capsys) == "pivotrl hello: error: Greeting.times = 0: must be >= 1"
 
 
-def test_a_broken_command_plugin_is_a_warning_naming_it_and_the_others_work(tmp_path, monkeypatch, capsys) -> None:
+def test_a_broken_command_plugin_is_a_warning_naming_it_and_the_others_work(
+    tmp_path, monkeypatch, capsys
+) -> None:
     _command_plugin(tmp_path, monkeypatch, "broken_command", "raise ImportError('no such thing')\n")
     assert main(["--help"]) == 0
     captured = capsys.readouterr()
-    assert "pivotrl: warning: command 'hello' (broken_command) failed to load: ImportError('no such thing')" in captured.err
+    assert (
+        "pivotrl: warning: command 'hello' (broken_command) failed to load: ImportError('no such thing')"
+        in captured.err
+    )
     assert "    extract " in captured.out and "    train " in captured.out
 
 
@@ -248,7 +287,9 @@ def test_the_bundled_commands_of_adapters_and_domains_are_the_plugins_they_decla
     from pivot_envs.cli import command_entry_points
 
     values = {name: entry_point.value for name, entry_point in command_entry_points().items()}
-    assert values["train"] == "pivot_envs.adapters.cli_train" and values["run"] == "pivot_envs.adapters.cli_run"
+    assert (
+        values["train"] == "pivot_envs.adapters.cli_train" and values["run"] == "pivot_envs.adapters.cli_run"
+    )
     assert values["sandbox"] == "pivot_envs.domains.terminal.cli"
 
 
@@ -259,7 +300,9 @@ def test_a_core_command_loads_no_adapter_or_domain() -> None:
         "assert main(['filter', '--help']) == 0\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pivot_envs.adapters.', 'pivot_envs.domains.'))))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -270,32 +313,59 @@ def test_a_core_command_loads_no_adapter_or_domain() -> None:
 def _names(tmp: Path) -> list[tuple[list[str], str]]:
     pivots, out = str(candidates(tmp)), str(tmp / "out")
     return [
-        (["profile", pivots, "--policy", NO_MODEL, "--out", out, "--env", "pivot/tool-use-v1"],
-         "pivotrl profile: error: unknown env id 'pivot/tool-use-v1'; did you mean 'pivot/tool-use-v0'?"),
-        (["profile", pivots, "--policy", NO_MODEL, "--out", out, "--env-kwargs", '{"verifier": "functionl"}'],
-         "pivotrl profile: error: unknown pivot/tool-use-v0 verifier 'functionl'; did you mean 'functional'?"),
-        (["eval", "--pivots", pivots, "--policy", NO_MODEL, "--verifier", "strickt"],
-         "pivotrl eval: error: unknown pivot/tool-use-v0 verifier 'strickt'; did you mean 'strict'?"),
-        (["eval", "--pivots", str(candidates(tmp, domain="tool_use")), "--policy", NO_MODEL],
-         "pivotrl eval: error: unknown domain 'tool_use'; did you mean 'tool-use'?"),
-        (["train", "--pivots", pivots, "--policy", NO_MODEL, "--out", out, "--env", "pivot/tool_use-v0"],
-         "pivotrl train: error: unknown env id 'pivot/tool_use-v0'; did you mean 'pivot/tool-use-v0'?"),
-        (["train", "--pivots", pivots, "--policy", NO_MODEL, "--out", out, "--verifier", "exact"],
-         "pivotrl train: error: unknown pivot/tool-use-v0 verifier 'exact' (choose from functional, strict)"),
-        (["run", "--domain", "tooluse", "--out", out],
-         "pivotrl run: error: unknown domain 'tooluse'; did you mean 'tool-use'?"),
+        (
+            ["profile", pivots, "--policy", NO_MODEL, "--out", out, "--env", "pivot/tool-use-v1"],
+            "pivotrl profile: error: unknown env id 'pivot/tool-use-v1'; did you mean 'pivot/tool-use-v0'?",
+        ),
+        (
+            [
+                "profile",
+                pivots,
+                "--policy",
+                NO_MODEL,
+                "--out",
+                out,
+                "--env-kwargs",
+                '{"verifier": "functionl"}',
+            ],
+            "pivotrl profile: error: unknown pivot/tool-use-v0 verifier 'functionl'; did you mean 'functional'?",
+        ),
+        (
+            ["eval", "--pivots", pivots, "--policy", NO_MODEL, "--verifier", "strickt"],
+            "pivotrl eval: error: unknown pivot/tool-use-v0 verifier 'strickt'; did you mean 'strict'?",
+        ),
+        (
+            ["eval", "--pivots", str(candidates(tmp, domain="tool_use")), "--policy", NO_MODEL],
+            "pivotrl eval: error: unknown domain 'tool_use'; did you mean 'tool-use'?",
+        ),
+        (
+            ["train", "--pivots", pivots, "--policy", NO_MODEL, "--out", out, "--env", "pivot/tool_use-v0"],
+            "pivotrl train: error: unknown env id 'pivot/tool_use-v0'; did you mean 'pivot/tool-use-v0'?",
+        ),
+        (
+            ["train", "--pivots", pivots, "--policy", NO_MODEL, "--out", out, "--verifier", "exact"],
+            "pivotrl train: error: unknown pivot/tool-use-v0 verifier 'exact' (choose from functional, strict)",
+        ),
+        (
+            ["run", "--domain", "tooluse", "--out", out],
+            "pivotrl run: error: unknown domain 'tooluse'; did you mean 'tool-use'?",
+        ),
     ]
 
 
 @pytest.mark.parametrize("case", range(7))
-def test_an_unknown_env_domain_or_verifier_is_refused_before_the_policy_loads(tmp_path: Path, capsys, case) -> None:
+def test_an_unknown_env_domain_or_verifier_is_refused_before_the_policy_loads(
+    tmp_path: Path, capsys, case
+) -> None:
     argv, expected = _names(tmp_path)[case]
     assert main(argv) == 1
     assert error_line(capsys).startswith(expected)
     assert not (tmp_path / "out").exists()  # nothing sampled, nothing written
 
 
-@pytest.mark.parametrize("command", ["extract", "profile", "filter", "split", "stats", "export", "eval", "train"])
+@pytest.mark.parametrize(
+    "command", ["extract", "profile", "filter", "split", "stats", "export", "eval", "train"]
+)
 def test_an_empty_input_is_an_error_naming_the_input_not_the_output(tmp_path: Path, capsys, command) -> None:
     empty, out = str(tmp_path / "empty.jsonl"), str(tmp_path / "out")
     Path(empty).write_text("")
@@ -321,7 +391,9 @@ def test_a_binary_input_is_an_error_naming_the_file_line_and_byte(tmp_path: Path
     policy = ["--policy", NO_MODEL] if command == "profile" else []
     assert main(["-q", command, str(binary), *policy, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"pivotrl {command}: error: {binary}: no pivot could be read (3 of 3 records malformed")
+    assert err[-1].startswith(
+        f"pivotrl {command}: error: {binary}: no pivot could be read (3 of 3 records malformed"
+    )
     assert err[-1].endswith(f"first: {binary}:1: invalid JSON: not UTF-8 at byte 0)")
     assert err[:3] == [  # each malformed record, with its line
         f"pivotrl: warning: {binary}:1: invalid JSON: not UTF-8 at byte 0",
@@ -358,8 +430,13 @@ def _outputs(tmp: Path, blocker: Path) -> list[tuple[list[str], str]]:
 
 def _profiled(tmp: Path) -> Path:
     path = tmp / "profiled.jsonl"
-    pivot = Pivot("a/t0", "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
-                  profile=Profile.from_samples([1.0, 0.0]))
+    pivot = Pivot(
+        "a/t0",
+        "tool-use",
+        [{"role": "user", "content": "hi"}],
+        {"role": "assistant", "content": "hello"},
+        profile=Profile.from_samples([1.0, 0.0]),
+    )
     write_pivots([pivot], path)
     return path
 
@@ -388,25 +465,54 @@ def _report_inputs(out: Path) -> dict:
     from pivot_envs.profile import ProfileRun
 
     profiled = [
-        Pivot(f"t{i}/t0", "tool-use", [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "hello"},
-              source={"trajectory": f"t{i}"}, profile=Profile.from_samples(rewards))
+        Pivot(
+            f"t{i}/t0",
+            "tool-use",
+            [{"role": "user", "content": "hi"}],
+            {"role": "assistant", "content": "hello"},
+            source={"trajectory": f"t{i}"},
+            profile=Profile.from_samples(rewards),
+        )
         for i, rewards in enumerate(([1.0, 0.0], [0.0, 0.0]))
     ]
-    history = [{"step": step, "reward_mean": 0.5, "reward_std": 0.5, "frac_zero_variance": 0.0, "loss": 0.1,
-                "groups_trained": 1} for step in (1, 2)]
+    history = [
+        {
+            "step": step,
+            "reward_mean": 0.5,
+            "reward_std": 0.5,
+            "frac_zero_variance": 0.0,
+            "loss": 0.1,
+            "groups_trained": 1,
+        }
+        for step in (1, 2)
+    ]
     metrics = out / "train" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True)
     metrics.write_text("".join(json.dumps(record) + "\n" for record in history))
     accuracy = Accuracy.of([1.0, 0.0])
     report = EvalReport("hf:smollm2", [EvalRow("tool-use", "greedy", 2, 1, accuracy, accuracy, 0)])
-    timings = dict.fromkeys(("extract", "split", "sft", "profile", "filter", "eval_before", "train", "eval_after"), 1.0)
+    timings = dict.fromkeys(
+        ("extract", "split", "sft", "profile", "filter", "eval_before", "train", "eval_after"), 1.0
+    )
     result = PivotRLResult(
-        Selection(profiled, profiled, profiled[:1], ProfileRun()), TrainResult(out.parent, 2, out / "final", metrics, history)
+        Selection(profiled, profiled, profiled[:1], ProfileRun()),
+        TrainResult(out.parent, 2, out / "final", metrics, history),
     )
     return dict(
-        out=out, config=RunConfig(out=str(out)), extracted=profiled, trajectories={"t0", "t1"}, train_side=profiled,
-        heldout=profiled[:1], result=result, note="", diagnostics="(diagnostics)", before=report, after=report,
-        timings=timings, signal=Signal.of(result, 1), warm=WarmUp(),
+        out=out,
+        config=RunConfig(out=str(out)),
+        extracted=profiled,
+        trajectories={"t0", "t1"},
+        train_side=profiled,
+        heldout=profiled[:1],
+        result=result,
+        note="",
+        diagnostics="(diagnostics)",
+        before=report,
+        after=report,
+        timings=timings,
+        signal=Signal.of(result, 1),
+        warm=WarmUp(),
     )
 
 
@@ -419,13 +525,18 @@ def test_the_run_report_links_the_reward_plot(tmp_path: Path) -> None:
     assert (tmp_path / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_without_matplotlib_the_run_report_is_written_and_says_the_plot_was_skipped(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_without_matplotlib_the_run_report_is_written_and_says_the_plot_was_skipped(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
     from pivot_envs.adapters.cli_run import write_report
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with caplog.at_level(logging.WARNING, logger="pivot_envs"):
         report = write_report(**_report_inputs(tmp_path)).read_text()
-    assert "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`)." in report
+    assert (
+        "The reward plot was skipped: matplotlib is not installed (`pip install 'pivot-envs[plot]'`)."
+        in report
+    )
     assert "rewards.png" not in report and not (tmp_path / "rewards.png").exists()
     assert "| 2 | 0.500 | 0.500 | 0.00 | 0.1000 |" in report  # the figures are all there
     assert json.loads((tmp_path / "report.json").read_text())["pivots"] == 1
@@ -436,10 +547,21 @@ def test_without_matplotlib_the_run_report_is_written_and_says_the_plot_was_skip
 
 
 @pytest.mark.parametrize("command", ["train", "stats"])
-def test_plot_flags_without_matplotlib_are_refused_before_any_work(tmp_path: Path, capsys, monkeypatch, command) -> None:
+def test_plot_flags_without_matplotlib_are_refused_before_any_work(
+    tmp_path: Path, capsys, monkeypatch, command
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     if command == "train":
-        argv = ["train", "--pivots", str(candidates(tmp_path)), "--policy", NO_MODEL, "--out", str(tmp_path / "out"), "--plot"]
+        argv = [
+            "train",
+            "--pivots",
+            str(candidates(tmp_path)),
+            "--policy",
+            NO_MODEL,
+            "--out",
+            str(tmp_path / "out"),
+            "--plot",
+        ]
     else:
         argv = ["stats", str(_profiled(tmp_path)), "--plot", str(tmp_path / "out")]
     assert main(argv) == 1

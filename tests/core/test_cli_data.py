@@ -20,9 +20,14 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_extract_writes_candidates_and_reports_counts_and_problems(shared_data: Path, tmp_path: Path, capsys) -> None:
+def test_extract_writes_candidates_and_reports_counts_and_problems(
+    shared_data: Path, tmp_path: Path, capsys
+) -> None:
     broken = tmp_path / "broken.jsonl"
-    good = {"id": "chat-1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    good = {
+        "id": "chat-1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    }
     broken.write_text(json.dumps(good) + "\n{not json\n")
     rollouts = shared_data / "nemo_gym" / "swe_bash_rollouts.jsonl"
     rows = shared_data / "nemo_gym" / "swe_pivots.jsonl"
@@ -41,7 +46,21 @@ def test_extract_writes_candidates_and_reports_counts_and_problems(shared_data: 
 def test_extract_flags_come_from_extract_config(shared_data: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "calls.jsonl"
     path = shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl"
-    assert main(["extract", str(path), "--out", str(out), "--message-turns", "false", "--multi-call-turns", "false"]) == 0
+    assert (
+        main(
+            [
+                "extract",
+                str(path),
+                "--out",
+                str(out),
+                "--message-turns",
+                "false",
+                "--multi-call-turns",
+                "false",
+            ]
+        )
+        == 0
+    )
     kept = read_pivots(out)
     assert [len(p.expert["tool_calls"]) for p in kept] == [1]  # 3 parallel and 1 message row filtered out
     assert "multi-call turn (multi_call_turns is off): 3" in capsys.readouterr().out
@@ -49,12 +68,24 @@ def test_extract_flags_come_from_extract_config(shared_data: Path, tmp_path: Pat
 
 def _profiled(tmp_path: Path) -> Path:
     def pivot(pid: str, rewards: list[float], command: str) -> Pivot:
-        call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
-        return Pivot(pid, "terminal", [{"role": "user", "content": "task"}],
-                     {"role": "assistant", "content": None, "tool_calls": [call]},
-                     source={"trajectory": pid.rsplit("/t", 1)[0]},
-                     profile=Profile.from_samples(rewards, strict_rewards=[0.0] * len(rewards),
-                                                  categories=["equivalent" if r else "wrong" for r in rewards]))
+        call = {
+            "id": "c",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+        }
+        return Pivot(
+            pid,
+            "terminal",
+            [{"role": "user", "content": "task"}],
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            source={"trajectory": pid.rsplit("/t", 1)[0]},
+            profile=Profile.from_samples(
+                rewards,
+                strict_rewards=[0.0] * len(rewards),
+                categories=["equivalent" if r else "wrong" for r in rewards],
+            ),
+        )
+
     pivots = [
         pivot("a/t0", [1, 0, 0, 0], "ls -la"),
         pivot("a/t1", [1, 1, 1, 1], "cat x"),
@@ -89,8 +120,12 @@ def test_filter_keeps_d_adv_and_dedups(tmp_path: Path, capsys) -> None:
     assert len(read_pivots(out)) == 5
 
 
-def test_filter_adv_on_unprofiled_candidates_fails_naming_the_pivot(shared_data: Path, tmp_path: Path, capsys) -> None:
-    code = main(["filter", str(shared_data / "nemo_gym" / "swe_pivots.jsonl"), "--out", str(tmp_path / "x.jsonl")])
+def test_filter_adv_on_unprofiled_candidates_fails_naming_the_pivot(
+    shared_data: Path, tmp_path: Path, capsys
+) -> None:
+    code = main(
+        ["filter", str(shared_data / "nemo_gym" / "swe_pivots.jsonl"), "--out", str(tmp_path / "x.jsonl")]
+    )
     assert code == 1 and "pivot example_1 has no profile" in capsys.readouterr().err
 
 
@@ -99,14 +134,29 @@ def test_export_writes_nemo_gym_rows_that_read_back_to_the_same_pivots(tmp_path:
     assert main(["export", str(profiled), "--format", "nemo-gym", "--out", str(rows)]) == 0
     written = _lines(rows)
     assert [r["uuid"] for r in written] == ["a/t0", "a/t1", "b/t0", "b/t1", "c/t0"]
-    assert written[0]["expected_action"] == {"type": "function_call", "name": "bash", "arguments": '{"command": "ls -la"}'}
+    assert written[0]["expected_action"] == {
+        "type": "function_call",
+        "name": "bash",
+        "arguments": '{"command": "ls -la"}',
+    }
     assert [p.to_dict() for p in read_as_pivots(rows)] == [p.to_dict() for p in read_pivots(profiled)]
 
 
 def test_split_partitions_by_trajectory(tmp_path: Path, capsys) -> None:
     candidates = _profiled(tmp_path)
     train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
-    args = ["split", str(candidates), "--heldout", "0.5", "--seed", "3", "--train-out", str(train), "--heldout-out", str(heldout)]
+    args = [
+        "split",
+        str(candidates),
+        "--heldout",
+        "0.5",
+        "--seed",
+        "3",
+        "--train-out",
+        str(train),
+        "--heldout-out",
+        str(heldout),
+    ]
     assert main(args) == 0
     a, b = read_pivots(train), read_pivots(heldout)
     assert len(a) + len(b) == len(read_pivots(candidates))
@@ -121,8 +171,19 @@ def test_pivotrl_console_script_runs_extract(shared_data: Path, tmp_path: Path) 
         pytest.skip(f"console script not installed next to {sys.executable}")
     out = tmp_path / "p.jsonl"
     result = subprocess.run(
-        [str(script), "extract", str(shared_data / "nemo_gym" / "swe_pivots.jsonl"), "--domain", "swe", "--out", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            str(script),
+            "extract",
+            str(shared_data / "nemo_gym" / "swe_pivots.jsonl"),
+            "--domain",
+            "swe",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     assert "pivots written: 5" in result.stdout

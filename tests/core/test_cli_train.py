@@ -20,9 +20,17 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     path = tmp_path_factory.mktemp("tiny-model")
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -35,14 +43,38 @@ def _train(tiny_checkpoint: Path, tmp_path: Path, *flags: str) -> int:
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     write_pivots(bundled_pivots()[:2], tmp_path / "train.jsonl")
-    after = list(flags[flags.index("--env-kwargs"):]) if "--env-kwargs" in flags else []
+    after = list(flags[flags.index("--env-kwargs") :]) if "--env-kwargs" in flags else []
     flags = flags[: len(flags) - len(after)]
-    return main([*flags, "train", *after, "--pivots", str(tmp_path / "train.jsonl"), "--policy", f"hf:{tiny_checkpoint}",
-                 "--steps", "2", "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "4",
-                 "--checkpoint-every", "0", "--num-envs", "1", "--out", str(tmp_path / "run")])
+    return main(
+        [
+            *flags,
+            "train",
+            *after,
+            "--pivots",
+            str(tmp_path / "train.jsonl"),
+            "--policy",
+            f"hf:{tiny_checkpoint}",
+            "--steps",
+            "2",
+            "--batch-pivots",
+            "1",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--checkpoint-every",
+            "0",
+            "--num-envs",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
 
 
-def test_train_logs_a_line_per_step_with_its_reward_and_loss(tiny_checkpoint: Path, tmp_path: Path, capsys) -> None:
+def test_train_logs_a_line_per_step_with_its_reward_and_loss(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
     assert _train(tiny_checkpoint, tmp_path) == 0
     captured = capsys.readouterr()
     steps = [line for line in captured.err.splitlines() if line.startswith("step ")]
@@ -63,10 +95,15 @@ def test_quiet_train_prints_no_step_lines(tiny_checkpoint: Path, tmp_path: Path,
     [
         ("[1]", "--env-kwargs must be a JSON object, got list"),
         ("{urls: 1}", "--env-kwargs must be a JSON object: Expecting property name"),
-        ('{"env_id": "pivot/tool-use-v0"}', "--env-kwargs: 'env_id' is train()'s own argument; name the env with --env"),
+        (
+            '{"env_id": "pivot/tool-use-v0"}',
+            "--env-kwargs: 'env_id' is train()'s own argument; name the env with --env",
+        ),
     ],
 )
-def test_bad_env_kwargs_stop_train_before_anything_loads(env_kwargs: str, message: str, tmp_path: Path, capsys) -> None:
+def test_bad_env_kwargs_stop_train_before_anything_loads(
+    env_kwargs: str, message: str, tmp_path: Path, capsys
+) -> None:
     assert main(["train", "--pivots", str(tmp_path / "absent.jsonl"), "--env-kwargs", env_kwargs]) == 2
     assert message in capsys.readouterr().err
 

@@ -49,7 +49,10 @@ def _grpo(**values):
         (lambda: ProfileConfig(k=0), "ProfileConfig.k = 0: must be >= 1"),
         (lambda: ProfileConfig(top_p=0.0), "ProfileConfig.top_p = 0.0: must be in (0, 1]"),
         (lambda: EvalConfig(batch_size=0), "EvalConfig.batch_size = 0: must be >= 1"),
-        (lambda: EvalConfig(greedy=False, samples=0), "EvalConfig: nothing to evaluate: greedy is off and samples is 0"),
+        (
+            lambda: EvalConfig(greedy=False, samples=0),
+            "EvalConfig: nothing to evaluate: greedy is off and samples is 0",
+        ),
         (lambda: _grpo(group_size=1), "GRPOConfig.group_size = 1: must be >= 2"),
         (lambda: _grpo(learning_rate=0.0), "GRPOConfig.learning_rate = 0.0: must be in (0, 1]"),
         (lambda: _grpo(beta=-0.1), "GRPOConfig.beta = -0.1: must be >= 0"),
@@ -68,21 +71,32 @@ def test_an_unknown_choice_is_refused_with_a_did_you_mean() -> None:
 
 def test_a_flag_out_of_range_is_one_line_and_a_usage_error(tmp_path: Path, capsys) -> None:
     argv = ["filter", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--lambda-diff", "1.5"]
-    assert error_of(capsys, argv) == "pivotrl filter: error: FilterConfig.lambda_diff = 1.5: must be in [0, 1]"
+    assert (
+        error_of(capsys, argv) == "pivotrl filter: error: FilterConfig.lambda_diff = 1.5: must be in [0, 1]"
+    )
 
 
 def test_a_flag_with_an_unknown_choice_gets_a_did_you_mean(tmp_path: Path, capsys) -> None:
     argv = ["filter", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--mode", "cnd"]
-    assert error_of(capsys, argv).endswith("invalid choice: 'cnd'; did you mean 'cand'? (choose from adv, adv-or-unsolved, cand)")
+    assert error_of(capsys, argv).endswith(
+        "invalid choice: 'cnd'; did you mean 'cand'? (choose from adv, adv-or-unsolved, cand)"
+    )
 
 
 # -- --config and --print-config ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "text"), [("f.toml", "lambda_diff = 0.3\ndedup = true\n"),
-                                            ("f.yaml", "lambda-diff: 0.3\ndedup: true\n"),
-                                            ("f.json", '{"filter": {"lambda_diff": 0.3, "dedup": true}}')])
-def test_a_config_file_sets_the_defaults_and_flags_override_it(tmp_path: Path, capsys, name: str, text: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("f.toml", "lambda_diff = 0.3\ndedup = true\n"),
+        ("f.yaml", "lambda-diff: 0.3\ndedup: true\n"),
+        ("f.json", '{"filter": {"lambda_diff": 0.3, "dedup": true}}'),
+    ],
+)
+def test_a_config_file_sets_the_defaults_and_flags_override_it(
+    tmp_path: Path, capsys, name: str, text: str
+) -> None:
     path = tmp_path / name
     path.write_text(text)
     base = ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)]
@@ -102,10 +116,14 @@ def test_an_unknown_key_in_a_config_file_gets_a_did_you_mean(tmp_path: Path, cap
     path = tmp_path / "f.toml"
     path.write_text("lambda_dif = 0.3\n")
     line = error_of(capsys, ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)])
-    assert line.startswith(f"pivotrl filter: error: unknown setting in {path} 'lambda_dif'; did you mean 'lambda_diff'?")
+    assert line.startswith(
+        f"pivotrl filter: error: unknown setting in {path} 'lambda_dif'; did you mean 'lambda_diff'?"
+    )
 
 
-def test_a_value_of_the_wrong_type_in_a_config_file_names_the_key_and_the_type(tmp_path: Path, capsys) -> None:
+def test_a_value_of_the_wrong_type_in_a_config_file_names_the_key_and_the_type(
+    tmp_path: Path, capsys
+) -> None:
     path = tmp_path / "f.toml"
     path.write_text('[profile]\nk = "four"\n')
     line = error_of(capsys, ["run", "--config", str(path)])
@@ -116,7 +134,10 @@ def test_a_config_file_of_an_unknown_format_is_refused(tmp_path: Path, capsys) -
     path = tmp_path / "f.ini"
     path.write_text("[filter]\n")
     line = error_of(capsys, ["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)])
-    assert line == f"pivotrl filter: error: unknown config file format of {path} '.ini' (choose from .json, .toml, .yaml, .yml)"
+    assert (
+        line
+        == f"pivotrl filter: error: unknown config file format of {path} '.ini' (choose from .json, .toml, .yaml, .yml)"
+    )
 
 
 def test_run_composes_the_stage_configs_with_its_presets(capsys) -> None:
@@ -136,13 +157,25 @@ def test_run_seed_and_max_new_tokens_set_every_stage(capsys) -> None:
 
 
 def test_the_old_run_flags_still_work_and_warn(capsys) -> None:
-    argv = ["run", "--k", "3", "--learning-rate", "1e-4", "--lambda-diff=0.5", "--steps", "2", "--print-config"]
+    argv = [
+        "run",
+        "--k",
+        "3",
+        "--learning-rate",
+        "1e-4",
+        "--lambda-diff=0.5",
+        "--steps",
+        "2",
+        "--print-config",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     settings = tomllib.loads(captured.out)
     assert (settings["profile"]["k"], settings["train"]["learning_rate"]) == (3, 1e-4)
     assert (settings["filter"]["lambda_diff"], settings["train"]["steps"]) == (0.5, 2)
-    assert "pivotrl: warning: pivotrl run --k is deprecated and will be removed: use --profile.k" in captured.err
+    assert (
+        "pivotrl: warning: pivotrl run --k is deprecated and will be removed: use --profile.k" in captured.err
+    )
 
 
 def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, capsys) -> None:
@@ -154,11 +187,17 @@ def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, c
     assert capsys.readouterr().out == first
 
 
-@pytest.mark.parametrize(("name", "text", "detail"), [("f.toml", "a = \n", "Invalid value (at line 1, column 5)"),
-                                                      ("f.yaml", "a: [1,\n", "line 2, column 1")])
-def test_a_config_file_that_does_not_parse_is_one_line_naming_it(tmp_path: Path, capsys, name, text, detail) -> None:
+@pytest.mark.parametrize(
+    ("name", "text", "detail"),
+    [("f.toml", "a = \n", "Invalid value (at line 1, column 5)"), ("f.yaml", "a: [1,\n", "line 2, column 1")],
+)
+def test_a_config_file_that_does_not_parse_is_one_line_naming_it(
+    tmp_path: Path, capsys, name, text, detail
+) -> None:
     path = tmp_path / name
     path.write_text(text)
     assert main(["filter", "p.jsonl", "--out", "o.jsonl", "--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"pivotrl filter: error: --config {path}: ") and detail in err
+    assert (
+        err.count("\n") == 1 and err.startswith(f"pivotrl filter: error: --config {path}: ") and detail in err
+    )

@@ -10,16 +10,26 @@ from pivot_envs.diagnostics import diagnose, format_report
 from pivot_envs.pivot import Pivot, Profile
 
 
-def _pivot(pid: str, expert: dict, domain: str = "tool-use", profile: Profile | None = None, prefix: int = 1) -> Pivot:
+def _pivot(
+    pid: str, expert: dict, domain: str = "tool-use", profile: Profile | None = None, prefix: int = 1
+) -> Pivot:
     messages = [{"role": "user", "content": "abcd"}] * prefix
     return Pivot(pid, domain, messages, expert, profile=profile)
 
 
-CALL = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "c", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}]}
-PARALLEL = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "c", "type": "function", "function": {"name": "get", "arguments": "{}"}},
-    {"id": "d", "type": "function", "function": {"name": "put", "arguments": "{}"}}]}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}],
+}
+PARALLEL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get", "arguments": "{}"}},
+        {"id": "d", "type": "function", "function": {"name": "put", "arguments": "{}"}},
+    ],
+}
 MESSAGE = {"role": "assistant", "content": "hello"}
 
 
@@ -27,18 +37,43 @@ MESSAGE = {"role": "assistant", "content": "hello"}
 def profiled() -> list[Pivot]:
     return [
         # mixed, mean 0.5; sample 1 is functionally right but not an exact match (a miss)
-        _pivot("a/t0", CALL, profile=Profile.from_samples(
-            [1, 1, 0, 0], strict_rewards=[1, 0, 0, 0], categories=["exact", "equivalent", "wrong_args", "wrong_tool"])),
+        _pivot(
+            "a/t0",
+            CALL,
+            profile=Profile.from_samples(
+                [1, 1, 0, 0],
+                strict_rewards=[1, 0, 0, 0],
+                categories=["exact", "equivalent", "wrong_args", "wrong_tool"],
+            ),
+        ),
         # uniformly solved, all exact
-        _pivot("a/t1", MESSAGE, profile=Profile.from_samples(
-            [1, 1], strict_rewards=[1, 1], categories=["exact", "exact"]), prefix=3),
+        _pivot(
+            "a/t1",
+            MESSAGE,
+            profile=Profile.from_samples([1, 1], strict_rewards=[1, 1], categories=["exact", "exact"]),
+            prefix=3,
+        ),
         # uniformly failed; one sample invalid (masked out)
-        _pivot("b/t0", PARALLEL, domain="terminal", profile=Profile.from_samples(
-            [0, 0, 0], strict_rewards=[0, 0, 0], valid=[True, True, False],
-            categories=["wrong_tool", "wrong_tool", "infrastructure_error"])),
+        _pivot(
+            "b/t0",
+            PARALLEL,
+            domain="terminal",
+            profile=Profile.from_samples(
+                [0, 0, 0],
+                strict_rewards=[0, 0, 0],
+                valid=[True, True, False],
+                categories=["wrong_tool", "wrong_tool", "infrastructure_error"],
+            ),
+        ),
         # mixed, mean 2/3 (above lambda_diff 0.6); both successes are misses
-        _pivot("b/t1", CALL, domain="terminal", profile=Profile.from_samples(
-            [1, 1, 0], strict_rewards=[0, 0, 0], categories=["equivalent", "equivalent", "wrong_args"])),
+        _pivot(
+            "b/t1",
+            CALL,
+            domain="terminal",
+            profile=Profile.from_samples(
+                [1, 1, 0], strict_rewards=[0, 0, 0], categories=["equivalent", "equivalent", "wrong_args"]
+            ),
+        ),
         # never profiled
         _pivot("c/t0", CALL),
     ]
@@ -55,7 +90,13 @@ def test_profile_statistics_match_hand_computed_values(profiled: list[Pivot]) ->
     # functional successes: a/t0 x2, a/t1 x2, b/t1 x2 = 6; strict misses: a/t0 x1, b/t1 x2 = 3
     assert (d.functional_successes, d.strict_misses, d.miss_rate) == (6, 3, 0.5)
     assert d.samples == 12 and d.invalid_samples == 1
-    assert d.per_category == {"wrong_tool": 3, "equivalent": 3, "exact": 3, "wrong_args": 2, "infrastructure_error": 1}
+    assert d.per_category == {
+        "wrong_tool": 3,
+        "equivalent": 3,
+        "exact": 3,
+        "wrong_args": 2,
+        "infrastructure_error": 1,
+    }
 
 
 def test_descriptive_counts_and_lengths(profiled: list[Pivot]) -> None:
@@ -72,7 +113,12 @@ def test_descriptive_counts_and_lengths(profiled: list[Pivot]) -> None:
 
 def test_unprofiled_pivots_have_no_profile_statistics() -> None:
     d = diagnose([_pivot("x/t0", CALL)])
-    assert d.profiled == 0 and d.zero_variance_fraction is None and d.miss_rate is None and d.mean_histogram == []
+    assert (
+        d.profiled == 0
+        and d.zero_variance_fraction is None
+        and d.miss_rate is None
+        and d.mean_histogram == []
+    )
     assert "zero-variance" not in format_report(d)
 
 
@@ -88,8 +134,10 @@ def test_diagnose_and_filter_count_d_adv_at_the_filter_configs_lambda_diff() -> 
     from pivot_envs.extract import FilterConfig, filter_pivots
 
     # Mixed candidates with means on both sides of any lambda_diff in (0.25, 0.75]: the number is written once.
-    pivots = [_pivot(f"m/t{i}", MESSAGE, profile=Profile.from_samples(rewards))
-              for i, rewards in enumerate(([1, 0, 0, 0], [1, 1, 1, 0]))]
+    pivots = [
+        _pivot(f"m/t{i}", MESSAGE, profile=Profile.from_samples(rewards))
+        for i, rewards in enumerate(([1, 0, 0, 0], [1, 1, 1, 0]))
+    ]
     default = FilterConfig().lambda_diff
     expected = [p.id for p in pivots if p.profile.mean < default]
     assert [p.id for p in filter_pivots(pivots)] == expected and len(expected) == 1

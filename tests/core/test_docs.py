@@ -36,7 +36,10 @@ def test_the_docs_build_with_strict_checks(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install mkdocs, or the test extra)")
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     for page in nav_pages():
@@ -47,7 +50,9 @@ def test_the_docs_build_with_strict_checks(tmp_path: Path) -> None:
 def test_every_docs_page_is_in_the_nav() -> None:
     pages = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
     nav = nav_pages()
-    assert sorted(nav) == pages, f"only in docs/: {set(pages) - set(nav)}, only in the nav: {set(nav) - set(pages)}"
+    assert sorted(nav) == pages, (
+        f"only in docs/: {set(pages) - set(nav)}, only in the nav: {set(nav) - set(pages)}"
+    )
     assert len(nav) == len(set(nav)), "a page is in the nav twice"
 
 

@@ -104,7 +104,9 @@ def test_accuracy_is_the_fraction_of_turns_answered_acceptably_with_its_interval
 def test_greedy_and_sampled_modes_ask_the_policy_for_what_they_score():
     pivots = real_pivots()
     policy = ScriptedPolicy({_key(p.observation): [p.expert, WRONG, WRONG] for p in pivots})
-    report = evaluate(policy, pivots, EvalConfig(samples=3, temperature=0.7, batch_size=2), env=lambda: EchoEnv(pivots))
+    report = evaluate(
+        policy, pivots, EvalConfig(samples=3, temperature=0.7, batch_size=2), env=lambda: EchoEnv(pivots)
+    )
     greedy, sampled = report.row("echo", "greedy"), report.row("echo", "sampled")
     assert greedy.functional.mean == 1.0 and greedy.functional.n == 5
     assert sampled.functional.mean == pytest.approx(1 / 3) and sampled.functional.n == 15
@@ -121,15 +123,21 @@ def test_the_functional_verifier_credits_actions_the_strict_one_misses():
         calls = pivot.expert.get("tool_calls") or []
         # same tools, other arguments: functionally accepted by the lenient verifier, not an exact match
         changed = [{**c, "function": {**c["function"], "arguments": "{}"}} for c in calls]
-        same_tools[_key(pivot.observation)] = [{"role": "assistant", "content": None, "tool_calls": changed} if calls else WRONG]
-    row = evaluate(ScriptedPolicy(same_tools), pivots, env=lambda: EchoEnv(pivots, verifier=SameToolsVerifier())).row("echo")
+        same_tools[_key(pivot.observation)] = [
+            {"role": "assistant", "content": None, "tool_calls": changed} if calls else WRONG
+        ]
+    row = evaluate(
+        ScriptedPolicy(same_tools), pivots, env=lambda: EchoEnv(pivots, verifier=SameToolsVerifier())
+    ).row("echo")
     assert row.functional.mean == pytest.approx(4 / 5)
     assert row.strict.mean == 0.0
 
 
 def test_infrastructure_failures_are_counted_apart_not_as_wrong_answers():
     pivots = real_pivots()
-    row = evaluate(expert_on(pivots, {p.id for p in pivots}), pivots, env=lambda: FlakyBackendEnv(pivots)).row("echo")
+    row = evaluate(
+        expert_on(pivots, {p.id for p in pivots}), pivots, env=lambda: FlakyBackendEnv(pivots)
+    ).row("echo")
     assert row.invalid == 1
     assert row.functional.mean == 1.0 and row.functional.n == 4
 
@@ -175,16 +183,38 @@ def test_pivotrl_eval_reports_the_tool_use_domain_with_a_local_model(tmp_path, c
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     gym.register_envs(pivot_envs)
     write_pivots(gym.make("pivot/tool-use-v0").unwrapped.pivots[:3], tmp_path / "heldout.jsonl")
 
-    code = main(["eval", "--pivots", str(tmp_path / "heldout.jsonl"), "--policy", f"hf:{tmp_path / 'model'}",
-                 "--samples", "2", "--temperature", "1.0", "--max-new-tokens", "4", "--json", str(tmp_path / "report.json")])
+    code = main(
+        [
+            "eval",
+            "--pivots",
+            str(tmp_path / "heldout.jsonl"),
+            "--policy",
+            f"hf:{tmp_path / 'model'}",
+            "--samples",
+            "2",
+            "--temperature",
+            "1.0",
+            "--max-new-tokens",
+            "4",
+            "--json",
+            str(tmp_path / "report.json"),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {(row["domain"], row["mode"]): row for row in report["rows"]}

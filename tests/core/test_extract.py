@@ -24,7 +24,9 @@ def tau(shared_data: Path) -> tuple[list[dict], list[Trajectory]]:
 
 def test_tau_bench_candidates_equal_the_assistant_turns_counted_in_the_raw_file(tau) -> None:
     raw, trajectories = tau
-    assistant_turns = sum(1 for episode in raw for message in episode["traj"] if message["role"] == "assistant")
+    assistant_turns = sum(
+        1 for episode in raw for message in episode["traj"] if message["role"] == "assistant"
+    )
     report = ReadReport()
     pivots = list(extract_pivots(trajectories, ExtractConfig(domain="tool-use"), report))
     assert len(pivots) == assistant_turns == report.pivots == 1229
@@ -38,14 +40,21 @@ def test_each_candidate_is_the_prefix_before_an_assistant_turn_and_that_turn(tau
     pivots = list(extract_pivots(trajectories[:1]))
     episode = raw[0]["traj"]
     positions = [i for i, m in enumerate(episode) if m["role"] == "assistant"]
-    assert [p.id for p in pivots] == [f"tau-airline/task{raw[0]['task_id']}/trial0/t{k}" for k in range(len(positions))]
+    assert [p.id for p in pivots] == [
+        f"tau-airline/task{raw[0]['task_id']}/trial0/t{k}" for k in range(len(positions))
+    ]
     for turn, (pivot, position) in enumerate(zip(pivots, positions)):
         assert len(pivot.messages) == position
         assert [m["role"] for m in pivot.messages] == [m["role"] for m in episode[:position]]
         expected = episode[position]
         assert pivot.expert["content"] == expected.get("content")
         assert pivot.expert.get("tool_calls", []) == expected.get("tool_calls", [])
-        assert pivot.source == {"trajectory": trajectories[0].id, "turn": turn, "reward": raw[0]["reward"], "format": "openai-chat"}
+        assert pivot.source == {
+            "trajectory": trajectories[0].id,
+            "turn": turn,
+            "reward": raw[0]["reward"],
+            "format": "openai-chat",
+        }
         assert pivot.context["task_id"] == raw[0]["task_id"]
 
 
@@ -72,15 +81,26 @@ def test_min_source_reward_keeps_only_successful_episodes(tau) -> None:
 
 
 def _trajectory(reward: float | None, calls: int = 1, tools: list | None = None) -> Trajectory:
-    assistant = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"key": i})}}
-        for i in range(calls)
-    ]}
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"c{i}",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"key": i})},
+            }
+            for i in range(calls)
+        ],
+    }
     return Trajectory(
         id=f"t-{reward}-{calls}",
-        messages=[{"role": "user", "content": "look up"}, assistant,
-                  *[{"role": "tool", "tool_call_id": f"c{i}", "content": "ok"} for i in range(calls)],
-                  {"role": "assistant", "content": "done"}],
+        messages=[
+            {"role": "user", "content": "look up"},
+            assistant,
+            *[{"role": "tool", "tool_call_id": f"c{i}", "content": "ok"} for i in range(calls)],
+            {"role": "assistant", "content": "done"},
+        ],
         tools=tools or [],
         reward=reward,
     )
@@ -91,9 +111,14 @@ def test_unrewarded_trajectories_are_kept_by_default_and_dropped_on_request() ->
     kept = list(extract_pivots(trajectories, ExtractConfig(min_source_reward=0.5)))
     assert sorted({p.trajectory_id for p in kept}) == ["t-1.0-1", "t-None-1"]
     report = ReadReport()
-    strict = list(extract_pivots(trajectories, ExtractConfig(min_source_reward=0.5, keep_unrewarded=False), report))
+    strict = list(
+        extract_pivots(trajectories, ExtractConfig(min_source_reward=0.5, keep_unrewarded=False), report)
+    )
     assert {p.trajectory_id for p in strict} == {"t-1.0-1"}
-    assert report.filtered == {"trajectory without a source reward": 2, "source reward below min_source_reward": 2}
+    assert report.filtered == {
+        "trajectory without a source reward": 2,
+        "source reward below min_source_reward": 2,
+    }
 
 
 def test_multi_call_turns_off_drops_parallel_call_turns() -> None:
@@ -104,8 +129,16 @@ def test_multi_call_turns_off_drops_parallel_call_turns() -> None:
 
 
 def test_empty_assistant_turns_are_counted_not_extracted() -> None:
-    trajectory = Trajectory("e", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "},
-                                  {"role": "user", "content": "?"}, {"role": "assistant", "content": "yes"}], [])
+    trajectory = Trajectory(
+        "e",
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "  "},
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "content": "yes"},
+        ],
+        [],
+    )
     report = ReadReport()
     assert [p.id for p in extract_pivots([trajectory], report=report)] == ["e/t1"]
     assert report.filtered == {"empty assistant turn (no text, no tool call)": 1}
@@ -113,17 +146,35 @@ def test_empty_assistant_turns_are_counted_not_extracted() -> None:
 
 def test_tool_schemas_are_inferred_from_calls_when_the_source_has_none(tau) -> None:
     raw, trajectories = tau
-    names = {c["function"]["name"] for e in raw for m in e["traj"] if m["role"] == "assistant" for c in m.get("tool_calls") or []}
+    names = {
+        c["function"]["name"]
+        for e in raw
+        for m in e["traj"]
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls") or []
+    }
     pivot = next(extract_pivots(trajectories[:1] + trajectories[1:]))
     assert {t["function"]["name"] for t in pivot.tools} == names and pivot.context["tools_inferred"] is True
-    schema = next(t["function"]["parameters"] for t in pivot.tools if t["function"]["name"] == "get_user_details")
-    assert schema == {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}
+    schema = next(
+        t["function"]["parameters"] for t in pivot.tools if t["function"]["name"] == "get_user_details"
+    )
+    assert schema == {
+        "type": "object",
+        "properties": {"user_id": {"type": "string"}},
+        "required": ["user_id"],
+    }
     assert next(extract_pivots(trajectories, ExtractConfig(infer_tools=False))).tools == []
 
 
 def test_inferred_schemas_mark_arguments_missing_from_some_calls_optional() -> None:
-    call = lambda args: {"id": "c", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}  # noqa: E731
-    trajectory = Trajectory("x", [{"role": "assistant", "content": None, "tool_calls": [call({"a": 1, "b": "s"}), call({"a": 2.5})]}], [])
+    def call(args):
+        return {"id": "c", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}
+
+    trajectory = Trajectory(
+        "x",
+        [{"role": "assistant", "content": None, "tool_calls": [call({"a": 1, "b": "s"}), call({"a": 2.5})]}],
+        [],
+    )
     (tool,) = infer_tool_schemas([trajectory])
     assert tool["function"]["parameters"] == {
         "type": "object",
@@ -133,7 +184,12 @@ def test_inferred_schemas_mark_arguments_missing_from_some_calls_optional() -> N
 
 
 def test_trajectories_with_their_own_tools_keep_them() -> None:
-    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     pivots = list(extract_pivots([_trajectory(1.0, tools=tools)]))
     assert all(p.tools == tools and "tools_inferred" not in p.context for p in pivots)
 
@@ -141,9 +197,23 @@ def test_trajectories_with_their_own_tools_keep_them() -> None:
 # Every public name `pivot_envs.extract` offered before reading, extraction and writing were pulled
 # apart (the CLI and users import these from it).
 EXTRACT_NAMES_BEFORE_THE_SPLIT = (
-    "DEDUP_RULES", "FILTER_MODES", "ExtractConfig", "FilterConfig", "ReadReport", "SplitConfig", "Trajectory",
-    "dedup_pivots", "extract_pivots", "filter_pivots", "heldout_side", "infer_tool_schemas", "normalized_action",
-    "reward_rejection", "split_by_trajectory", "turn_rejection", "write_pivot_file",
+    "DEDUP_RULES",
+    "FILTER_MODES",
+    "ExtractConfig",
+    "FilterConfig",
+    "ReadReport",
+    "SplitConfig",
+    "Trajectory",
+    "dedup_pivots",
+    "extract_pivots",
+    "filter_pivots",
+    "heldout_side",
+    "infer_tool_schemas",
+    "normalized_action",
+    "reward_rejection",
+    "split_by_trajectory",
+    "turn_rejection",
+    "write_pivot_file",
 )
 
 

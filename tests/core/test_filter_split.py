@@ -12,9 +12,18 @@ from pivot_envs.formats import read_trajectories
 from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 
 
-def _pivot(pid: str, rewards: list[float] | None = None, valid: list[bool] | None = None, command: str = "ls",
-           prefix: str = "q") -> Pivot:
-    call = {"id": "c0", "type": "function", "function": {"name": "terminal", "arguments": json.dumps({"command": command})}}
+def _pivot(
+    pid: str,
+    rewards: list[float] | None = None,
+    valid: list[bool] | None = None,
+    command: str = "ls",
+    prefix: str = "q",
+) -> Pivot:
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "terminal", "arguments": json.dumps({"command": command})},
+    }
     return Pivot(
         id=pid,
         domain="terminal",
@@ -84,8 +93,15 @@ def tau_pivots(shared_data: Path) -> list[Pivot]:
     """One light pivot per assistant turn of the 100 tau-bench episodes (the split only needs ids)."""
     trajectories = read_trajectories(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json")
     return [
-        Pivot(f"{t.id}/t{k}", "tool-use", [], {"role": "assistant", "content": "x"}, source={"trajectory": t.id, "turn": k})
-        for t in trajectories for k in range(t.assistant_turns)
+        Pivot(
+            f"{t.id}/t{k}",
+            "tool-use",
+            [],
+            {"role": "assistant", "content": "x"},
+            source={"trajectory": t.id, "turn": k},
+        )
+        for t in trajectories
+        for k in range(t.assistant_turns)
     ]
 
 
@@ -113,12 +129,18 @@ def test_split_edges_and_bad_fraction(tau_pivots: list[Pivot]) -> None:
         split_by_trajectory(tau_pivots, 1.5)
 
 
-def test_both_sides_of_a_split_are_written_and_read_back_whole(tau_pivots: list[Pivot], tmp_path: Path) -> None:
+def test_both_sides_of_a_split_are_written_and_read_back_whole(
+    tau_pivots: list[Pivot], tmp_path: Path
+) -> None:
     train, heldout = split_by_trajectory(tau_pivots, 0.2, seed=0)
     assert write_pivots(iter(train), tmp_path / "split" / "train.jsonl", desc="writing train") == len(train)
     # records already in their JSON form are written as they are
     assert write_pivots([p.to_dict() for p in heldout], tmp_path / "split" / "heldout.jsonl") == len(heldout)
-    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "train.jsonl")] == [p.to_dict() for p in train]
-    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "heldout.jsonl")] == [p.to_dict() for p in heldout]
+    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "train.jsonl")] == [
+        p.to_dict() for p in train
+    ]
+    assert [p.to_dict() for p in read_pivots(tmp_path / "split" / "heldout.jsonl")] == [
+        p.to_dict() for p in heldout
+    ]
     with pytest.raises(TypeError, match="arguments are swapped"):
         write_pivots(tmp_path / "x.jsonl", train)  # type: ignore[arg-type]

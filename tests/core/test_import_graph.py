@@ -67,7 +67,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path], deferred: bool) ->
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
             # `from package import module` imports that module; `from module import name` the module
-            found.update(known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules else known(base) for alias in node.names)
+            found.update(
+                known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules else known(base)
+                for alias in node.names
+            )
         for child in ast.iter_child_nodes(node):
             visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
@@ -103,7 +106,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _is_core(module: str, root: Path) -> bool:
-    return not any(module == name or module.startswith(name + ".") for name in _folders(root) if name != "pivot_envs")
+    return not any(
+        module == name or module.startswith(name + ".") for name in _folders(root) if name != "pivot_envs"
+    )
 
 
 def test_the_core_never_imports_a_domain_or_an_adapter() -> None:
@@ -112,7 +117,11 @@ def test_the_core_never_imports_a_domain_or_an_adapter() -> None:
         for module, targets in _graph(ROOT, deferred=True).items()
         if _is_core(module, ROOT)
     }
-    offenders = {module: targets for module, targets in naming.items() if targets and module not in KNOWN_PLUGIN_IMPORTS}
+    offenders = {
+        module: targets
+        for module, targets in naming.items()
+        if targets and module not in KNOWN_PLUGIN_IMPORTS
+    }
     assert offenders == {}, "the core finds domains and adapters through entry points, never by name"
 
 
@@ -121,21 +130,36 @@ def test_no_two_modules_import_each_other_at_module_level() -> None:
 
 
 def test_the_core_has_no_import_cycle_even_through_imports_inside_functions() -> None:
-    graph = {m: {t for t in ts if _is_core(t, ROOT)} for m, ts in _graph(ROOT, deferred=True).items() if _is_core(m, ROOT)}
+    graph = {
+        m: {t for t in ts if _is_core(t, ROOT)}
+        for m, ts in _graph(ROOT, deferred=True).items()
+        if _is_core(m, ROOT)
+    }
     assert _cycles(graph) == []
 
 
 def test_the_graph_finds_cycles_through_type_checking_imports_and_functions(tmp_path: Path) -> None:
-    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = { "pivot_envs.domains" = "domains" }\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackage-dir = { "pivot_envs.domains" = "domains" }\n'
+    )
     core, domain = tmp_path / "pivot_envs", tmp_path / "domains" / "demo"
     core.mkdir()
     domain.mkdir(parents=True)
     (core / "__init__.py").write_text("")
-    (core / "reading.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pivot_envs.picking import Rule\n")
-    (core / "picking.py").write_text("from . import reading\n\ndef later():\n    from pivot_envs.domains.demo import spec\n")
+    (core / "reading.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pivot_envs.picking import Rule\n"
+    )
+    (core / "picking.py").write_text(
+        "from . import reading\n\ndef later():\n    from pivot_envs.domains.demo import spec\n"
+    )
     (tmp_path / "domains" / "__init__.py").write_text("")
     (domain / "__init__.py").write_text("")
     (domain / "spec.py").write_text("import pivot_envs.picking\n")
-    assert _cycles(_graph(tmp_path, deferred=False)) == [["pivot_envs.picking", "pivot_envs.reading", "pivot_envs.picking"]]
-    assert _graph(tmp_path, deferred=True)["pivot_envs.picking"] == {"pivot_envs.reading", "pivot_envs.domains.demo.spec"}
+    assert _cycles(_graph(tmp_path, deferred=False)) == [
+        ["pivot_envs.picking", "pivot_envs.reading", "pivot_envs.picking"]
+    ]
+    assert _graph(tmp_path, deferred=True)["pivot_envs.picking"] == {
+        "pivot_envs.reading",
+        "pivot_envs.domains.demo.spec",
+    }
     assert not _is_core("pivot_envs.domains.demo.spec", tmp_path) and _is_core("pivot_envs.picking", tmp_path)

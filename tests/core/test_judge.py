@@ -101,7 +101,9 @@ def test_verdicts_are_cached_by_pivot_and_canonical_action():
     arguments = json.loads(call["arguments"])
     reordered = json.dumps(dict(reversed(list(arguments.items()))), indent=2)
     judge.verify(pivot, dict(pivot.expert))
-    same = judge.verify(pivot, {"role": "assistant", "content": None, "tool_calls": [tool_call(call["name"], reordered, "x")]})
+    same = judge.verify(
+        pivot, {"role": "assistant", "content": None, "tool_calls": [tool_call(call["name"], reordered, "x")]}
+    )
     assert same.category == "judge_accept" and policy.calls == [1]
 
 
@@ -129,7 +131,10 @@ def test_an_unreachable_judge_gives_an_invalid_verdict_that_is_not_cached():
     pivot = airline_pivot()
     judge = JudgeVerifier(DownJudge())
     verdict = judge.verify(pivot, dict(pivot.expert))
-    assert (verdict.valid, verdict.category) == (False, "judge_error") and "http://judge:8000" in verdict.detail
+    assert (verdict.valid, verdict.category) == (
+        False,
+        "judge_error",
+    ) and "http://judge:8000" in verdict.detail
     judge._policy = RuleJudge()
     assert judge.verify(pivot, dict(pivot.expert)).category == "judge_accept"
 

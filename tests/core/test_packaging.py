@@ -47,10 +47,17 @@ def test_the_package_list_names_every_package_folder_and_nothing_else() -> None:
 def _source_copy(destination: Path) -> Path:
     """The files git would ship (tracked, and new ones not ignored), copied: building in the source
     tree would leave a pivot_envs.egg-info there whose metadata hides the installed entry points."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, check=True, capture_output=True, timeout=60,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():
@@ -62,21 +69,41 @@ def _source_copy(destination: Path) -> Path:
 def test_a_built_wheel_holds_every_module_and_data_file_inside_pivot_envs(tmp_path: Path) -> None:
     source = _source_copy(tmp_path / "source")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
     )
     (wheel,) = tmp_path.glob("pivot_envs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {name.split("/")[0] for name in names} == {"pivot_envs", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {name.split("/")[0] for name in names} == {
+        "pivot_envs",
+        wheel.name.split("-py3")[0] + ".dist-info",
+    }
     expected = set()
     for package, folder in _package_folders().items():
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{path.name}" for path in folder.glob("*.py")}
         data = folder / "data"
         if data.is_dir():
-            expected |= {f"{prefix}/data/{path.relative_to(data).as_posix()}" for path in data.rglob("*") if path.is_file()}
+            expected |= {
+                f"{prefix}/data/{path.relative_to(data).as_posix()}"
+                for path in data.rglob("*")
+                if path.is_file()
+            }
     assert expected - names == set()
-    entry_points = zipfile.ZipFile(wheel).read(wheel.name.split("-py3")[0] + ".dist-info/entry_points.txt").decode()
+    entry_points = (
+        zipfile.ZipFile(wheel).read(wheel.name.split("-py3")[0] + ".dist-info/entry_points.txt").decode()
+    )
     assert "[pivot_envs.domains]" in entry_points and "pivot_envs.domains.tool_use:DOMAIN" in entry_points

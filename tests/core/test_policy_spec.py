@@ -47,7 +47,9 @@ def test_pivotrl_profile_with_a_bad_spec_exits_with_a_one_line_error(tmp_path, c
     from pivot_envs.pivot import write_pivots
 
     write_pivots(bundled_pivots()[:1], tmp_path / "c.jsonl")
-    code = main(["profile", str(tmp_path / "c.jsonl"), "--policy", "gpt4", "--out", str(tmp_path / "o.jsonl")])
+    code = main(
+        ["profile", str(tmp_path / "c.jsonl"), "--policy", "gpt4", "--out", str(tmp_path / "o.jsonl")]
+    )
     assert code == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("pivotrl profile: error: bad policy spec 'gpt4'") and "\n" not in err
@@ -57,6 +59,7 @@ def test_pivotrl_profile_with_a_bad_spec_exits_with_a_one_line_error(tmp_path, c
 def test_a_vllm_spec_without_vllm_installed_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as where it is not installed
     with pytest.raises(
-        MissingExtraError, match=r"the vllm backend needs 'vllm', which is not installed: pip install 'pivot-envs\[vllm\]'"
+        MissingExtraError,
+        match=r"the vllm backend needs 'vllm', which is not installed: pip install 'pivot-envs\[vllm\]'",
     ):
         load_policy("vllm:smollm2")

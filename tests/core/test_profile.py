@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A deterministic reference policy for the resume tests: sample j of a candidate replays the
 # expert's action when (j + len(id)) is even, and a wrong message otherwise. Written to a file so
 # the SIGKILL test's subprocess and this module use the very same policy.
-REPLAY_POLICY = '''
+REPLAY_POLICY = """
 import time
 from pivot_envs.policy import Completion
 
@@ -58,7 +58,7 @@ class ReplayPolicy:
                     group.append(Completion(text="I cannot help with that, sorry."))
             out.append(group)
         return out
-'''
+"""
 
 RUNNER = '''
 import sys
@@ -104,7 +104,9 @@ def run_script(directory: Path, pivots: Path, out: Path, delay: float) -> subpro
     script = directory / f"run_{out.stem}.py"
     script.write_text(RUNNER.format(here=str(directory), pivots=str(pivots), out=str(out), delay=delay))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
 
 
 def lines(path: Path) -> int:
@@ -204,7 +206,10 @@ class ScriptedPolicy:
         self.calls += 1
         texts = [None, "wrong answer", "backend outage here", None]
         return [
-            [Completion("", message=dict(self.experts[id(c["messages"])])) if t is None else Completion(t) for t in texts[:n]]
+            [
+                Completion("", message=dict(self.experts[id(c["messages"])])) if t is None else Completion(t)
+                for t in texts[:n]
+            ]
             for c in chats
         ]
 
@@ -212,7 +217,9 @@ class ScriptedPolicy:
 def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_variance(tmp_path: Path):
     pivots = airline_pivots(3)
     out = tmp_path / "profiled.jsonl"
-    run = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=4, env="test/flaky-v0", progress=False))
+    run = profile(
+        pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=4, env="test/flaky-v0", progress=False)
+    )
     assert (run.profiled, run.samples, run.invalid) == (3, 12, 3)
     for record in read_pivots(out):
         assert record.profile.valid == [True, True, False, True]
@@ -224,8 +231,13 @@ def test_infrastructure_failures_are_invalid_samples_kept_out_of_mean_and_varian
     assert errors == [["", "", "infrastructure_error: tool backend unreachable", ""]] * 3
     # A rerun finds everything done and loads nothing (the spec is never loaded: its reference
     # name is given, as a caller does for a policy whose spec does not say what it holds).
-    again = profile(pivots, "hf:does-not-exist", out, ProfileConfig(k=4, env="test/flaky-v0", progress=False),
-                    reference="scripted")
+    again = profile(
+        pivots,
+        "hf:does-not-exist",
+        out,
+        ProfileConfig(k=4, env="test/flaky-v0", progress=False),
+        reference="scripted",
+    )
     assert (again.profiled, again.skipped) == (0, 3)
 
 
@@ -243,21 +255,32 @@ def test_a_run_whose_every_sample_fails_in_the_env_stops_early_naming_the_cause(
     message = str(stopped.value)
     assert isinstance(stopped.value, PivotEnvsError)
     assert f"every one of the run's {STOP_AFTER_INVALID} samples failed in the env" in message
-    assert f"pivot {pivots[0].id} sample 0: NameNotFound: Environment `no-such-domain` doesn't exist" in message
+    assert (
+        f"pivot {pivots[0].id} sample 0: NameNotFound: Environment `no-such-domain` doesn't exist" in message
+    )
     # 16 samples a batch: two batches generated, each scored before the next, of the 10 the input holds.
     assert policy.calls == 2
     rows = rows_of(out)
     assert [row["id"] for row in rows] == [p.id for p in pivots[:8]]
     assert all(row["profile"]["valid"] == [False] * 4 for row in rows)
-    assert all(error.startswith("NameNotFound: Environment `no-such-domain`") for row in rows for error in row["profile"]["errors"])
+    assert all(
+        error.startswith("NameNotFound: Environment `no-such-domain`")
+        for row in rows
+        for error in row["profile"]["errors"]
+    )
 
 
-def test_a_run_shorter_than_the_stop_whose_every_sample_fails_is_an_error_at_its_end(tmp_path: Path, backend_down):
+def test_a_run_shorter_than_the_stop_whose_every_sample_fails_is_an_error_at_its_end(
+    tmp_path: Path, backend_down
+):
     pivots = airline_pivots(3)
     out = tmp_path / "profiled.jsonl"
-    with pytest.raises(EnvFailureError, match=r"every one of the run's 6 samples failed in the env, not in the policy's "
-                       rf"actions \(pivot {pivots[0].id} sample 0: infrastructure_error: tool backend unreachable: "
-                       r"connection refused\)"):
+    with pytest.raises(
+        EnvFailureError,
+        match=r"every one of the run's 6 samples failed in the env, not in the policy's "
+        rf"actions \(pivot {pivots[0].id} sample 0: infrastructure_error: tool backend unreachable: "
+        r"connection refused\)",
+    ):
         profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
     assert len(rows_of(out)) == 3
 
@@ -270,18 +293,30 @@ def test_an_env_that_breaks_mid_run_stops_it_after_a_streak_of_invalid_samples(t
 
         def generate(self, chats, n, sampling):
             healthy = super().generate(chats, n, sampling)
-            return [group if 2 * (self.calls - 1) + i < 2 else [Completion("backend outage here")] * n
-                    for i, group in enumerate(healthy)]
+            return [
+                group if 2 * (self.calls - 1) + i < 2 else [Completion("backend outage here")] * n
+                for i, group in enumerate(healthy)
+            ]
 
     out = tmp_path / "profiled.jsonl"
-    with pytest.raises(EnvFailureError, match=rf"{STOP_AFTER_INVALID} samples in a row failed in the env, not in the "
-                       rf"policy's actions \(pivot {pivots[2].id} sample 0: infrastructure_error: tool backend unreachable\)"):
-        profile(pivots, DyingBackend(pivots), out, ProfileConfig(k=4, batch_pivots=2, env="test/flaky-v0", progress=False))
+    with pytest.raises(
+        EnvFailureError,
+        match=rf"{STOP_AFTER_INVALID} samples in a row failed in the env, not in the "
+        rf"policy's actions \(pivot {pivots[2].id} sample 0: infrastructure_error: tool backend unreachable\)",
+    ):
+        profile(
+            pivots,
+            DyingBackend(pivots),
+            out,
+            ProfileConfig(k=4, batch_pivots=2, env="test/flaky-v0", progress=False),
+        )
     # The two healthy candidates, then the 8 whose 32 samples all failed; the other 10 were left.
     assert [any(row["profile"]["valid"]) for row in rows_of(out)] == [True] * 2 + [False] * 8
 
 
-def test_candidates_without_a_valid_sample_are_profiled_again_on_a_rerun_and_written_once(tmp_path: Path, monkeypatch):
+def test_candidates_without_a_valid_sample_are_profiled_again_on_a_rerun_and_written_once(
+    tmp_path: Path, monkeypatch
+):
     pivots = airline_pivots(4)
     out = tmp_path / "profiled.jsonl"
     config = ProfileConfig(k=4, env="test/flaky-v0", progress=False)
@@ -290,7 +325,9 @@ def test_candidates_without_a_valid_sample_are_profiled_again_on_a_rerun_and_wri
     with pytest.raises(EnvFailureError):  # the backend went down: the rows written now hold only errors
         profile(pivots, ScriptedPolicy(pivots), out, config)
     assert len(rows_of(out)) == 4 and completed_ids(out) == {pivots[0].id}
-    monkeypatch.setattr(FlakyBackendEnv, "down", False)  # back up: the failed rows are dropped and profiled again
+    monkeypatch.setattr(
+        FlakyBackendEnv, "down", False
+    )  # back up: the failed rows are dropped and profiled again
     run = profile(pivots, ScriptedPolicy(pivots), out, config)
     assert (run.profiled, run.skipped, run.redone) == (3, 1, 3)
     rows = rows_of(out)
@@ -324,9 +361,18 @@ class SeedRecorder(ScriptedPolicy):
 def test_each_candidate_is_sampled_from_its_own_seed_whatever_batch_it_lands_in(tmp_path: Path):
     pivots = airline_pivots(5)
     by_two, by_three = SeedRecorder(pivots), SeedRecorder(pivots)
-    profile(pivots, by_two, tmp_path / "a.jsonl", ProfileConfig(k=2, seed=5, batch_pivots=2, env="test/flaky-v0", progress=False))
-    profile(pivots[3:], by_three, tmp_path / "b.jsonl", ProfileConfig(k=2, seed=5, batch_pivots=3, env="test/flaky-v0",
-                                                                       progress=False))
+    profile(
+        pivots,
+        by_two,
+        tmp_path / "a.jsonl",
+        ProfileConfig(k=2, seed=5, batch_pivots=2, env="test/flaky-v0", progress=False),
+    )
+    profile(
+        pivots[3:],
+        by_three,
+        tmp_path / "b.jsonl",
+        ProfileConfig(k=2, seed=5, batch_pivots=3, env="test/flaky-v0", progress=False),
+    )
     assert by_two.seeds == {p.id: pivot_seed(5, p.id) for p in pivots}
     assert by_three.seeds == {p.id: pivot_seed(5, p.id) for p in pivots[3:]}
     unseeded = SeedRecorder(pivots)
@@ -337,10 +383,20 @@ def test_each_candidate_is_sampled_from_its_own_seed_whatever_batch_it_lands_in(
 def test_each_profile_records_the_settings_it_was_sampled_under(tmp_path: Path):
     pivots = airline_pivots(2)
     out = tmp_path / "profiled.jsonl"
-    config = ProfileConfig(k=2, temperature=0.7, max_new_tokens=12, seed=3, env="test/flaky-v0", progress=False)
+    config = ProfileConfig(
+        k=2, temperature=0.7, max_new_tokens=12, seed=3, env="test/flaky-v0", progress=False
+    )
     profile(pivots, ScriptedPolicy(pivots), out, config)
-    expected = {"reference": "scripted", "k": 2, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 12,
-                "seed": 3, "env": "test/flaky-v0", "env_kwargs": {}}
+    expected = {
+        "reference": "scripted",
+        "k": 2,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "max_new_tokens": 12,
+        "seed": 3,
+        "env": "test/flaky-v0",
+        "env_kwargs": {},
+    }
     assert [p.profile.settings for p in read_pivots(out)] == [expected, expected]
     # A keyword argument JSON cannot hold (a judge object, say) is recorded by its type, the same in every run.
     judged = ProfileConfig(env_kwargs={"judge": ScriptedPolicy([]), "threshold": 0.5}).settings({})
@@ -355,14 +411,18 @@ def test_each_profile_records_the_settings_it_was_sampled_under(tmp_path: Path):
         ({"reference": "another policy"}, "reference: 'scripted' there, 'another policy' now"),
     ],
 )
-def test_resuming_with_other_settings_is_an_error_naming_them_and_the_output_is_untouched(tmp_path, change, difference):
+def test_resuming_with_other_settings_is_an_error_naming_them_and_the_output_is_untouched(
+    tmp_path, change, difference
+):
     pivots = airline_pivots(3)
     out = tmp_path / "profiled.jsonl"
     first = ProfileConfig(k=2, env="test/flaky-v0", progress=False)
     profile(pivots[:2], ScriptedPolicy(pivots), out, first)
     before = out.read_bytes()
     reference = change.pop("reference", None)
-    with pytest.raises(ProfileMismatchError, match=rf"profiled\.jsonl:1: profiled with other settings.*{difference}"):
+    with pytest.raises(
+        ProfileMismatchError, match=rf"profiled\.jsonl:1: profiled with other settings.*{difference}"
+    ):
         profile(pivots, ScriptedPolicy(pivots), out, replace(first, **change), reference=reference)
     assert out.read_bytes() == before
 
@@ -372,12 +432,22 @@ def test_restart_moves_an_output_of_other_settings_aside_and_profiles_everything
     out = tmp_path / "profiled.jsonl"
     profile(pivots[:2], ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
     earlier = out.read_bytes()
-    run = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True))
+    run = profile(
+        pivots,
+        ScriptedPolicy(pivots),
+        out,
+        ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True),
+    )
     assert (run.profiled, run.skipped, run.moved_aside) == (3, 0, f"{out}.stale")
     assert Path(run.moved_aside).read_bytes() == earlier
     assert [p.profile.k for p in read_pivots(out)] == [3, 3, 3]
     # With the same settings, restart changes nothing: the rerun resumes.
-    again = profile(pivots, ScriptedPolicy(pivots), out, ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True))
+    again = profile(
+        pivots,
+        ScriptedPolicy(pivots),
+        out,
+        ProfileConfig(k=3, env="test/flaky-v0", progress=False, restart=True),
+    )
     assert (again.profiled, again.skipped, again.moved_aside) == (0, 3, None)
 
 
@@ -478,14 +548,23 @@ def test_pivotrl_profile_names_the_mismatch_before_loading_the_policy(tmp_path: 
     write_pivots(pivots, candidates)
     profile(pivots[:1], ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
     before = out.read_bytes()
-    argv = ["profile", str(candidates), "--policy", "hf:/no/such/checkpoint", "--out", str(out), "--k", "2",
-            "--env", "test/flaky-v0"]
+    argv = [
+        "profile",
+        str(candidates),
+        "--policy",
+        "hf:/no/such/checkpoint",
+        "--out",
+        str(out),
+        "--k",
+        "2",
+        "--env",
+        "test/flaky-v0",
+    ]
     assert main(argv) == 1
     error = capsys.readouterr().err
     assert "pivotrl profile: error:" in error and "profiled.jsonl:1: profiled with other settings" in error
     assert "reference: 'scripted' there, 'hf:/no/such/checkpoint' now" in error and "--restart" in error
     assert out.read_bytes() == before  # nothing was loaded, nothing written
-
 
 
 def test_the_causes_of_invalid_samples_survive_reading_the_profiled_file_back(tmp_path: Path):

@@ -27,7 +27,7 @@ CANDIDATES = 10
 
 # Run in a subprocess, so the test can kill it. The real HFPolicy, paced so the kills land mid-run;
 # the batch sizes differ between runs, so a resumed candidate lands in another batch than before.
-RUNNER = '''
+RUNNER = """
 import sys
 import time
 
@@ -56,7 +56,7 @@ config = ProfileConfig(k=2, temperature=1.0, max_new_tokens=8, seed=7, batch_piv
                        progress=False)
 run = profile(read_pivots(pivots), Paced(policy), out, config)
 print("profiled", run.profiled, "skipped", run.skipped)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,17 @@ def tiny_model(tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -92,15 +100,17 @@ def airline_pivots(count: int) -> list[Pivot]:
     return list(bundled_pivots()[:count])
 
 
-def start(directory: Path, model: Path, pivots: Path, out: Path, delay: float, batch_pivots: int,
-          batch_size: int) -> subprocess.Popen:
+def start(
+    directory: Path, model: Path, pivots: Path, out: Path, delay: float, batch_pivots: int, batch_size: int
+) -> subprocess.Popen:
     script = directory / "runner.py"
     if not script.exists():
         script.write_text(RUNNER)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     arguments = [str(model), str(pivots), str(out), str(delay), str(batch_pivots), str(batch_size)]
-    return subprocess.Popen([sys.executable, str(script), *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
+    return subprocess.Popen(
+        [sys.executable, str(script), *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
 
 
 def rows(path: Path) -> int:
@@ -123,13 +133,23 @@ def test_a_seeded_profile_killed_twice_and_resumed_equals_the_uninterrupted_run(
     write_pivots(airline_pivots(CANDIDATES), pivots_path)
     uninterrupted, resumed = tmp_path / "uninterrupted.jsonl", tmp_path / "resumed.jsonl"
 
-    reference = start(tmp_path, tiny_checkpoint, pivots_path, uninterrupted, delay=0.0, batch_pivots=3, batch_size=4)
-    first = kill_after(start(tmp_path, tiny_checkpoint, pivots_path, resumed, 0.3, batch_pivots=3, batch_size=2),
-                       resumed, 2)
-    assert 2 <= first < CANDIDATES - 4, f"the first kill should land early, {first} of {CANDIDATES} were written"
-    second = kill_after(start(tmp_path, tiny_checkpoint, pivots_path, resumed, 0.3, batch_pivots=2, batch_size=1),
-                        resumed, first + 2)
-    assert first < second < CANDIDATES, f"the second kill should land mid-run, {second} of {CANDIDATES} were written"
+    reference = start(
+        tmp_path, tiny_checkpoint, pivots_path, uninterrupted, delay=0.0, batch_pivots=3, batch_size=4
+    )
+    first = kill_after(
+        start(tmp_path, tiny_checkpoint, pivots_path, resumed, 0.3, batch_pivots=3, batch_size=2), resumed, 2
+    )
+    assert 2 <= first < CANDIDATES - 4, (
+        f"the first kill should land early, {first} of {CANDIDATES} were written"
+    )
+    second = kill_after(
+        start(tmp_path, tiny_checkpoint, pivots_path, resumed, 0.3, batch_pivots=2, batch_size=1),
+        resumed,
+        first + 2,
+    )
+    assert first < second < CANDIDATES, (
+        f"the second kill should land mid-run, {second} of {CANDIDATES} were written"
+    )
     finisher = start(tmp_path, tiny_checkpoint, pivots_path, resumed, 0.0, batch_pivots=4, batch_size=3)
     out, err = finisher.communicate(timeout=300)
     assert finisher.returncode == 0, err.decode()[-2000:]
@@ -151,12 +171,15 @@ def test_a_chats_seeded_samples_do_not_depend_on_the_batch_it_is_generated_in(ti
     chats = [pivot.observation for pivot in airline_pivots(3)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seeds=[11, 12, 13])
     together = HFPolicy(tiny_model, tokenizer, batch_size=3).generate(chats, 3, sampling)
-    apart = HFPolicy(tiny_model, tokenizer, batch_size=1).generate([chats[2], chats[0]], 3,
-                                                                   SamplingParams(1.0, max_new_tokens=6, seeds=[13, 11]))
+    apart = HFPolicy(tiny_model, tokenizer, batch_size=1).generate(
+        [chats[2], chats[0]], 3, SamplingParams(1.0, max_new_tokens=6, seeds=[13, 11])
+    )
     ids = [[c.token_ids for c in group] for group in together]
     assert [[c.token_ids for c in group] for group in apart] == [ids[2], ids[0]]
     assert len({tuple(sample) for sample in ids[0]}) == 3  # the n samples of a chat differ
-    other = HFPolicy(tiny_model, tokenizer).generate(chats[:1], 3, SamplingParams(1.0, max_new_tokens=6, seeds=[99]))
+    other = HFPolicy(tiny_model, tokenizer).generate(
+        chats[:1], 3, SamplingParams(1.0, max_new_tokens=6, seeds=[99])
+    )
     assert [c.token_ids for c in other[0]] != ids[0]
 
 
@@ -166,7 +189,6 @@ def test_seeds_must_be_one_per_chat(tiny_model, tokenizer):
     chats = [pivot.observation for pivot in airline_pivots(2)]
     with pytest.raises(ValueError, match="holds 1 seeds for 2 chats"):
         HFPolicy(tiny_model, tokenizer).generate(chats, 2, SamplingParams(max_new_tokens=2, seeds=[1]))
-
 
 
 class DownBackendEnv(PivotEnv):
@@ -181,14 +203,27 @@ class DownBackendEnv(PivotEnv):
 gym.register("test/backend-down-v0", entry_point=DownBackendEnv, disable_env_checker=True)
 
 
-def test_pivotrl_profile_exits_non_zero_naming_the_cause_when_the_env_fails_on_every_sample(tiny_checkpoint, tmp_path,
-                                                                                           capsys):
+def test_pivotrl_profile_exits_non_zero_naming_the_cause_when_the_env_fails_on_every_sample(
+    tiny_checkpoint, tmp_path, capsys
+):
     from pivot_envs.cli import main
 
     candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
     write_pivots(airline_pivots(3), candidates)
-    argv = ["profile", str(candidates), "--policy", f"hf:{tiny_checkpoint}", "--out", str(out), "--k", "2",
-            "--max-new-tokens", "2", "--env", "test/backend-down-v0"]
+    argv = [
+        "profile",
+        str(candidates),
+        "--policy",
+        f"hf:{tiny_checkpoint}",
+        "--out",
+        str(out),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--env",
+        "test/backend-down-v0",
+    ]
     assert main(argv) == 1
     error = capsys.readouterr().err
     assert "every one of the run's 6 samples failed in the env" in error

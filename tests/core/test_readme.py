@@ -44,7 +44,9 @@ def test_the_two_commands_come_first() -> None:
 
 
 def test_the_readme_is_a_front_page_of_at_most_300_lines() -> None:
-    assert len(README.read_text().splitlines()) <= 300, "the manual belongs in docs/, the README is its front page"
+    assert len(README.read_text().splitlines()) <= 300, (
+        "the manual belongs in docs/, the README is its front page"
+    )
 
 
 @pytest.mark.parametrize("page", [README, DOCS / "index.md"], ids=lambda p: str(p.relative_to(ROOT)))
@@ -52,13 +54,19 @@ def test_quickstart_runs_and_prints_what_it_says(page: Path, tmp_path: Path) -> 
     (code,) = code_blocks(section(page, "Quickstart"))[:1]
     script = tmp_path / "quickstart.py"
     script.write_text(code)
-    result = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1.0 correct True 1.0"
 
 
-@pytest.mark.parametrize("page", [README, DOCS / "writing-a-domain.md"], ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_domain_example_is_a_working_plugin(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "page", [README, DOCS / "writing-a-domain.md"], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_the_domain_example_is_a_working_plugin(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gymnasium as gym
     from gymnasium.utils.env_checker import check_env
 
@@ -75,7 +83,9 @@ def test_the_domain_example_is_a_working_plugin(page: Path, tmp_path: Path, monk
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-domain\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[pivot_envs.domains]\n{entry.group(1)} = {entry.group(2)}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_domain", raising=False)  # each page's example, not the one imported first
+    monkeypatch.delitem(
+        sys.modules, "my_domain", raising=False
+    )  # each page's example, not the one imported first
     assert "pivot/arithmetic-v0" in register_domains()
     env = gym.make("pivot/arithmetic-v0")
     check_env(env.unwrapped)

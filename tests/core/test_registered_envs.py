@@ -25,7 +25,9 @@ def needs_parts(env_id: str) -> None:
         from pivot_envs.sandboxes.available import bwrap_available, docker_available
 
         if not image.rootfs_ready(image.rootfs_path()):
-            pytest.skip("the terminal base root filesystem is not built: run `sudo pivotrl sandbox build-image`")
+            pytest.skip(
+                "the terminal base root filesystem is not built: run `sudo pivotrl sandbox build-image`"
+            )
         if not (bwrap_available() or docker_available()):
             pytest.skip("no sandbox: install bubblewrap or start a Docker daemon")
 
@@ -65,7 +67,11 @@ def break_search(env: PivotEnv) -> bool | None:
     return None
 
 
-BREAKERS = {"pivot/tool-use-v0": break_tool_use, "pivot/terminal-v0": break_terminal, "pivot/search-v0": break_search}
+BREAKERS = {
+    "pivot/tool-use-v0": break_tool_use,
+    "pivot/terminal-v0": break_terminal,
+    "pivot/search-v0": break_search,
+}
 
 
 def quick_kwargs(env_id: str) -> dict:
@@ -85,7 +91,9 @@ def test_every_registered_env_passes_check_pivot_env(env_id: str) -> None:
         report = check_pivot_env(env, pivots=3, break_infrastructure=BREAKERS[env_id])
     finally:
         env.close()
-    assert "gymnasium_check_env" in report.passed and "infrastructure_failure_invalid" in report.passed, report
+    assert "gymnasium_check_env" in report.passed and "infrastructure_failure_invalid" in report.passed, (
+        report
+    )
 
 
 @pytest.mark.parametrize("env_id", BUNDLED)
@@ -93,7 +101,10 @@ def test_two_envs_reset_with_the_same_seed_pick_the_same_pivots(env_id: str) -> 
     needs_parts(env_id)
     first, second = gym.make(env_id), gym.make(env_id)
     try:
-        picks = [[env.reset(seed=11)[1]["pivot_id"]] + [env.reset()[1]["pivot_id"] for _ in range(5)] for env in (first, second)]
+        picks = [
+            [env.reset(seed=11)[1]["pivot_id"]] + [env.reset()[1]["pivot_id"] for _ in range(5)]
+            for env in (first, second)
+        ]
         assert picks[0] == picks[1] and len(set(picks[0])) > 1
     finally:
         first.close()
@@ -126,7 +137,11 @@ def test_every_registered_env_scores_experts_under_make_vec(env_id: str, mode: s
 
 def spec_kwargs(env_id: str) -> dict:
     """Keyword arguments that change the env, so a rebuilt env that dropped them would differ."""
-    return {"verifier": "strict", "sandbox": "bwrap"} if env_id == "pivot/terminal-v0" else {"verifier": "strict"}
+    return (
+        {"verifier": "strict", "sandbox": "bwrap"}
+        if env_id == "pivot/terminal-v0"
+        else {"verifier": "strict"}
+    )
 
 
 @pytest.mark.parametrize("env_id", BUNDLED)
@@ -160,7 +175,11 @@ def test_a_spec_from_json_builds_the_env_in_a_fresh_process_importing_the_domain
         print("BUILT", type(env.unwrapped).__name__, env.unwrapped.verifier.name, "pivot_envs.domains.tool_use" in sys.modules)
         """
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "IMPORTED False" in result.stdout and "BUILT ToolUseEnv strict True" in result.stdout

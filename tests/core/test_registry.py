@@ -15,7 +15,7 @@ from gymnasium.envs.registration import EnvSpec
 from pivot_envs import registry
 from pivot_envs.registry import PluginError, register_domains
 
-PLUGIN_MODULE = '''
+PLUGIN_MODULE = """
 from pivot_envs import Pivot, PivotEnv
 from pivot_envs.registry import DomainSpec
 
@@ -34,7 +34,7 @@ class GreetEnv(PivotEnv):
 
 
 DOMAIN = DomainSpec(name="{name}", env_class=GreetEnv, description="a throwaway plugin")
-'''
+"""
 
 
 def install_plugin(root: Path, name: str, module_source: str | None, value: str | None = None) -> None:
@@ -50,7 +50,9 @@ def install_plugin(root: Path, name: str, module_source: str | None, value: str 
     (info / "entry_points.txt").write_text(f"[pivot_envs.domains]\n{name} = {entry}\n")
 
 
-def test_a_plugin_distribution_registers_its_env_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_distribution_registers_its_env_lazily(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     install_plugin(tmp_path, "greet", PLUGIN_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "pivot/greet-v0" in register_domains()
@@ -76,7 +78,9 @@ def test_a_broken_plugin_warns_with_its_name_and_does_not_break_import(
     assert any("'ghost'" in str(w.message) and "broken" in str(w.message) for w in caught)
 
 
-def test_a_plugin_that_fails_on_import_names_itself_at_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_that_fails_on_import_names_itself_at_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     install_plugin(tmp_path, "crashy", "raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "pivot/crashy-v0" in register_domains()
@@ -84,7 +88,9 @@ def test_a_plugin_that_fails_on_import_names_itself_at_make(tmp_path: Path, monk
         gym.make("pivot/crashy-v0")
 
 
-def test_a_plugin_env_spec_is_plain_data_and_rebuilds_the_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_env_spec_is_plain_data_and_rebuilds_the_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     install_plugin(tmp_path, "greet", PLUGIN_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     register_domains()
@@ -106,7 +112,9 @@ def test_a_domain_specs_default_kwargs_apply_and_make_kwargs_override_them(
     assert gym.make("pivot/greet-ansi-v0", render_mode=None).unwrapped.render_mode is None
 
 
-def test_a_spec_naming_a_domain_that_is_not_installed_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spec_naming_a_domain_that_is_not_installed_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     install_plugin(tmp_path, "greet", PLUGIN_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     register_domains()

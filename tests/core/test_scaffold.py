@@ -39,12 +39,17 @@ def test_new_domain_writes_a_package_with_its_entry_point_and_sample_pivots(tmp_
     root = tmp_path / "pkg"
     written = new_domain("my-calc", root)
     assert {p.relative_to(root).as_posix() for p in written} == {
-        "pyproject.toml", "README.md", "tests/test_domain.py", "pivot_envs_my_calc/data/pivots.jsonl",
+        "pyproject.toml",
+        "README.md",
+        "tests/test_domain.py",
+        "pivot_envs_my_calc/data/pivots.jsonl",
         *(f"pivot_envs_my_calc/{name}.py" for name in ("__init__", "env", "backend", "parse", "verifier")),
     }
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert project["project"]["name"] == "pivot-envs-my-calc"
-    assert project["project"]["entry-points"]["pivot_envs.domains"] == {"my-calc": "pivot_envs_my_calc:DOMAIN"}
+    assert project["project"]["entry-points"]["pivot_envs.domains"] == {
+        "my-calc": "pivot_envs_my_calc:DOMAIN"
+    }
     pivots = read_pivots(root / "pivot_envs_my_calc" / "data" / "pivots.jsonl")
     assert [p.id for p in pivots] == ["calc/1/t0", "calc/1/t1", "calc/2/t0", "calc/2/t1"]
     assert {p.domain for p in pivots} == {"my-calc"}
@@ -63,7 +68,9 @@ def test_an_invalid_name_is_refused_naming_the_rule(tmp_path: Path, name: str) -
 
 
 def test_the_name_of_an_installed_domain_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ScaffoldError, match="'tool-use' is already installed .*pivot_envs.domains.tool_use:DOMAIN"):
+    with pytest.raises(
+        ScaffoldError, match="'tool-use' is already installed .*pivot_envs.domains.tool_use:DOMAIN"
+    ):
         new_domain("tool-use", tmp_path / "pkg")
 
 
@@ -78,7 +85,9 @@ def test_a_directory_that_holds_anything_is_never_overwritten(tmp_path: Path) ->
     assert new_domain("calc", tmp_path / "empty")
 
 
-def test_the_command_writes_into_dir_and_says_what_to_run_next(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_command_writes_into_dir_and_says_what_to_run_next(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert run_command("calc", "--dir", str(tmp_path / "pkg")) == 0
     out = capsys.readouterr().out
     assert f"into {tmp_path / 'pkg'} (9 files)" in out and f"pip install -e {tmp_path / 'pkg'}" in out
@@ -87,7 +96,9 @@ def test_the_command_writes_into_dir_and_says_what_to_run_next(tmp_path: Path, c
         run_command("calc", "--dir", str(tmp_path / "pkg"))
 
 
-def test_the_command_defaults_to_a_new_directory_named_after_the_domain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_command_defaults_to_a_new_directory_named_after_the_domain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert run_command("calc") == 0
     assert (tmp_path / "pivot-envs-calc" / "pyproject.toml").is_file()
@@ -123,15 +134,27 @@ def test_a_scaffolded_domain_installs_into_the_venv_and_passes_its_own_test(tmp_
             env.reset(options={{"pivot": pivot.id}})
             print(type(env.unwrapped).__name__, len(env.unwrapped.pivots), env.step(pivot.expert)[1])
             """
-        made = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert made.returncode == 0, made.stderr
         env_class = "Scaffold" + name.split("-")[1] + "Env"
         assert made.stdout.split() == [env_class, "4", "1.0"] and name not in made.stderr
-        tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=root,
-                                capture_output=True, text=True, timeout=180)
+        tested = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert tested.returncode == 0, tested.stdout + tested.stderr
         assert "5 passed" in tested.stdout
     finally:
-        subprocess.run([*PIP, "uninstall", "-y", "-q", f"pivot-envs-{name}"], capture_output=True, timeout=120)
+        subprocess.run(
+            [*PIP, "uninstall", "-y", "-q", f"pivot-envs-{name}"], capture_output=True, timeout=120
+        )
     assert f"pivot-envs-{name}" not in {dist.metadata["Name"] for dist in metadata.distributions()}

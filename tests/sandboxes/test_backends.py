@@ -41,7 +41,9 @@ def test_a_fork_starts_from_the_snapshot_and_does_not_touch_it(backend, sandbox)
 
 
 def test_files_lists_the_workspace_after_the_command(sandbox):
-    result = sandbox.run("mkdir d && echo hi > d/a.txt && ln -s d/a.txt link && chmod 600 d/a.txt", files=True)
+    result = sandbox.run(
+        "mkdir d && echo hi > d/a.txt && ln -s d/a.txt link && chmod 600 d/a.txt", files=True
+    )
     assert set(result.files) == {"d", "d/a.txt", "link"}
     assert result.files["d/a.txt"].startswith("f 600 ")
     assert result.files["link"] == "l 777 -> d/a.txt"
@@ -59,7 +61,9 @@ def test_the_timeout_kills_the_whole_process_tree(sandbox):
 def test_a_command_over_the_disk_limit_is_killed_and_the_sandbox_keeps_its_files(backend, sandbox):
     backend.limits = dataclasses.replace(backend.limits, disk_mb=40)
     result = sandbox.run("for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; done; echo finished")
-    assert result.exit_code == 137 and "disk limit (40 MB)" in result.output and "finished" not in result.output
+    assert (
+        result.exit_code == 137 and "disk limit (40 MB)" in result.output and "finished" not in result.output
+    )
     after = sandbox.run("ls big* | wc -l; rm big*; echo next")
     assert 5 <= int(after.output.split()[0]) < 100 and after.output.endswith("next\n")
 
@@ -77,9 +81,14 @@ def test_commands_see_a_closed_pipe_as_a_normal_shell_does(sandbox):
 
 def test_commands_do_not_inherit_signals_the_host_process_ignores(backend):
     # ignored signals survive exec; a job a script starts in the background ignores SIGINT and SIGQUIT
-    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)}
+    previous = {
+        number: signal.signal(number, signal.SIG_IGN)
+        for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+    }
     try:
-        sandbox = backend.create(image.image_tag(), "/app") if backend.name == "docker" else backend.create("/app")
+        sandbox = (
+            backend.create(image.image_tag(), "/app") if backend.name == "docker" else backend.create("/app")
+        )
         ignored = sandbox.run("grep SigIgn /proc/self/status").output.split()[1]
     finally:
         for number, handler in previous.items():

@@ -42,12 +42,17 @@ def test_the_old_terminal_backends_module_still_gives_the_backends_and_warns_nam
     with pytest.warns(DeprecationWarning, match=r"import from pivot_envs\.sandboxes\.bwrap_backend"):
         import pivot_envs.domains.terminal.backends as old
     assert (old.BwrapBackend, old.DockerBackend, old.gc) == (BwrapBackend, DockerBackend, gc)
-    assert (old.LABEL, old.OWNER_LABEL, old.BWRAP_PREFIX) == ("pivot-envs", "pivot-envs.owner", "pivot-envs-bwrap-")
+    assert (old.LABEL, old.OWNER_LABEL, old.BWRAP_PREFIX) == (
+        "pivot-envs",
+        "pivot-envs.owner",
+        "pivot-envs-bwrap-",
+    )
 
 
 def test_sandbox_limits_pickled_under_the_old_module_path_still_load():
     # Protocol 0 names the class's module as text: what a pickle made before the move holds.
-    old = pickle.dumps(SandboxLimits(timeout=2.5), protocol=0).replace(b"pivot_envs.sandboxes.protocol\n",
-                                                                        b"pivot_envs.sandbox\n")
+    old = pickle.dumps(SandboxLimits(timeout=2.5), protocol=0).replace(
+        b"pivot_envs.sandboxes.protocol\n", b"pivot_envs.sandbox\n"
+    )
     assert b"pivot_envs.sandbox\n" in old
     assert pickle.loads(old) == SandboxLimits(timeout=2.5)

@@ -60,9 +60,13 @@ def test_an_evaluation_closing_its_envs_leaves_a_training_env_working(kind):
     training.reset(options={"pivot": PIVOT})
     assert training.step(training.pivot.expert)[4]["valid"]
     held_out = [pivot for pivot in training.pivots if pivot.id == PIVOT]
-    report = evaluate(ExpertPolicy(held_out[0].expert), held_out, EvalConfig(num_envs=2), sandbox=kind, warm_pool=1)
+    report = evaluate(
+        ExpertPolicy(held_out[0].expert), held_out, EvalConfig(num_envs=2), sandbox=kind, warm_pool=1
+    )
     assert (report.row("terminal").functional.mean, report.row("terminal").invalid) == (1.0, 0)
-    for _ in range(2):  # after the evaluation closed its envs: the training env's snapshot and warm forks are there
+    for _ in range(
+        2
+    ):  # after the evaluation closed its envs: the training env's snapshot and warm forks are there
         training.reset(options={"pivot": PIVOT})
         _, reward, _, _, info = training.step(training.pivot.expert)
         assert (reward, info["valid"]) == (1.0, True), info["detail"]

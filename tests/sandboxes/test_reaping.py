@@ -63,14 +63,32 @@ print("workload done", flush=True)
 
 def test_no_sandbox_leaves_a_zombie_where_pid_1_does_not_reap(has_bwrap, tmp_path):
     probe = ["unshare", "--pid", "--fork", "--mount-proc", "true"]
-    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(probe, capture_output=True).returncode:
-        pytest.skip("needs root allowed to make PID namespaces (util-linux's unshare) for a non-reaping PID 1")
+    if (
+        os.geteuid() != 0
+        or shutil.which("unshare") is None
+        or subprocess.run(probe, capture_output=True).returncode
+    ):
+        pytest.skip(
+            "needs root allowed to make PID namespaces (util-linux's unshare) for a non-reaping PID 1"
+        )
     pid_1 = tmp_path / "pid_1.py"
     pid_1.write_text(PID_1)
     done = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(pid_1),
-         sys.executable, "-c", WORKLOAD, str(has_bwrap)],
-        capture_output=True, text=True, timeout=300,
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            str(pid_1),
+            sys.executable,
+            "-c",
+            WORKLOAD,
+            str(has_bwrap),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0 and "workload done" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "zombies 0" in done.stdout, done.stdout

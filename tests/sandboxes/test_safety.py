@@ -27,10 +27,13 @@ SECRET = "host-secret-4f1c9"
 
 def leftovers() -> dict[str, int]:
     """What sandboxes could leave on the host: containers, images, processes, mounts, temp dirs."""
-    counts = {"mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
-              "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*")))
-              + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}*"))),
-              "sandbox_processes": 0, "zombies": 0}
+    counts = {
+        "mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
+        "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*")))
+        + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}*"))),
+        "sandbox_processes": 0,
+        "zombies": 0,
+    }
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -71,7 +74,13 @@ def suite(request, tmp_path_factory):
     before = leftovers()
     pivots = [p for p in bundled_pivots() if p.id == PIVOT]
     env = TerminalEnv(pivots, sandbox=request.param, limits=LIMITS, warm_pool=1)
-    state = {"env": env, "kind": request.param, "before": before, "host_file": host_file, "mtime": host_file.stat().st_mtime_ns}
+    state = {
+        "env": env,
+        "kind": request.param,
+        "before": before,
+        "host_file": host_file,
+        "mtime": host_file.stat().st_mtime_ns,
+    }
     yield state
     env.close()
 
@@ -128,7 +137,9 @@ def test_a_background_daemon_does_not_hold_the_step(suite):
 
 
 def test_a_host_file_outside_the_sandbox_cannot_be_read(suite):
-    info = attack(suite, f"cat {suite['host_file']}; ls {suite['host_file'].parent}; echo done > {suite['host_file']}")
+    info = attack(
+        suite, f"cat {suite['host_file']}; ls {suite['host_file'].parent}; echo done > {suite['host_file']}"
+    )
     assert SECRET not in info["output"]["output"]
     assert suite["host_file"].read_text() == SECRET
     assert suite["host_file"].stat().st_mtime_ns == suite["mtime"]
@@ -141,22 +152,30 @@ def test_links_planted_where_the_host_reads_results_are_not_followed(suite):
     host_file, host_dir = suite["host_file"], suite["host_file"].parent
     info = attack(suite, f"ln -sfn {host_file} /.pivot/out")
     assert SECRET not in info["output"]["output"]
-    info = attack(suite, f"mkdir -p /tmp/x && ln -s {host_file} /tmp/x/out && rm -rf /.pivot; ln -sfn /tmp/x /.pivot; "
-                         f"cd / && rm -rf /app; ln -sfn {host_dir} /app")
+    info = attack(
+        suite,
+        f"mkdir -p /tmp/x && ln -s {host_file} /tmp/x/out && rm -rf /.pivot; ln -sfn /tmp/x /.pivot; "
+        f"cd / && rm -rf /app; ln -sfn {host_dir} /app",
+    )
     assert SECRET not in info["output"]["output"]
     assert all("secret" not in change["path"] for change in info["output"]["files_changed"])
     serves_next_episode(suite)
 
 
 def test_a_network_connection_cannot_be_opened(suite):
-    info = attack(suite, "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=1); print('CONNECTED')\"")
+    info = attack(
+        suite,
+        "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=1); print('CONNECTED')\"",
+    )
     assert "CONNECTED" not in info["output"]["output"] and info["output"]["exit_code"] != 0
     serves_next_episode(suite)
 
 
 def test_filling_the_disk_stops_at_the_file_size_limit(suite):
     free_before = os.statvfs(tempfile.gettempdir()).f_bavail
-    info = attack(suite, "dd if=/dev/zero of=/app/fill bs=1M count=100000; echo \"dd exit $?\"; ls -l /app/fill")
+    info = attack(
+        suite, 'dd if=/dev/zero of=/app/fill bs=1M count=100000; echo "dd exit $?"; ls -l /app/fill'
+    )
     assert "dd exit 0" not in info["output"]["output"]
     assert str(LIMITS.file_mb * 1024 * 1024) in info["output"]["output"]
     block = os.statvfs(tempfile.gettempdir()).f_frsize
@@ -165,7 +184,9 @@ def test_filling_the_disk_stops_at_the_file_size_limit(suite):
 
 
 def test_filling_the_disk_with_many_files_stops_at_the_disk_limit(suite):
-    info = attack(suite, "for i in $(seq 1 400); do head -c 16M /dev/zero > /app/f$i; done; echo finished; sleep 30")
+    info = attack(
+        suite, "for i in $(seq 1 400); do head -c 16M /dev/zero > /app/f$i; done; echo finished; sleep 30"
+    )
     output = info["output"]["output"]
     assert "finished" not in output and "disk limit (100 MB)" in output, output[-300:]
     assert info["output"]["exit_code"] == 137 and not info["output"]["timed_out"]
@@ -203,10 +224,21 @@ def test_a_nul_byte_in_a_command_is_rejected_and_cannot_shift_the_limits(suite, 
     # after it, so the command chose its own process, memory and file limits.
     command = "python3 -c 'b = bytearray(2 << 30); print(1)'\x001000000\x00\x00unlimited\x00unlimited\x00999"
     action = {
-        "tool_call": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]},
+        "tool_call": {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+                }
+            ],
+        },
         "bash_block": f"```bash\n{command}\n```",
-        "hermes": "<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "</tool_call>",
+        "hermes": "<tool_call>"
+        + json.dumps({"name": "bash", "arguments": {"command": command}})
+        + "</tool_call>",
     }[where]
     reward, info = step_action(suite, action)
     assert (reward, info["category"], info["valid"]) == (0.0, "invalid_command", True), info
@@ -231,7 +263,7 @@ def test_control_characters_run_as_bash_sees_them_and_the_limits_still_hold(suit
 
 
 def test_a_command_cannot_raise_its_limits(suite):
-    info = attack(suite, "ulimit -f unlimited; echo \"f $?\"; ulimit -v unlimited; echo \"v $?\"; ulimit -f")
+    info = attack(suite, 'ulimit -f unlimited; echo "f $?"; ulimit -v unlimited; echo "v $?"; ulimit -f')
     output = info["output"]["output"]
     assert "f 1" in output and str(LIMITS.file_mb * 1024) in output.split("\n")[-2], output
     if suite["kind"] == "bwrap":
@@ -281,9 +313,11 @@ def test_a_fork_bomb_stops_at_the_sandboxs_process_limit(suite):
     if suite["kind"] == "bwrap" and not cgroups.available():
         pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
     # Children that sleep, forked until fork fails: how many started is bounded by the sandbox's limit.
-    forker = ("import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
-              "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
-              "print('STARTED', n, flush=True)\n")
+    forker = (
+        "import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+        "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+        "print('STARTED', n, flush=True)\n"
+    )
     info = attack(suite, f"python3 -c {shlex.quote(forker)}")
     started = [line for line in info["output"]["output"].split("\n") if line.startswith("STARTED ")]
     bound = LIMITS.processes + (cgroups.INFRASTRUCTURE_PROCESSES if suite["kind"] == "bwrap" else 0)
@@ -328,8 +362,14 @@ def test_a_bubblewrap_sandbox_cgroup_is_gone_once_the_sandbox_is(has_bwrap):
         paths = sandbox.server.cgroup.paths
         assert all(path.is_dir() for path in paths)
         assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
-        memory = next((path for path in paths if (path / "memory.limit_in_bytes").exists()
-                       or (path / "memory.max").exists()), None)
+        memory = next(
+            (
+                path
+                for path in paths
+                if (path / "memory.limit_in_bytes").exists() or (path / "memory.max").exists()
+            ),
+            None,
+        )
         limit_file = "memory.limit_in_bytes" if (memory / "memory.limit_in_bytes").exists() else "memory.max"
         assert int((memory / limit_file).read_text()) == LIMITS.memory_mb << 20
         sandbox.close()
@@ -358,8 +398,13 @@ def test_the_interactive_shell_shares_the_bubblewrap_sandboxs_cgroup(has_bwrap):
     backend = BwrapBackend(has_bwrap, LIMITS, warm_pool=0)
     try:
         sandbox = backend.create("/app")
-        shell = subprocess.Popen(sandbox.interactive_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True)
+        shell = subprocess.Popen(
+            sandbox.interactive_argv(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             shell.stdin.write("ulimit -v; sleep 30\n")
             shell.stdin.flush()

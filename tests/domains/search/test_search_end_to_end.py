@@ -143,7 +143,9 @@ def scripted(search_pivots):
     """The chat server's "model": sample j is the rewritten expert step (j even) or "I do not know"."""
     steps = {question_and_length(pivot.messages): rewritten(pivot.expert, pivot) for pivot in search_pivots}
     wrong = {"role": "assistant", "content": "I do not know."}
-    server = ChatCompletionsStub(lambda body, j: steps[question_and_length(body["messages"])] if j % 2 == 0 else wrong)
+    server = ChatCompletionsStub(
+        lambda body, j: steps[question_and_length(body["messages"])] if j % 2 == 0 else wrong
+    )
     yield server
     server.close()
 

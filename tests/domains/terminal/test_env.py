@@ -69,9 +69,14 @@ def test_the_expert_action_always_scores_one_under_both_verifiers(has_bwrap):
 
 
 def test_a_failing_prefix_command_makes_the_pivot_not_replayable_and_steps_invalid(has_bwrap):
-    messages = [{"role": "user", "content": "task"}, canonical_message("false"),
-                {"role": "tool", "content": "[exit code 1]"}]
-    pivot = Pivot("broken/t1", "terminal", messages, canonical_message("ls"), context={"prefix_exit_codes": [0]})
+    messages = [
+        {"role": "user", "content": "task"},
+        canonical_message("false"),
+        {"role": "tool", "content": "[exit code 1]"},
+    ]
+    pivot = Pivot(
+        "broken/t1", "terminal", messages, canonical_message("ls"), context={"prefix_exit_codes": [0]}
+    )
     env = TerminalEnv([pivot], sandbox="bwrap")
     observation, info = env.reset(options={"pivot": "broken/t1"})
     assert observation["messages"] == messages
@@ -82,8 +87,13 @@ def test_a_failing_prefix_command_makes_the_pivot_not_replayable_and_steps_inval
 
 
 def test_a_pivot_whose_image_is_not_available_is_not_replayable(kind):
-    pivot = Pivot("ext/t0", "terminal", [{"role": "user", "content": "x"}], canonical_message("ls"),
-                  context={"image": "example.org/not-here:1", "workdir": "/app"})
+    pivot = Pivot(
+        "ext/t0",
+        "terminal",
+        [{"role": "user", "content": "x"}],
+        canonical_message("ls"),
+        context={"image": "example.org/not-here:1", "workdir": "/app"},
+    )
     env = TerminalEnv([pivot], sandbox=kind)
     env.reset()
     _, _, _, _, info = env.step("```bash\nls\n```")
@@ -93,8 +103,13 @@ def test_a_pivot_whose_image_is_not_available_is_not_replayable(kind):
 
 def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used(has_bwrap):
     env = TerminalEnv(sandbox="bwrap", prefix_cache=2)
-    for pivot_id in ("terminal/awk-average/t0", "terminal/awk-average/t1", "terminal/awk-average/t0",
-                     "terminal/awk-average/t2", "terminal/awk-average/t0"):
+    for pivot_id in (
+        "terminal/awk-average/t0",
+        "terminal/awk-average/t1",
+        "terminal/awk-average/t0",
+        "terminal/awk-average/t2",
+        "terminal/awk-average/t0",
+    ):
         env.reset(options={"pivot": pivot_id})
     assert len(env.prefixes) == 2
     assert env.prefixes.builds == 3  # t0 stayed cached: it was used more recently than t1
@@ -123,13 +138,17 @@ def test_auto_uses_docker_when_a_daemon_answers(has_docker):
 def test_without_docker_or_bubblewrap_the_first_reset_says_how_to_install_them(tmp_path):
     # A real run with neither: no daemon at DOCKER_HOST and a PATH without bwrap. Making the env
     # works (and starts nothing); the first reset, where the sandbox is chosen, says what to install.
-    code = ("import sys, gymnasium as gym, pivot_envs\n"
-            "gym.register_envs(pivot_envs)\n"
-            "env = gym.make('pivot/terminal-v0')\n"
-            "print('made', env.unwrapped.backend, 'docker' in sys.modules)\n"
-            "try:\n    env.reset()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    code = (
+        "import sys, gymnasium as gym, pivot_envs\n"
+        "gym.register_envs(pivot_envs)\n"
+        "env = gym.make('pivot/terminal-v0')\n"
+        "print('made', env.unwrapped.backend, 'docker' in sys.modules)\n"
+        "try:\n    env.reset()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+    )
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "PATH": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    ).stdout
     made, error = out.split("\n", 1)
     assert made == "made None False"
     assert error.startswith("SandboxError")
@@ -138,13 +157,17 @@ def test_without_docker_or_bubblewrap_the_first_reset_says_how_to_install_them(t
 
 def test_sandbox_docker_without_the_docker_sdk_names_the_extra_to_install():
     # The SDK hidden from this interpreter (a None in sys.modules makes `import docker` fail).
-    code = ("import sys; sys.modules['docker'] = None\n"
-            "from pivot_envs.domains.terminal import TerminalEnv\n"
-            "from pivot_envs.sandboxes.docker_backend import DockerBackend\n"
-            "env = TerminalEnv(sandbox='docker')\n"
-            "for make in (env.reset, DockerBackend):\n"
-            "    try:\n        make()\n    except Exception as e:\n        print(type(e).__name__, e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    code = (
+        "import sys; sys.modules['docker'] = None\n"
+        "from pivot_envs.domains.terminal import TerminalEnv\n"
+        "from pivot_envs.sandboxes.docker_backend import DockerBackend\n"
+        "env = TerminalEnv(sandbox='docker')\n"
+        "for make in (env.reset, DockerBackend):\n"
+        "    try:\n        make()\n    except Exception as e:\n        print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout.splitlines()
     assert len(out) == 2, out
     for line in out:
         assert line.startswith("MissingExtraError") and "pip install 'pivot-envs[docker]'" in line, line
@@ -159,7 +182,10 @@ def test_an_unknown_sandbox_kind_is_refused_when_the_env_is_made():
 def test_a_missing_base_image_is_an_error_naming_the_command_that_builds_it(has_bwrap, tmp_path, monkeypatch):
     monkeypatch.setenv("PIVOT_ENVS_CACHE", str(tmp_path))  # an empty cache: no root filesystem there
     env = TerminalEnv(sandbox="bwrap", build_image=False)
-    with pytest.raises(SandboxError, match=r"is not built .*run `(sudo env PIVOT_ENVS_CACHE=\S+ )?pivotrl sandbox build-image` once"):
+    with pytest.raises(
+        SandboxError,
+        match=r"is not built .*run `(sudo env PIVOT_ENVS_CACHE=\S+ )?pivotrl sandbox build-image` once",
+    ):
         env.reset()
     env.close()
     assert not (tmp_path / "terminal" / has_bwrap.name).exists()

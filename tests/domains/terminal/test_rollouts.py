@@ -20,8 +20,11 @@ def rollout_pivots(shared_data):
 
 
 def test_the_rollouts_terminal_calls_parse_into_commands(rollout_pivots):
-    terminal = [p for p in rollout_pivots if p.expert.get("tool_calls")
-                and p.expert["tool_calls"][0]["function"]["name"] == "terminal"]
+    terminal = [
+        p
+        for p in rollout_pivots
+        if p.expert.get("tool_calls") and p.expert["tool_calls"][0]["function"]["name"] == "terminal"
+    ]
     assert len(terminal) >= 100
     for pivot in terminal:
         arguments = json.loads(pivot.expert["tool_calls"][0]["function"]["arguments"])
@@ -40,8 +43,11 @@ def test_rollout_pivots_are_not_replayable_without_their_image(has_bwrap, rollou
 
 
 def test_the_env_gives_rollout_experts_the_canonical_bash_form(has_bwrap, rollout_pivots):
-    pivot = next(p for p in rollout_pivots if p.expert.get("tool_calls")
-                 and p.expert["tool_calls"][0]["function"]["name"] == "terminal")
+    pivot = next(
+        p
+        for p in rollout_pivots
+        if p.expert.get("tool_calls") and p.expert["tool_calls"][0]["function"]["name"] == "terminal"
+    )
     env = TerminalEnv([pivot], sandbox="bwrap")
     assert env.pivots[0].expert["tool_calls"][0]["function"]["name"] == "bash"
     env.close()

@@ -41,7 +41,9 @@ def test_gc_removes_what_a_dead_process_left_behind(has_docker, has_bwrap):
         "print(d.owner, b.root, flush=True)\n"
         "os._exit(0)\n"
     )
-    owner, root = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    owner, root = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     client = docker.from_env()
     mine = {"label": [f"pivot-envs.owner={owner}"]}
     assert client.containers.list(all=True, filters=mine) and Path(root).exists() and _processes_using(root)
@@ -73,7 +75,8 @@ def test_a_process_that_never_closes_its_backends_leaves_nothing_at_exit(has_doc
         "print(d.owner, b.root, d.root, flush=True)\n"
     )
     owner, bwrap_root, docker_root = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
     client = docker.from_env()
     mine = {"label": [f"pivot-envs.owner={owner}"]}
     assert client.containers.list(all=True, filters=mine) == []

@@ -164,8 +164,12 @@ def test_the_episodes_check_is_bounded_by_the_tasks_check_timeout_not_the_comman
     from dataclasses import replace
 
     # a check that takes 2 s: longer than a command may run here (1 s), within the task's own limit (10 s)
-    slow = replace(TASKS["env-var-export"], id="slow-check", check=f"sleep 2 && {TASKS['env-var-export'].check}",
-                   check_timeout=10.0)
+    slow = replace(
+        TASKS["env-var-export"],
+        id="slow-check",
+        check=f"sleep 2 && {TASKS['env-var-export'].check}",
+        check_timeout=10.0,
+    )
     env = TerminalEpisodeEnv(tasks=[slow], sandbox="bwrap", limits={"timeout": 1.0})
     steps = play(env, "slow-check", [bash(command) for command in slow.expert] + ["Done."])
     assert steps[-1][1] == 1.0 and steps[-1][4]["check"]["exit_code"] == 0, steps[-1][4]

@@ -32,7 +32,12 @@ EXPERT_COMMANDS = [command_of_message(pivot.expert) for pivot in bundled_pivots(
 
 odd_text = (
     st.text(max_size=40)
-    | st.builds(lambda a, s, b: a + s + b, st.text(max_size=10), st.characters(categories=["Cs"]), st.text(max_size=10))
+    | st.builds(
+        lambda a, s, b: a + s + b,
+        st.text(max_size=10),
+        st.characters(categories=["Cs"]),
+        st.text(max_size=10),
+    )
     | st.text(st.sampled_from("\x00\n\t{}[]\"'<>/`$|;&"), max_size=20)
 )
 plain_json = st.recursive(
@@ -52,7 +57,21 @@ odd_values = st.recursive(
 )
 
 # Commands: the experts' own, one of their words changed, short pipelines of harmless programs, any text.
-words = st.sampled_from(["ls", "cat app.log", "echo hi", "wc -l", "sort", "head -n 2", "true", "false", "pwd", "cd /tmp", "grep -c x"])
+words = st.sampled_from(
+    [
+        "ls",
+        "cat app.log",
+        "echo hi",
+        "wc -l",
+        "sort",
+        "head -n 2",
+        "true",
+        "false",
+        "pwd",
+        "cd /tmp",
+        "grep -c x",
+    ]
+)
 pipelines = st.lists(words, min_size=1, max_size=3).flatmap(
     lambda parts: st.sampled_from([" | ", " ; ", " && "]).map(lambda glue: glue.join(parts))
 )
@@ -65,31 +84,59 @@ near_experts = st.builds(
     st.text(max_size=10),
 )
 commands = st.sampled_from(EXPERT_COMMANDS) | near_experts | pipelines | odd_text
-tool_names = st.sampled_from([*COMMAND_TOOLS, "read_file", "write_file", "execute_code"]) | st.text(max_size=12)
-arguments = st.fixed_dictionaries({"command": commands}) | st.dictionaries(st.sampled_from(["command", "cmd", "path", "content", "code", "keys"]), plain_json, max_size=3)
+tool_names = st.sampled_from([*COMMAND_TOOLS, "read_file", "write_file", "execute_code"]) | st.text(
+    max_size=12
+)
+arguments = st.fixed_dictionaries({"command": commands}) | st.dictionaries(
+    st.sampled_from(["command", "cmd", "path", "content", "code", "keys"]), plain_json, max_size=3
+)
 
 messages = st.builds(
     lambda name, args, as_text, content: {
         "role": "assistant",
         "content": content,
-        "tool_calls": [{"id": "c0", "type": "function", "function": {"name": name, "arguments": json.dumps(args) if as_text else args}}],
+        "tool_calls": [
+            {
+                "id": "c0",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args) if as_text else args},
+            }
+        ],
     },
     tool_names,
     arguments,
     st.booleans(),
     st.none() | odd_text,
 )
-hermes = st.builds(lambda name, args: f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>", tool_names, arguments)
-hermes_random_json = st.builds(lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text)
-fences = st.builds(lambda lang, command: f"```{lang}\n{command}\n```", st.sampled_from(["bash", "sh", "", "python"]), commands)
+hermes = st.builds(
+    lambda name, args: f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>",
+    tool_names,
+    arguments,
+)
+hermes_random_json = st.builds(
+    lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text
+)
+fences = st.builds(
+    lambda lang, command: f"```{lang}\n{command}\n```",
+    st.sampled_from(["bash", "sh", "", "python"]),
+    commands,
+)
 terminus = st.builds(
     lambda keys: json.dumps({"commands": [{"keystrokes": k} for k in keys]}),
-    st.lists(commands.map(lambda c: c + "\n") | st.sampled_from(["C-c", "Enter", "q"]), min_size=1, max_size=2),
+    st.lists(
+        commands.map(lambda c: c + "\n") | st.sampled_from(["C-c", "Enter", "q"]), min_size=1, max_size=2
+    ),
 )
-content_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3)
-odd_calls = st.lists(st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}), max_size=2)
+content_parts = st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
+)
+odd_calls = st.lists(
+    st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}),
+    max_size=2,
+)
 odd_messages = st.fixed_dictionaries(
-    {}, optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values}
+    {},
+    optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values},
 )
 actions = odd_text | odd_values | messages | hermes | hermes_random_json | fences | terminus | odd_messages
 
@@ -159,7 +206,9 @@ def nested(depth: int) -> dict:
 def test_an_action_nested_ten_thousand_deep_scores_zero_and_valid(env, action: dict) -> None:
     env.reset(options={"pivot": PIVOTS[0].id})
     observation, reward, _, _, info = env.step(action)
-    assert (reward, info["valid"]) == (0.0, True) and info["category"] not in ("", "env_error"), info["detail"]
+    assert (reward, info["valid"]) == (0.0, True) and info["category"] not in ("", "env_error"), info[
+        "detail"
+    ]
     json.dumps(info)
     json.dumps(observation)
 

@@ -63,10 +63,17 @@ def test_a_command_that_times_out_scores_zero(prefix):
     assert (found.reward, found.category) == (0.0, "timed_out")
 
 
-def test_a_near_identical_command_with_the_same_exit_status_is_accepted_when_output_is_not_deterministic(prefix):
-    expert, sampled = "date +%s%N > now.txt; cat now.txt list.txt", "date +%s%N > now.txt; cat now.txt  list.txt "
+def test_a_near_identical_command_with_the_same_exit_status_is_accepted_when_output_is_not_deterministic(
+    prefix,
+):
+    expert, sampled = (
+        "date +%s%N > now.txt; cat now.txt list.txt",
+        "date +%s%N > now.txt; cat now.txt  list.txt ",
+    )
     assert verdict(prefix, expert, sampled).category in ("same_command", "similar_command")
-    found = verdict(prefix, "date +%s%N; ls -l list.txt", "date +%s%N; ls -la list.txt", similarity_threshold=0.6)
+    found = verdict(
+        prefix, "date +%s%N; ls -l list.txt", "date +%s%N; ls -la list.txt", similarity_threshold=0.6
+    )
     assert (found.reward, found.category) == (1.0, "similar_command")
 
 

@@ -21,7 +21,9 @@ def test_replaying_the_successful_trajectories_reproduces_at_least_95_percent_of
 
 
 def test_every_mismatch_of_all_trajectories_has_a_diagnosed_cause(shared_data):
-    report = replay_trajectories(shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json", successful_only=False)
+    report = replay_trajectories(
+        shared_data / "tau_bench" / "airline" / "gpt4o_trajectories.json", successful_only=False
+    )
     assert report.trajectories == 100 and report.match_rate >= 0.95
     assert all(m.cause and m.difference for m in report.mismatches)
 
@@ -30,20 +32,42 @@ def test_the_shipped_schemas_cover_exactly_the_fourteen_tools():
     names = {tool["function"]["name"] for tool in tool_schemas()}
     assert len(names) == 14
     assert names == {
-        "search_direct_flight", "search_onestop_flight", "list_all_airports", "get_user_details",
-        "get_reservation_details", "book_reservation", "cancel_reservation", "update_reservation_flights",
-        "update_reservation_passengers", "update_reservation_baggages", "send_certificate", "calculate",
-        "transfer_to_human_agents", "think",
+        "search_direct_flight",
+        "search_onestop_flight",
+        "list_all_airports",
+        "get_user_details",
+        "get_reservation_details",
+        "book_reservation",
+        "cancel_reservation",
+        "update_reservation_flights",
+        "update_reservation_passengers",
+        "update_reservation_baggages",
+        "send_certificate",
+        "calculate",
+        "transfer_to_human_agents",
+        "think",
     }
 
 
 def booking(user="mia_li_3668"):
     return {
-        "user_id": user, "origin": "JFK", "destination": "SEA", "flight_type": "one_way", "cabin": "economy",
-        "flights": [{"flight_number": "HAT136", "date": "2024-05-20"}, {"flight_number": "HAT039", "date": "2024-05-20"}],
+        "user_id": user,
+        "origin": "JFK",
+        "destination": "SEA",
+        "flight_type": "one_way",
+        "cabin": "economy",
+        "flights": [
+            {"flight_number": "HAT136", "date": "2024-05-20"},
+            {"flight_number": "HAT039", "date": "2024-05-20"},
+        ],
         "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
-        "payment_methods": [{"payment_id": "certificate_7504069", "amount": 250}, {"payment_id": "credit_card_4421486", "amount": 55}],
-        "total_baggages": 3, "nonfree_baggages": 1, "insurance": "no",
+        "payment_methods": [
+            {"payment_id": "certificate_7504069", "amount": 250},
+            {"payment_id": "credit_card_4421486", "amount": 55},
+        ],
+        "total_baggages": 3,
+        "nonfree_baggages": 1,
+        "insurance": "no",
     }
 
 
@@ -65,15 +89,22 @@ def test_a_refused_call_leaves_no_writes_and_answers_with_an_error():
     output = call_tool(sample, "book_reservation", {**booking(), "nonfree_baggages": 0})
     assert output == "Error: payment amount does not add up, total price is 255, but paid 305"
     assert sample.changes() == {}
-    assert call_tool(sample, "book_reservation", {"user_id": "mia_li_3668"}).startswith("Error: book_reservation failed")
+    assert call_tool(sample, "book_reservation", {"user_id": "mia_li_3668"}).startswith(
+        "Error: book_reservation failed"
+    )
     assert call_tool(sample, "no_such_tool", {}) == "Error: unknown tool no_such_tool"
-    assert call_tool(sample, "calculate", {"expression": "__import__('os')"}) == "Error: invalid characters in expression"
+    assert (
+        call_tool(sample, "calculate", {"expression": "__import__('os')"})
+        == "Error: invalid characters in expression"
+    )
 
 
 def test_two_samples_at_the_same_pivot_never_see_each_others_writes(pivots):
     pivot = next(
-        p for p in pivots
-        if p.expert.get("tool_calls") and expert_call(p)[0] == "book_reservation"
+        p
+        for p in pivots
+        if p.expert.get("tool_calls")
+        and expert_call(p)[0] == "book_reservation"
         and p.context["expert_tool_outputs"][0].startswith("{")
     )
     name, arguments = expert_call(pivot)
@@ -97,7 +128,8 @@ def test_the_state_at_a_pivot_contains_the_experts_earlier_writes(pivots):
     cancel = first(pivots, "cancel_reservation")
     reservation = expert_call(cancel)[1]["reservation_id"]
     later = next(
-        p for p in pivots
+        p
+        for p in pivots
         if p.source["trajectory"] == cancel.source["trajectory"] and p.source["turn"] > cancel.source["turn"]
     )
     env = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
@@ -121,7 +153,9 @@ def test_the_expert_call_executes_to_its_recorded_output_on_every_bundled_pivot(
         assert reply["role"] == "tool" and reply["tool_call_id"] == info["parsed"]["tool_calls"][0]["id"]
 
 
-def test_a_calculation_written_differently_is_accepted_by_execution_equivalence(airline_env, recorded_env, call_pivots):
+def test_a_calculation_written_differently_is_accepted_by_execution_equivalence(
+    airline_env, recorded_env, call_pivots
+):
     pivot = next(p for p in call_pivots if expert_call(p) == ("calculate", {"expression": "105 + 102"}))
     variant = hermes("calculate", {"expression": "(102+105)"})
     reward, info, _ = step(airline_env, pivot, variant)
@@ -129,7 +163,9 @@ def test_a_calculation_written_differently_is_accepted_by_execution_equivalence(
     assert "execution equivalence" in info["detail"] and info["strict_reward"] == 0.0
     # The argument rules alone reject it: with recorded outputs there is no execution to compare.
     assert step(recorded_env, pivot, variant)[0] == 0.0
-    off = gym.make("pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_equivalence": False}).unwrapped
+    off = gym.make(
+        "pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_equivalence": False}
+    ).unwrapped
     assert step(off, pivot, variant)[1]["category"] == "argument_value_different"
     # A different value is not equivalent.
     assert step(airline_env, pivot, hermes("calculate", {"expression": "105 + 103"}))[0] == 0.0
@@ -141,7 +177,9 @@ def test_a_different_thought_is_equivalent_but_a_different_write_is_not(airline_
     assert (reward, info["output"]) == (1.0, "")
     certificate = first(call_pivots, "send_certificate")
     name, arguments = expert_call(certificate)
-    reward, info, _ = step(airline_env, certificate, hermes(name, {**arguments, "amount": arguments["amount"] + 50}))
+    reward, info, _ = step(
+        airline_env, certificate, hermes(name, {**arguments, "amount": arguments["amount"] + 50})
+    )
     assert (reward, info["category"]) == (0.0, "argument_value_different")
 
 
@@ -151,7 +189,9 @@ def test_execution_decides_rejects_an_accepted_id_the_database_does_not_find(air
     padded = hermes(name, {"user_id": arguments["user_id"].upper()})
     reward, info, _ = step(airline_env, pivot, padded)
     assert (reward, info["output"]) == (1.0, "Error: user not found")  # the argument rules normalize ids
-    strict_env = gym.make("pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_decides": True}).unwrapped
+    strict_env = gym.make(
+        "pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_decides": True}
+    ).unwrapped
     reward, info, _ = step(strict_env, pivot, padded)
     assert (reward, info["category"]) == (0.0, "execution_different")
     assert step(strict_env, pivot, pivot.expert)[0] == 1.0
@@ -160,24 +200,53 @@ def test_execution_decides_rejects_an_accepted_id_the_database_does_not_find(air
 # Real values from the database mixed with arbitrary JSON, so random calls reach deep into the tools.
 REAL_VALUES = st.sampled_from(
     [
-        "mia_li_3668", "JG7FMM", "HAT136", "HAT039", "2024-05-20", "JFK", "SEA", "ATL", "economy", "business",
-        "one_way", "yes", "no", "credit_card_4421486", "certificate_7504069", "gift_card_3481935", 0, 1, 3, 250,
-        [{"flight_number": "HAT136", "date": "2024-05-20"}, {"flight_number": "HAT039", "date": "2024-05-20"}],
+        "mia_li_3668",
+        "JG7FMM",
+        "HAT136",
+        "HAT039",
+        "2024-05-20",
+        "JFK",
+        "SEA",
+        "ATL",
+        "economy",
+        "business",
+        "one_way",
+        "yes",
+        "no",
+        "credit_card_4421486",
+        "certificate_7504069",
+        "gift_card_3481935",
+        0,
+        1,
+        3,
+        250,
+        [
+            {"flight_number": "HAT136", "date": "2024-05-20"},
+            {"flight_number": "HAT039", "date": "2024-05-20"},
+        ],
         [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
-        [{"payment_id": "certificate_7504069", "amount": 250}, {"payment_id": "credit_card_4421486", "amount": 55}],
+        [
+            {"payment_id": "certificate_7504069", "amount": 250},
+            {"payment_id": "credit_card_4421486", "amount": 55},
+        ],
     ]
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=12,
 )
-SCHEMAS = {tool["function"]["name"]: list(tool["function"]["parameters"]["properties"]) for tool in tool_schemas()}
+SCHEMAS = {
+    tool["function"]["name"]: list(tool["function"]["parameters"]["properties"]) for tool in tool_schemas()
+}
 tool_calls = st.sampled_from(sorted(SCHEMAS)).flatmap(
     lambda name: st.tuples(
         st.just(name),
         st.fixed_dictionaries(
-            {key: REAL_VALUES | REAL_VALUES | json_values for key in SCHEMAS[name]}, optional={"extra": json_values}
+            {key: REAL_VALUES | REAL_VALUES | json_values for key in SCHEMAS[name]},
+            optional={"extra": json_values},
         ),
     )
 )
@@ -207,7 +276,11 @@ def test_env_steps_with_arbitrary_calls_on_the_airline_backend_never_raise(call_
     name, arguments = call
     env = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
     for pivot in (call_pivots[0], call_pivots[-1]):
-        reward, info, _ = step(env, pivot, {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]})
+        reward, info, _ = step(
+            env,
+            pivot,
+            {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]},
+        )
         assert 0.0 <= reward <= 1.0 and info["valid"]
 
 
@@ -223,7 +296,9 @@ def test_a_second_cancel_of_one_reservation_appends_no_refunds():
     once = json.loads(call_tool(state, "cancel_reservation", {"reservation_id": reservation_id}))
     twice = json.loads(call_tool(state, "cancel_reservation", {"reservation_id": reservation_id}))
     # The first cancel is tau-bench's: one refund per payment; the second leaves the record as it is.
-    assert once["payment_history"] == paid + [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in paid]
+    assert once["payment_history"] == paid + [
+        {"payment_id": p["payment_id"], "amount": -p["amount"]} for p in paid
+    ]
     assert twice == once and once["status"] == "cancelled"
 
 
@@ -239,7 +314,9 @@ def test_changing_a_reservation_to_ten_thousand_legs_twice_takes_linear_time():
     state = State(bundled_database()).child()
     for date in ("2024-05-16", "2024-05-17"):
         arguments = {
-            "reservation_id": "VAAOXJ", "cabin": "economy", "payment_id": "credit_card_1052991",
+            "reservation_id": "VAAOXJ",
+            "cabin": "economy",
+            "payment_id": "credit_card_1052991",
             "flights": [{"flight_number": "HAT001", "date": date}] * 10000,
         }
         start = time.perf_counter()

@@ -34,8 +34,13 @@ TOOL_NAMES = sorted({tool["function"]["name"] for pivot in PIVOTS for tool in pi
 # Any text, text holding a lone surrogate (what a broken decoder hands over), and syntax characters.
 odd_text = (
     st.text(max_size=40)
-    | st.builds(lambda a, s, b: a + s + b, st.text(max_size=10), st.characters(categories=["Cs"]), st.text(max_size=10))
-    | st.text(st.sampled_from("\x00\n\t{}[]\"<>/"), max_size=20)
+    | st.builds(
+        lambda a, s, b: a + s + b,
+        st.text(max_size=10),
+        st.characters(categories=["Cs"]),
+        st.text(max_size=10),
+    )
+    | st.text(st.sampled_from('\x00\n\t{}[]"<>/'), max_size=20)
 )
 plain_json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -80,7 +85,11 @@ calls = arguments_near_the_experts() | random_calls
 
 def as_message(pairs: list[tuple[str, object]], as_text: bool, content: str | None) -> dict:
     tool_calls = [
-        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments) if as_text else arguments}}
+        {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments) if as_text else arguments},
+        }
         for i, (name, arguments) in enumerate(pairs)
     ]
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}
@@ -95,14 +104,30 @@ def as_hermes(pairs: list[tuple[str, object]], prose: str, close_last: bool) -> 
 
 call_lists = st.lists(calls, min_size=1, max_size=3)
 messages = st.builds(as_message, call_lists, st.booleans(), st.none() | odd_text)
-hermes = st.builds(as_hermes, call_lists, st.sampled_from(["", "Let me check. ", "<think>hm</think>"]), st.booleans())
-surrogate_calls = st.lists(st.tuples(names, st.dictionaries(st.text(max_size=10), odd_text, min_size=1, max_size=2)), min_size=1, max_size=2)
-surrogate_actions = st.builds(as_message, surrogate_calls, st.booleans(), st.none()) | st.builds(as_hermes, surrogate_calls, st.just(""), st.just(True))
-hermes_random_json = st.builds(lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text)
-content_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3)
-odd_calls = st.lists(st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}), max_size=2)
+hermes = st.builds(
+    as_hermes, call_lists, st.sampled_from(["", "Let me check. ", "<think>hm</think>"]), st.booleans()
+)
+surrogate_calls = st.lists(
+    st.tuples(names, st.dictionaries(st.text(max_size=10), odd_text, min_size=1, max_size=2)),
+    min_size=1,
+    max_size=2,
+)
+surrogate_actions = st.builds(as_message, surrogate_calls, st.booleans(), st.none()) | st.builds(
+    as_hermes, surrogate_calls, st.just(""), st.just(True)
+)
+hermes_random_json = st.builds(
+    lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text
+)
+content_parts = st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
+)
+odd_calls = st.lists(
+    st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}),
+    max_size=2,
+)
 odd_tool_calls = st.fixed_dictionaries(
-    {}, optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values}
+    {},
+    optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values},
 )
 actions = odd_text | odd_values | messages | hermes | hermes_random_json | odd_tool_calls | surrogate_actions
 
@@ -153,8 +178,6 @@ def test_stepping_any_action_keeps_the_contract(env, action: object, pivot) -> N
     assert info["category"] != "env_error", info["detail"]
     json.dumps(info, ensure_ascii=False).encode("utf-8")
     json.dumps(observation, ensure_ascii=False).encode("utf-8")
-
-
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,9 @@ def serve(handler: type[BaseHTTPRequestHandler]):
 
 
 def http_env(url: str, limits: dict | None = None, **config):
-    return gym.make("pivot/tool-use-v0", backend="http", backend_config={"url": url, **config}, limits=limits).unwrapped
+    return gym.make(
+        "pivot/tool-use-v0", backend="http", backend_config={"url": url, **config}, limits=limits
+    ).unwrapped
 
 
 class _ToolServer(BaseHTTPRequestHandler):
@@ -166,7 +168,9 @@ def test_the_http_backend_retries_5xx_then_marks_the_sample_invalid(tool_server,
     _ToolServer.fail_next = 10
     reward, info, _ = step(env, call_pivots[0], call_pivots[0].expert)
     assert (info["valid"], info["category"]) == (False, "infrastructure_error")
-    assert tool_server in info["detail"] and "503" in info["detail"] and "after 3 attempt(s)" in info["detail"]
+    assert (
+        tool_server in info["detail"] and "503" in info["detail"] and "after 3 attempt(s)" in info["detail"]
+    )
 
 
 def test_an_unreachable_tool_server_is_an_infrastructure_error_naming_the_url(call_pivots):
@@ -189,7 +193,9 @@ def test_arguments_nested_at_any_depth_score_without_raising(tool_server, pivots
     env = http_env(tool_server, retries=0)
     pivot = first(pivots, "book_reservation")
     name, arguments = expert_call(pivot)
-    nested = json.dumps({"name": name, "arguments": {**arguments, "flights": "@"}}).replace('"@"', "[" * depth + "]" * depth)
+    nested = json.dumps({"name": name, "arguments": {**arguments, "flights": "@"}}).replace(
+        '"@"', "[" * depth + "]" * depth
+    )
     reward, info, _ = step(env, pivot, nested)
     assert reward == 0.0 and info["valid"]
     # 800 levels still decode and travel to the server and back; 100,000 are past the decoder.
@@ -209,7 +215,9 @@ def test_arguments_too_deep_to_encode_are_an_error_result_and_nothing_is_sent(to
 
 
 @pytest.mark.parametrize("path", ["trickle-body", "trickle-headers"])
-def test_a_server_trickling_a_byte_a_second_is_cut_off_at_the_attempts_deadline(hostile_server, call_pivots, path):
+def test_a_server_trickling_a_byte_a_second_is_cut_off_at_the_attempts_deadline(
+    hostile_server, call_pivots, path
+):
     env = http_env(f"{hostile_server}/{path}", timeout_s=2, retries=0)
     (reward, info, _), seconds, peak = measured(step, env, call_pivots[0], call_pivots[0].expert)
     assert (reward, info["valid"], info["category"]) == (0.0, False, "infrastructure_error")
@@ -218,7 +226,9 @@ def test_a_server_trickling_a_byte_a_second_is_cut_off_at_the_attempts_deadline(
 
 
 def test_the_steps_deadline_ends_the_retries_of_a_trickling_server(hostile_server, call_pivots):
-    env = http_env(f"{hostile_server}/trickle-body", {"step_timeout_s": 3}, timeout_s=2, retries=5, backoff_s=0.05)
+    env = http_env(
+        f"{hostile_server}/trickle-body", {"step_timeout_s": 3}, timeout_s=2, retries=5, backoff_s=0.05
+    )
     (reward, info, _), seconds, _ = measured(step, env, call_pivots[0], call_pivots[0].expert)
     assert (info["valid"], info["category"]) == (False, "infrastructure_error")
     assert "after 2 attempt(s)" in info["detail"] and "step's tool deadline" in info["detail"]
@@ -232,7 +242,9 @@ def test_a_50_mb_reply_is_read_up_to_the_cap_and_kept_as_a_cut_result(hostile_se
     # The server answered: the call is judged as usual (1.0 for the expert's), its result is cut.
     assert (reward, info["valid"], info["category"]) == (1.0, True, "correct")
     assert info["output"].startswith('{"output": "xxx')
-    assert info["output"].endswith("[... the reply went on past max_response_bytes=1048576; reading stopped there ...]")
+    assert info["output"].endswith(
+        "[... the reply went on past max_response_bytes=1048576; reading stopped there ...]"
+    )
     assert appended_tool_bytes(observation, pivot)[0] < ToolUseLimits().output_bytes + 64
     assert seconds < 5 and peak < 16 * MB
 

@@ -10,11 +10,16 @@ from pivot_envs.domains.tool_use.parser import parse_action
 
 
 def calls(message):
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    return [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in message.get("tool_calls") or []
+    ]
 
 
 def test_a_hermes_block_becomes_one_canonical_tool_call():
-    parsed = parse_action('<tool_call>\n{"name": "get_user_details", "arguments": {"user_id": "mia_li_3668"}}\n</tool_call>')
+    parsed = parse_action(
+        '<tool_call>\n{"name": "get_user_details", "arguments": {"user_id": "mia_li_3668"}}\n</tool_call>'
+    )
     assert parsed.category == "ok"
     assert calls(parsed.message) == [("get_user_details", {"user_id": "mia_li_3668"})]
     assert parsed.message["content"] is None
@@ -34,7 +39,10 @@ def test_several_blocks_and_surrounding_text_are_all_kept():
 
 def test_a_json_list_inside_one_block_is_several_calls_as_smollm2_writes_them():
     text = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Tokyo"}}]</tool_call>'
-    assert calls(parse_action(text).message) == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Tokyo"})]
+    assert calls(parse_action(text).message) == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Tokyo"}),
+    ]
 
 
 def test_think_blocks_are_removed_before_parsing():
@@ -45,7 +53,10 @@ def test_think_blocks_are_removed_before_parsing():
 
 
 def test_a_lone_closing_think_tag_drops_the_reasoning_before_it():
-    assert parse_action("reasoning here</think>\n\nHello!").message == {"role": "assistant", "content": "Hello!"}
+    assert parse_action("reasoning here</think>\n\nHello!").message == {
+        "role": "assistant",
+        "content": "Hello!",
+    }
 
 
 def test_an_unfinished_think_block_is_not_an_action():
@@ -60,7 +71,10 @@ def test_a_bare_json_tool_call_and_a_fenced_one_are_tool_calls():
 
 
 def test_plain_text_and_json_that_is_not_a_call_are_messages():
-    assert parse_action("  Sure, I can help.  ").message == {"role": "assistant", "content": "Sure, I can help."}
+    assert parse_action("  Sure, I can help.  ").message == {
+        "role": "assistant",
+        "content": "Sure, I can help.",
+    }
     assert parse_action('{"answer": 42}').message == {"role": "assistant", "content": '{"answer": 42}'}
 
 
@@ -77,7 +91,9 @@ def test_an_openai_message_dict_with_string_arguments_is_canonicalized():
     raw = {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"id": "srv-1", "type": "function", "function": {"name": "f", "arguments": '{"b": 2, "a": 1}'}}],
+        "tool_calls": [
+            {"id": "srv-1", "type": "function", "function": {"name": "f", "arguments": '{"b": 2, "a": 1}'}}
+        ],
     }
     message = parse_action(raw).message
     assert calls(message) == [("f", {"a": 1, "b": 2})]
@@ -116,7 +132,9 @@ def test_a_dict_that_is_not_an_assistant_message_is_unparseable():
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -131,6 +149,10 @@ def test_arbitrary_text_never_raises(text):
 @settings(max_examples=300, deadline=None)
 @given(json_values)
 def test_arbitrary_json_in_a_tool_call_block_or_as_a_message_dict_never_raises(value):
-    for action in (f"<tool_call>{json.dumps(value)}</tool_call>", json.dumps(value), {"role": "assistant", "tool_calls": value}):
+    for action in (
+        f"<tool_call>{json.dumps(value)}</tool_call>",
+        json.dumps(value),
+        {"role": "assistant", "tool_calls": value},
+    ):
         parsed = parse_action(action)
         assert parsed.message is not None or parsed.category == "unparseable"

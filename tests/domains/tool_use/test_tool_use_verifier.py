@@ -50,7 +50,9 @@ def test_integer_written_as_float_scores_one_functionally_and_zero_strictly(reco
     assert checked >= 3
 
 
-def test_ids_in_another_case_or_padded_with_spaces_score_one_functionally_and_zero_strictly(recorded_env, call_pivots):
+def test_ids_in_another_case_or_padded_with_spaces_score_one_functionally_and_zero_strictly(
+    recorded_env, call_pivots
+):
     checked = 0
     for pivot in call_pivots:
         name, arguments = expert_call(pivot)
@@ -59,7 +61,10 @@ def test_ids_in_another_case_or_padded_with_spaces_score_one_functionally_and_ze
                 for value in (arguments[key].upper(), f"  {arguments[key]} "):
                     if value != arguments[key]:
                         variant = {**arguments, key: value}
-                        assert both(recorded_env, pivot, hermes(name, variant)) == (1.0, 0.0, "correct"), (pivot.id, value)
+                        assert both(recorded_env, pivot, hermes(name, variant)) == (1.0, 0.0, "correct"), (
+                            pivot.id,
+                            value,
+                        )
                         checked += 1
     assert checked >= 50
 
@@ -74,8 +79,13 @@ def test_enum_value_in_another_case_scores_one_functionally(recorded_env, call_p
 def test_whitespace_in_a_plain_string_does_not_count_but_case_does(recorded_env, call_pivots):
     pivot = first(call_pivots, "search_direct_flight")
     name, arguments = expert_call(pivot)
-    assert both(recorded_env, pivot, hermes(name, {**arguments, "origin": f" {arguments['origin']}\n"}))[:2] == (1.0, 0.0)
-    assert both(recorded_env, pivot, hermes(name, {**arguments, "origin": arguments["origin"].lower()}))[0] == 0.0
+    assert both(recorded_env, pivot, hermes(name, {**arguments, "origin": f" {arguments['origin']}\n"}))[
+        :2
+    ] == (1.0, 0.0)
+    assert (
+        both(recorded_env, pivot, hermes(name, {**arguments, "origin": arguments["origin"].lower()}))[0]
+        == 0.0
+    )
 
 
 def optional_pivot() -> Pivot:
@@ -97,29 +107,57 @@ def optional_pivot() -> Pivot:
         }
     ]
     expert = assistant_message(None, [tool_call("search", {"query": "flights to Paris"}, "c1")])
-    return Pivot(id="synthetic/optional", domain="tool-use", messages=[{"role": "user", "content": "find"}], expert=expert, tools=tools)
+    return Pivot(
+        id="synthetic/optional",
+        domain="tool-use",
+        messages=[{"role": "user", "content": "find"}],
+        expert=expert,
+        tools=tools,
+    )
 
 
 def test_an_optional_argument_equal_to_its_default_counts_as_absent():
     pivot = optional_pivot()
     env = gym.make("pivot/tool-use-v0", pivots=[pivot]).unwrapped
-    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "limit": 10, "exact": False})) == (1.0, 0.0, "correct")
-    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "limit": 10.0})) == (1.0, 0.0, "correct")
+    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "limit": 10, "exact": False})) == (
+        1.0,
+        0.0,
+        "correct",
+    )
+    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "limit": 10.0})) == (
+        1.0,
+        0.0,
+        "correct",
+    )
     reward, _, category = both(env, pivot, hermes("search", {"query": "flights to Paris", "limit": 5}))
     assert (reward, category) == (0.0, "extra_argument")
     # A boolean is not the integer 0 or 1, even though Python says False == 0.
-    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "exact": 0}))[::2] == (0.0, "extra_argument")
+    assert both(env, pivot, hermes("search", {"query": "flights to Paris", "exact": 0}))[::2] == (
+        0.0,
+        "extra_argument",
+    )
 
 
-def test_wrong_tool_wrong_value_missing_extra_and_mistyped_arguments_score_zero_with_their_category(recorded_env, call_pivots):
+def test_wrong_tool_wrong_value_missing_extra_and_mistyped_arguments_score_zero_with_their_category(
+    recorded_env, call_pivots
+):
     pivot = first(call_pivots, "update_reservation_baggages")
     name, arguments = expert_call(pivot)
     cases = [
-        (hermes("get_reservation_details", {"reservation_id": arguments["reservation_id"]}), "unexpected_tool"),
-        (hermes(name, {**arguments, "total_baggages": arguments["total_baggages"] + 1}), "argument_value_different"),
+        (
+            hermes("get_reservation_details", {"reservation_id": arguments["reservation_id"]}),
+            "unexpected_tool",
+        ),
+        (
+            hermes(name, {**arguments, "total_baggages": arguments["total_baggages"] + 1}),
+            "argument_value_different",
+        ),
         (hermes(name, {k: v for k, v in arguments.items() if k != "payment_id"}), "missing_argument"),
         (hermes(name, {**arguments, "insurance": "no"}), "extra_argument"),
-        (hermes(name, {**arguments, "total_baggages": str(arguments["total_baggages"])}), "argument_type_mismatch"),
+        (
+            hermes(name, {**arguments, "total_baggages": str(arguments["total_baggages"])}),
+            "argument_type_mismatch",
+        ),
         (hermes(name, {**arguments, "reservation_id": "ZZZZZZ"}), "argument_value_different"),
     ]
     for action, category in cases:
@@ -134,7 +172,9 @@ def test_nested_array_items_compare_in_order_with_their_schema(recorded_env, cal
     if len(arguments["flights"]) > 1:
         swapped = {**arguments, "flights": list(reversed(arguments["flights"]))}
         assert both(recorded_env, pivot, hermes(name, swapped))[0] == 0.0
-        as_set = gym.make("pivot/tool-use-v0", backend="recorded", verifier_config={"unordered_arrays": ["flights"]}).unwrapped
+        as_set = gym.make(
+            "pivot/tool-use-v0", backend="recorded", verifier_config={"unordered_arrays": ["flights"]}
+        ).unwrapped
         assert both(as_set, pivot, hermes(name, swapped))[0] == 1.0
 
 
@@ -159,7 +199,9 @@ def test_similarity_measures_are_real_jaccard_and_f1_reaching_one():
 
 def test_a_message_turn_with_an_unrelated_message_scores_zero(recorded_env, message_pivots):
     for pivot in message_pivots[:30]:
-        reward, _, category = both(recorded_env, pivot, "I like turtles. Bananas are yellow and grow on tall plants.")
+        reward, _, category = both(
+            recorded_env, pivot, "I like turtles. Bananas are yellow and grow on tall plants."
+        )
         assert (reward, category) == (0.0, "message_content_different"), pivot.id
 
 
@@ -169,10 +211,18 @@ def test_the_expert_message_reworded_lightly_still_scores_one(recorded_env, mess
     assert both(recorded_env, pivot, text)[:2] == (1.0, 0.0)
 
 
-def test_a_tool_call_where_a_message_was_expected_and_the_reverse_score_zero(recorded_env, message_pivots, call_pivots):
-    assert both(recorded_env, message_pivots[0], hermes("think", {"thought": "hm"}))[::2] == (0.0, "expected_message_got_tool_call")
+def test_a_tool_call_where_a_message_was_expected_and_the_reverse_score_zero(
+    recorded_env, message_pivots, call_pivots
+):
+    assert both(recorded_env, message_pivots[0], hermes("think", {"thought": "hm"}))[::2] == (
+        0.0,
+        "expected_message_got_tool_call",
+    )
     pivot = call_pivots[0]
-    assert both(recorded_env, pivot, "Let me check that for you.")[::2] == (0.0, "expected_tool_call_got_message")
+    assert both(recorded_env, pivot, "Let me check that for you.")[::2] == (
+        0.0,
+        "expected_tool_call_got_message",
+    )
 
 
 def test_message_check_any_reproduces_nemo_gym_and_accepts_every_message(message_pivots):
@@ -187,7 +237,9 @@ def test_a_pluggable_judge_decides_messages_and_its_failure_is_an_invalid_sample
         seen.append((pivot.id, expected, actual))
         return "turtles" in actual
 
-    env = gym.make("pivot/tool-use-v0", verifier_config={"message_check": "judge", "message_judge": judge}).unwrapped
+    env = gym.make(
+        "pivot/tool-use-v0", verifier_config={"message_check": "judge", "message_judge": judge}
+    ).unwrapped
     assert both(env, message_pivots[0], "I like turtles.")[0] == 1.0
     assert both(env, message_pivots[0], "I like cats.")[0] == 0.0
     assert seen[0] == (message_pivots[0].id, message_pivots[0].expert["content"].strip(), "I like turtles.")
@@ -195,7 +247,9 @@ def test_a_pluggable_judge_decides_messages_and_its_failure_is_an_invalid_sample
     def broken(pivot, expected, actual):
         raise TimeoutError("judge endpoint down")
 
-    env = gym.make("pivot/tool-use-v0", verifier_config={"message_check": "judge", "message_judge": broken}).unwrapped
+    env = gym.make(
+        "pivot/tool-use-v0", verifier_config={"message_check": "judge", "message_judge": broken}
+    ).unwrapped
     reward, info, _ = step(env, message_pivots[0], "I like turtles.")
     assert info["valid"] is False and info["category"] == "infrastructure_error"
 
@@ -209,7 +263,9 @@ def test_the_verifier_config_is_validated():
 
 @pytest.fixture(scope="module")
 def parallel_pivots(shared_data):
-    return read_as_pivots(shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl", domain="tool-use")
+    return read_as_pivots(
+        shared_data / "nemo_gym" / "single_step_tool_use_parallel_pivots.jsonl", domain="tool-use"
+    )
 
 
 def calls_text(calls):
@@ -217,7 +273,9 @@ def calls_text(calls):
 
 
 def expert_calls(pivot):
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in pivot.expert["tool_calls"]]
+    return [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in pivot.expert["tool_calls"]
+    ]
 
 
 def test_parallel_calls_in_any_order_match_as_a_multiset(parallel_pivots):
@@ -228,7 +286,9 @@ def test_parallel_calls_in_any_order_match_as_a_multiset(parallel_pivots):
         calls = expert_calls(pivot)
         assert both(env, pivot, calls_text(list(reversed(calls)))) == (1.0, 0.0, "correct"), pivot.id
         lowered = [(n, {k: v.lower() if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
-        assert both(env, pivot, calls_text(lowered))[0] == 0.0  # city and ticker are plain strings: case counts
+        assert (
+            both(env, pivot, calls_text(lowered))[0] == 0.0
+        )  # city and ticker are plain strings: case counts
 
 
 def test_a_missing_or_extra_parallel_call_is_a_wrong_call_count_scored_by_mode(parallel_pivots):
@@ -249,14 +309,18 @@ def test_a_wrong_value_in_one_parallel_call_names_that_call(parallel_pivots):
     calls = expert_calls(pivot)
     name, arguments = calls[1]
     changed = [calls[0], (name, {k: "Lima" for k in arguments}), calls[2]]
-    env = gym.make("pivot/tool-use-v0", pivots=parallel_pivots, verifier_config={"mode": "fractional"}).unwrapped
+    env = gym.make(
+        "pivot/tool-use-v0", pivots=parallel_pivots, verifier_config={"mode": "fractional"}
+    ).unwrapped
     reward, _, category = both(env, pivot, calls_text(changed))
     assert (reward, category) == (pytest.approx(2 / 3), "argument_value_different")
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=12,
 )
 
@@ -268,7 +332,9 @@ def test_the_verifiers_never_raise_on_arbitrary_arguments_or_text(pivots, value,
     for pivot in (pivots[0], next(p for p in pivots if p.expert.get("tool_calls"))):
         for action in (
             assistant_message(None, [tool_call("get_user_details", value, "c0")]),
-            assistant_message(None, [tool_call("book_reservation", {"user_id": value, "flights": value}, "c0")]),
+            assistant_message(
+                None, [tool_call("book_reservation", {"user_id": value, "flights": value}, "c0")]
+            ),
             assistant_message(text),
         ):
             assert 0.0 <= verifier.verify(pivot, action).reward <= 1.0
@@ -291,8 +357,14 @@ def test_the_cached_strict_verifier_equals_canonical_action_equality(a, b, text)
 
 
 def test_a_malformed_expert_turn_in_a_user_file_scores_actions_without_raising():
-    expert = {"role": "assistant", "content": None, "tool_calls": [{"function": "oops"}, "junk", {"function": {"name": "f", "arguments": "{bad"}}]}
-    pivot = Pivot(id="user/bad", domain="tool-use", messages=[{"role": "user", "content": "hi"}], expert=expert)
+    expert = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": "oops"}, "junk", {"function": {"name": "f", "arguments": "{bad"}}],
+    }
+    pivot = Pivot(
+        id="user/bad", domain="tool-use", messages=[{"role": "user", "content": "hi"}], expert=expert
+    )
     env = gym.make("pivot/tool-use-v0", pivots=[pivot], backend="tau-airline").unwrapped
     for action in (hermes("f", {"a": 1}), "hello", expert):
         reward, info, _ = step(env, pivot, action)

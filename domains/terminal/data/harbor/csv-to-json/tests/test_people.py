@@ -19,5 +19,11 @@ else:
 matched = sum(1 for a, b in zip(rows or [], EXPECTED) if a == b) if isinstance(rows, list) else 0
 print(problem or "PASS")
 with open("/logs/verifier/reward.json", "w") as file:
-    json.dump({"reward": 0.0 if problem else 1.0, "rows_matched": matched,
-               "rows_expected": int(os.environ["EXPECTED_ROWS"])}, file)
+    json.dump(
+        {
+            "reward": 0.0 if problem else 1.0,
+            "rows_matched": matched,
+            "rows_expected": int(os.environ["EXPECTED_ROWS"]),
+        },
+        file,
+    )
