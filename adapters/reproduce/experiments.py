@@ -31,9 +31,9 @@ from pivot_envs.pivot import Pivot
 ARMS = {
     "pivotrl": ("adv", None, "token"),
     "cand-functional": ("cand", None, "token"),
+    "sft": ("cand", None, None),
     "cand-strict": ("cand", "strict", "token"),
     "pivotrl-action": ("adv", None, "action"),
-    "sft": ("cand", None, None),
     # beyond the paper: the full method with D_adv re-profiled under the current policy during training
     "pivotrl-online": ("adv", None, "token"),
 }

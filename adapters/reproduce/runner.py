@@ -9,7 +9,7 @@ from typing import Any
 
 from pivot_envs.adapters.reproduce import claims as claims_of
 from pivot_envs.adapters.reproduce import report
-from pivot_envs.adapters.reproduce.experiments import EXPERIMENT_ARMS, EXPERIMENTS, Experiments
+from pivot_envs.adapters.reproduce.experiments import ARMS, EXPERIMENT_ARMS, EXPERIMENTS, Experiments
 from pivot_envs.adapters.reproduce.scales import Scale
 from pivot_envs.adapters.reproduce.stages import Stages
 from pivot_envs.adapters.reproduce.stats import bootstrap_mean
@@ -61,7 +61,10 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
     stages = Stages(out)
     runs = Experiments(scale, out, stages)
     seeds = list(range(scale.seeds))
-    arm_names = sorted({arm for name in chosen for arm in EXPERIMENT_ARMS[name]})
+    # the arms in the order of ARMS (the full method, its ablations, SFT, then the options), so that an
+    # interrupted run has the paper's main comparisons first
+    wanted = {arm for name in chosen for arm in EXPERIMENT_ARMS[name]}
+    arm_names = [arm for arm in ARMS if arm in wanted]
     needs_profiles = bool(arm_names) or {"signal", "strict-functional"} & set(chosen)
 
     profiles: dict[str, dict] = {}
