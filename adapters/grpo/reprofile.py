@@ -58,33 +58,23 @@ def due(step: int, every: int) -> bool:
 
 
 def reprofile(
-    policy: Any,
-    pool: Any,
-    candidates: Sequence[Pivot],
-    in_play: Sequence[Pivot],
-    step: int,
-    k: int,
-    lambda_diff: float,
-    sampling: SamplingParams,
-    seed: int,
-    batch: int,
+    policy: Any, pool: Any, candidates: Sequence[Pivot], in_play: Sequence[Pivot], step: int, config: Any
 ) -> Reprofiled:
-    """Profile `candidates` with `policy` now (K = `k` samples each, scored through `pool`) and return the new
-    pivots in play: D_adv under the current policy, or `in_play` unchanged when D_adv is empty."""
+    """Profile `candidates` with `policy` now (`config.reprofile_k` samples each, at the training's sampling
+    settings, scored through `pool`) and return the new pivots in play: D_adv under the current policy
+    (`config.reprofile_lambda_diff`), or `in_play` unchanged when D_adv is empty. `config` is the GRPOConfig."""
     import numpy as np
 
+    k, lambda_diff, batch = config.reprofile_k, config.reprofile_lambda_diff, max(1, config.batch_pivots)
     rewards: list[list[float]] = []
-    for first in range(0, len(candidates), max(1, batch)):
-        chunk = candidates[first : first + max(1, batch)]
+    for first in range(0, len(candidates), batch):
+        chunk = candidates[first : first + batch]
         seeds = [
-            int(np.random.SeedSequence([seed, step, first + i, 1]).generate_state(1)[0])
+            int(np.random.SeedSequence([config.seed, step, first + i, 1]).generate_state(1)[0])
             for i in range(len(chunk))
         ]
-        completions = policy.generate(
-            [pivot.observation for pivot in chunk],
-            k,
-            SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens, seeds=seeds),
-        )
+        sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seeds=seeds)
+        completions = policy.generate([pivot.observation for pivot in chunk], k, sampling)
         scores = pool.score([(pivot.id, c.action) for pivot, group in zip(chunk, completions) for c in group])
         for index in range(len(chunk)):
             mine = scores[index * k : (index + 1) * k]

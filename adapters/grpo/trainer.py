@@ -588,13 +588,15 @@ def train(
     log = MetricsLog(out, start) if ranks.main else None
     if ranks.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    pool_of_candidates = list(candidates) if candidates is not None else list(pivots)
+    # the pool online re-profiling draws from (the envs hold it only when re-profiling is on)
+    reprofiling = config.reprofile_every > 0
+    pool_of_candidates = list(candidates) if reprofiling and candidates is not None else list(pivots)
     held = list({p.id: p for p in [*pivots, *pool_of_candidates, *heldout]}.values())
     make_env = resolve_env(env_id, held, **env_kwargs)
     # Held-out accuracy is always graded by the domain's functional verifier, even when training uses another
     # (a strict ablation): an env id is built without `verifier`; a factory of envs is used as given.
     make_eval_env = resolve_env(env_id, held, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
-    if config.reprofile_every and start:
+    if reprofiling and start:
         pivots = reprofile.restore(
             out, start, pool_of_candidates, pivots
         )  # the pivots in play at the checkpoint
@@ -618,18 +620,7 @@ def train(
             if reprofile.due(
                 step, config.reprofile_every
             ):  # beyond the paper: D_adv under the current policy
-                changed = reprofile.reprofile(
-                    policy,
-                    pool,
-                    pool_of_candidates,
-                    pivots,
-                    step,
-                    config.reprofile_k,
-                    config.reprofile_lambda_diff,
-                    SamplingParams(config.temperature, config.top_p, config.max_new_tokens),
-                    config.seed,
-                    config.batch_pivots,
-                )
+                changed = reprofile.reprofile(policy, pool, pool_of_candidates, pivots, step, config)
                 pivots = changed.pivots
                 reprofile.append(out, changed)
             # line 6: sample a minibatch of B pivots from D_pivot
