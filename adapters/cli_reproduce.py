@@ -47,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DOMAIN,...",
         help="bundled domains to measure (default: the scale's)",
     )
+    parser.add_argument(
+        "--compared-pivots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="held-out pivots of each training domain the arms are compared on (0: all of them; default: the "
+        "scale's evaluation sample). About 400 decide a 10-point difference unpaired; see docs/reproduce.md",
+    )
     parser.add_argument("--policy", default=None, help="policy spec to start from (default: the scale's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the scale's)")
 
@@ -61,7 +69,14 @@ def main(args: argparse.Namespace) -> int:
 
     only = check_only(args.only)
     domains = tuple(check_domain(name) for name in args.domains) if args.domains else None
-    scale = get_scale(args.scale, seeds=args.seeds, domains=domains, policy=args.policy, device=args.device)
+    scale = get_scale(
+        args.scale,
+        seeds=args.seeds,
+        domains=domains,
+        policy=args.policy,
+        device=args.device,
+        compared_pivots=args.compared_pivots,
+    )
     out = check_output(args.out or f"runs/reproduce-{scale.name}", "--out", directory=True)
     path, stages = reproduce(scale, Path(out), only)
     print(f"\n{len(stages.computed)} stages run, {len(stages.reused)} read from an earlier run")

@@ -9,6 +9,7 @@ domain with a Wilson interval. Scoring goes through `pivot_envs.scoring.EnvPool`
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -161,13 +162,30 @@ def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
 
 
 def generate_all(
-    policy: Policy, pivots: Sequence[Pivot], n: int, sampling: SamplingParams, batch_size: int
+    policy: Policy,
+    pivots: Sequence[Pivot],
+    n: int,
+    sampling: SamplingParams,
+    batch_size: int,
+    progress: str | None = None,
 ) -> list[list[Completion]]:
-    """n completions at each pivot, `batch_size` pivots per generate call."""
+    """n completions at each pivot, `batch_size` pivots per generate call; with `progress`, a progress bar
+    of that title on stderr."""
     out: list[list[Completion]] = []
-    for start in range(0, len(pivots), batch_size):
-        chunk = pivots[start : start + batch_size]
-        out.extend(policy.generate([pivot.observation for pivot in chunk], n, sampling))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pivots), unit="pivot", desc=progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        for start in range(0, len(pivots), batch_size):
+            chunk = pivots[start : start + batch_size]
+            out.extend(policy.generate([pivot.observation for pivot in chunk], n, sampling))
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every claim is a dict {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval",
 "detail", "figures"}; `interval` is {"estimate", "low", "high", "n", "threshold", "direction",
-"mdd"} (mdd: the minimum detectable difference at that n, where a difference is claimed) or None
+"mdd", "paired_mdd"} (where a difference is claimed: mdd, the minimum detectable difference of two unpaired
+sets of n items; paired_mdd, the one of this paired design, from the interval's own spread) or None
 where no interval decides (the theorem checks: pass or fail).
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from pivot_envs.adapters.reproduce.stats import (
     bootstrap_mean,
     minimum_detectable_difference,
+    observed_mdd,
     paired_differences,
     verdict,
     wilson,
@@ -57,6 +59,7 @@ def decided_by(
     interval = {**figure, "threshold": threshold, "direction": direction}
     if mdd:
         interval["mdd"] = minimum_detectable_difference(int(figure["n"]))
+        interval["paired_mdd"] = observed_mdd(figure["low"], figure["high"])
     return interval
 
 

@@ -102,6 +102,8 @@ class Data:
     """Each domain's pivots by role: held-out evaluation set, part A (the base's SFT), part B (the arms' data)."""
 
     evaluation: dict[str, list[Pivot]] = field(default_factory=dict)
+    # the training domains' held-out pivots the arms are compared on (Scale.compared_pivots)
+    compared: dict[str, list[Pivot]] = field(default_factory=dict)
     part_a: dict[str, list[Pivot]] = field(default_factory=dict)
     candidates: dict[str, list[Pivot]] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +118,11 @@ def split(scale: Scale) -> Data:
         train_side, heldout = split_by_trajectory(pivots, scale.heldout, seed=0)
         part_a, part_b = split_by_trajectory(train_side, 0.5, seed=1)
         data.evaluation[domain] = _sample(heldout, scale.eval_pivots, f"{domain}/eval")
+        data.compared[domain] = (
+            data.evaluation[domain]
+            if scale.compared_pivots is None
+            else _sample(heldout, scale.compared_pivots, f"{domain}/compared")
+        )
         data.part_a[domain] = _sample(part_a, scale.base_examples, f"{domain}/part-a")
         data.candidates[domain] = _sample(part_b, scale.candidates, f"{domain}/part-b")
         sides = {"heldout": heldout, "part_a": part_a, "part_b": part_b}
@@ -128,6 +135,8 @@ def split(scale: Scale) -> Data:
             },
             "evaluated": [p.id for p in data.evaluation[domain]],
         }
+        if domain in scale.train_domains:
+            data.record[domain]["compared"] = [p.id for p in data.compared[domain]]
     return data
 
 
@@ -152,11 +161,12 @@ class Experiments:
         """What a stage's result depends on: the scale's `fields` (default: all but seeds, as each seed is its
         own stage) and `extra`."""
         scale = self.scale.to_dict()
-        kept = (
-            fields
-            if fields is not None
-            else tuple(k for k in scale if k not in ("seeds", "name", "notes", "progress", "profile_domains"))
-        )
+        skipped = ("seeds", "name", "notes", "progress", "profile_domains")
+        if (
+            scale["compared_pivots"] is None
+        ):  # added later: at its default it leaves earlier runs' stages valid
+            skipped += ("compared_pivots",)
+        kept = fields if fields is not None else tuple(k for k in scale if k not in skipped)
         return {"scale": {k: scale[k] for k in kept}, **extra}
 
     # -- the base: SFT on part A -------------------------------------------------------------------
@@ -205,12 +215,19 @@ class Experiments:
         pivots = self.data.evaluation[domain]
         return pivots[: self.scale.ood_pivots] if self.scale.ood_pivots > 0 else pivots
 
-    def measure(self, policy: Any, domains: list[str], ood: list[str] | None) -> dict[str, Any]:
-        """Per-item results of `policy`: turn rewards on the evaluation sets of `domains`; unless `ood` is None,
-        also on the drift sets of the `ood` domains, the Wikipedia losses and the general questions' scores."""
+    def measure(
+        self, policy: Any, domains: list[str], ood: list[str] | None, compared: bool = False
+    ) -> dict[str, Any]:
+        """Per-item results of `policy`: turn rewards on the evaluation sets of `domains` (with `compared`, on the
+        sets the arms are compared on); unless `ood` is None, also on the drift sets of the `ood` domains, the
+        Wikipedia losses and the general questions' scores."""
         scale = self.scale
+        sets = self.data.compared if compared else self.data.evaluation
         turns = {
-            d: measure.turn_rewards(policy, self.data.evaluation[d], scale.max_new_tokens) for d in domains
+            d: measure.turn_rewards(
+                policy, sets[d], scale.max_new_tokens, progress=self._bar(f"held-out {d}")
+            )
+            for d in domains
         }
         if ood is None:
             return {"turns": turns}
@@ -218,11 +235,17 @@ class Experiments:
         return {
             "turns": turns,
             "ood_turns": {
-                d: measure.turn_rewards(policy, self.ood_pivots(d), scale.max_new_tokens) for d in ood
+                d: measure.turn_rewards(
+                    policy, self.ood_pivots(d), scale.max_new_tokens, progress=self._bar(f"drift {d}")
+                )
+                for d in ood
             },
             "wiki_loss": measure.text_losses(policy, texts, scale.wiki_tokens),
             "questions": measure.question_scores(policy, measure.read_questions(scale.questions)),
         }
+
+    def _bar(self, title: str) -> str | None:
+        return title if self.scale.progress else None
 
     def base_measures(self) -> dict[str, Any]:
         return self.stages.run("measure-base", self.settings(MEASURE_FIELDS), self._base_measures)
@@ -352,7 +375,11 @@ class Experiments:
             history = [{key: record.get(key) for key in keys} for record in result.history]
             shutil.rmtree(result.final, ignore_errors=True)  # the weights: not needed once measured
         others = [d for d in scale.domains if d != domain] if arm in DRIFT_ARMS else None
-        return {"pivots": len(pivots), "history": history, **self.measure(policy, [domain], others)}
+        return {
+            "pivots": len(pivots),
+            "history": history,
+            **self.measure(policy, [domain], others, compared=True),
+        }
 
     # -- the theorems and end-to-end RL ------------------------------------------------------------------
 

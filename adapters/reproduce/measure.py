@@ -70,12 +70,19 @@ def greedy(max_new_tokens: int) -> SamplingParams:
 
 
 def turn_rewards(
-    policy: Any, pivots: Sequence[Pivot], max_new_tokens: int, **env_kwargs: Any
+    policy: Any,
+    pivots: Sequence[Pivot],
+    max_new_tokens: int,
+    progress: str | None = None,
+    **env_kwargs: Any,
 ) -> list[float | None]:
-    """The functional reward of the greedy action at each pivot (one domain's), None where the env failed."""
+    """The functional reward of the greedy action at each pivot (one domain's), None where the env failed; with
+    `progress`, a progress bar of that title over the generation."""
     if not pivots:
         return []
-    completions = generate_all(policy, list(pivots), 1, greedy(max_new_tokens), batch_size=8)
+    completions = generate_all(
+        policy, list(pivots), 1, greedy(max_new_tokens), batch_size=8, progress=progress
+    )
     with EnvPool(resolve_env(None, list(pivots), **env_kwargs), ENV_WORKERS) as pool:
         scores = pool.score([(pivot.id, group[0].action) for pivot, group in zip(pivots, completions)])
     return [score.reward if score.valid else None for score in scores]

@@ -174,7 +174,8 @@ def write(
         "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "
         "**inconclusive** when it holds the threshold. MDD: the smallest difference the held-out size detects "
-        "(two-sided 5%, 80% power, at 50% accuracy).",
+        "(two-sided 5%, 80% power, at 50% accuracy) between two unpaired sets of n items; (paired: M): the one of "
+        "the claim's own design (arms paired by seed and item), from its interval's spread.",
         "",
         "| claim | paper | ours | 95% interval | verdict |",
         "|---|---|---|---|---|",
@@ -218,10 +219,12 @@ def write(
     for domain, record in split.items():
         sides = [set(record[f"{side}_trajectories"]) for side in ("heldout", "part_a", "part_b")]
         shared = len((sides[0] & sides[1]) | (sides[0] & sides[2]) | (sides[1] & sides[2]))
+        evaluated = f"{_sized(len(record['evaluated']))}"
+        if "compared" in record and record["compared"] != record["evaluated"]:
+            evaluated = f"base {evaluated}; arms {_sized(len(record['compared']))}"
         lines.append(
             f"| {domain} | {record['pivots']} | {record['heldout_pivots']} ({len(sides[0])}) | "
-            f"{record['part_a_pivots']} | {record['part_b_pivots']} | {len(record['evaluated'])} "
-            f"({100 * minimum_detectable_difference(len(record['evaluated'])):.0f} pts) | {shared} |"
+            f"{record['part_a_pivots']} | {record['part_b_pivots']} | {evaluated} | {shared} |"
         )
     lines += [
         "",
@@ -243,6 +246,11 @@ def write(
     return path
 
 
+def _sized(n: int) -> str:
+    """n evaluated items with their unpaired MDD."""
+    return f"{n} ({100 * minimum_detectable_difference(n):.0f} pts)"
+
+
 def _interval(interval: dict[str, Any] | Sequence[float] | None) -> str:
     """An interval as the report shows it: [low, high] vs its threshold, with n and the MDD where known."""
     if not interval:
@@ -253,6 +261,8 @@ def _interval(interval: dict[str, Any] | Sequence[float] | None) -> str:
     text = f"[{interval['low']:.3f}, {interval['high']:.3f}] vs {interval.get('threshold', 0):g}"
     if "mdd" in interval:
         text += f"; n {interval.get('n')}, MDD {100 * interval['mdd']:.0f} pts"
+        if "paired_mdd" in interval:
+            text += f" (paired: {100 * interval['paired_mdd']:.0f})"
     return text
 
 

@@ -51,6 +51,9 @@ class Scale:
     # domains profiled for the signal and miss-rate claims (besides the training domains, always profiled);
     # () profiles every measured domain
     profile_domains: tuple[str, ...] = ()
+    # held-out pivots of each training domain the arms are evaluated and compared on (None: the domain's
+    # eval_pivots sample; 0: every held-out pivot). The base's measurements and the drift sets keep eval_pivots.
+    compared_pivots: int | None = None
     progress: bool = True  # progress bars inside the stages (profiling, SFT); quick runs in the tests without
     notes: tuple[str, ...] = field(default=())
 
@@ -168,9 +171,10 @@ def get_scale(
     domains: tuple[str, ...] | None = None,
     policy: str | None = None,
     device: str | None = None,
+    compared_pivots: int | None = None,
 ) -> Scale:
-    """The named scale, with --seeds, --domains, --policy and --device applied (training stays in the
-    scale's training domains that are among `domains`, else in the first of them)."""
+    """The named scale, with --seeds, --domains, --policy, --device and --compared-pivots applied (training
+    stays in the scale's training domains that are among `domains`, else in the first of them)."""
     if name not in SCALES:
         raise UnknownNameError("scale", name, sorted(SCALES))
     scale = SCALES[name]
@@ -185,4 +189,10 @@ def get_scale(
         scale = replace(scale, policy=policy)
     if device:
         scale = replace(scale, device=device)
+    if compared_pivots is not None:
+        if compared_pivots < 0:
+            raise ValueError(
+                f"--compared-pivots must be 0 (all held-out pivots) or more, got {compared_pivots}"
+            )
+        scale = replace(scale, compared_pivots=compared_pivots)
     return scale

@@ -51,6 +51,16 @@ def minimum_detectable_difference(n: int, p: float = 0.5) -> float:
     return (Z_95 + Z_80) * math.sqrt(2 * p * (1 - p) / n)
 
 
+def observed_mdd(low: float, high: float) -> float:
+    """The smallest difference the design that produced the 95% interval [low, high] detects (two-sided 5%,
+    80% power), from that interval's own spread: (z_0.975 + z_0.8) x its standard error, the error read as the
+    half-width over z_0.975. For arms paired by seed and item this is the design's real power (pairing removes
+    the items' shared difficulty); it is estimated from the same data, so it is a guide, not a guarantee."""
+    if high < low:
+        raise ValueError(f"interval [{low}, {high}]: low is above high")
+    return (Z_95 + Z_80) * (high - low) / (2 * Z_95)
+
+
 def _nanmean(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None and not math.isnan(v)]
     return sum(kept) / len(kept) if kept else None

@@ -16,6 +16,7 @@ from pivot_envs.adapters.reproduce.stats import (  # noqa: E402
     VERDICTS,
     bootstrap_mean,
     minimum_detectable_difference,
+    observed_mdd,
     paired_differences,
     verdict,
 )
@@ -35,16 +36,19 @@ CLAIMS = {
     "theorems",
     "e2e",
 }
+COMPARED = 12
 FIELDS = {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval", "detail", "figures"}
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """The quick scale run once through the command, in this process (it trains: about 250 CPU-seconds)."""
+    """The quick scale run once through the command, in this process (it trains: about 250 CPU-seconds). The arms
+    are compared on more held-out pivots (12) than the base's evaluation sample (8)."""
     from pivot_envs.cli import main
 
     out = tmp_path_factory.mktemp("reproduce")
-    assert main(["reproduce", "--scale", "quick", "--out", str(out)]) == 0
+    command = ["reproduce", "--scale", "quick", "--out", str(out), "--compared-pivots", str(COMPARED)]
+    assert main(command) == 0
     return out
 
 
@@ -95,6 +99,57 @@ def test_the_minimum_detectable_difference_shrinks_with_the_held_out_size():
     assert minimum_detectable_difference(100) > minimum_detectable_difference(400)
 
 
+def test_the_observed_mdd_is_the_power_of_the_design_that_gave_the_interval():
+    # an interval of +-1.96 standard errors detects (1.96 + 0.84) standard errors
+    assert observed_mdd(-0.0196, 0.0196) == pytest.approx(0.028, abs=1e-4)
+    assert observed_mdd(0.1, 0.1) == 0.0
+    # a paired design that removes the items' shared difficulty detects less than two unpaired sets of the same n
+    same = [[1.0, 0.0, 1.0, 1.0] * 40] * 3
+    shifted = [[row[i] if i % 10 else 1.0 - row[i] for i in range(len(row))] for row in same]
+    figure = bootstrap_mean(paired_differences(same, shifted))
+    assert observed_mdd(figure["low"], figure["high"]) < minimum_detectable_difference(figure["n"])
+    with pytest.raises(ValueError, match="low is above high"):
+        observed_mdd(0.2, 0.1)
+
+
+def test_compared_pivots_must_not_be_negative():
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    assert get_scale("cpu").compared_pivots is None
+    assert get_scale("cpu", compared_pivots=0).compared_pivots == 0
+    with pytest.raises(ValueError, match="--compared-pivots must be 0"):
+        get_scale("cpu", compared_pivots=-1)
+
+
+def test_comparing_on_more_pivots_keeps_the_base_its_measurements_and_the_profiles(tmp_path):
+    from pivot_envs.adapters.reproduce.experiments import (
+        BASE_FIELDS,
+        MEASURE_FIELDS,
+        PROFILE_FIELDS,
+        Experiments,
+    )
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.adapters.reproduce.stages import Stages, digest
+
+    default, every = (
+        Experiments(get_scale("quick", compared_pivots=size), tmp_path, Stages(tmp_path))
+        for size in (None, 0)
+    )
+    for fields in (BASE_FIELDS, MEASURE_FIELDS, PROFILE_FIELDS):
+        assert digest(default.settings(fields)) == digest(every.settings(fields))
+    # at its default the field is left out of the arms' settings, so runs made before it existed stay valid
+    assert "compared_pivots" not in default.settings()["scale"]
+    assert every.settings()["scale"]["compared_pivots"] == 0
+    domain = "tool-use"
+    record = every.data.record[domain]
+    assert default.data.compared[domain] == default.data.evaluation[domain]
+    assert every.data.evaluation[domain] == default.data.evaluation[domain]
+    assert len(every.data.compared[domain]) == record["heldout_pivots"] > len(every.data.evaluation[domain])
+    assert {p.trajectory_id for p in every.data.compared[domain]} <= set(record["heldout_trajectories"])
+    assert record["compared"] == [p.id for p in every.data.compared[domain]]
+    assert "compared" not in every.data.record["search"]  # measured only, not trained in
+
+
 def test_an_unknown_experiment_is_named_with_a_suggestion():
     from pivot_envs.adapters.reproduce.runner import check_only
 
@@ -115,6 +170,24 @@ def test_the_quick_report_decides_every_claim(quick, report):
     for item in report["claims"]:
         assert item["title"] in text
         assert f"**{item['verdict']}**" in text
+
+
+def test_the_arms_are_compared_on_their_own_held_out_set_and_the_base_on_its_sample(quick, report):
+    record = report["split"]["tool-use"]
+    assert len(record["compared"]) == COMPARED and len(record["evaluated"]) == 8
+    for arm in ("pivotrl", "sft", "cand-strict"):
+        result = json.loads((quick / "stages" / f"train-tool-use-{arm}-s0" / "result.json").read_text())
+        assert len(result["result"]["turns"]["tool-use"]) == COMPARED, arm
+    base = json.loads((quick / "stages" / "measure-base" / "result.json").read_text())["result"]
+    assert len(base["turns"]["tool-use"]) == 8
+    compared = [c for c in report["claims"] if c["interval"] and "mdd" in c["interval"]]
+    assert {c["claim"] for c in compared} >= {"ablation-filtering", "sft-in-domain", "objective"}
+    for item in compared:
+        assert item["interval"]["paired_mdd"] == pytest.approx(
+            observed_mdd(item["interval"]["low"], item["interval"]["high"])
+        )
+    text = (quick / "report.md").read_text()
+    assert "| base 8 (" in text and f"; arms {COMPARED} (" in text and "(paired: " in text
 
 
 def test_every_verdict_follows_from_its_interval(report):
@@ -165,7 +238,7 @@ def test_a_rerun_reads_every_finished_stage_instead_of_running_it(quick):
     results = sorted((quick / "stages").glob("*/result.json"))
     assert len(results) >= 10
     before = {path: path.stat().st_mtime_ns for path in results}
-    path, stages = reproduce(get_scale("quick"), quick)
+    path, stages = reproduce(get_scale("quick", compared_pivots=COMPARED), quick)
     assert stages.computed == []
     assert sorted(stages.reused) == sorted(p.parent.name for p in results)
     assert {path: path.stat().st_mtime_ns for path in results} == before

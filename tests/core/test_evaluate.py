@@ -9,8 +9,8 @@ from echo_domain import EchoEnv, real_pivots
 
 from pivot_envs.chat import calls_of
 from pivot_envs.env import InfrastructureError, Outcome
-from pivot_envs.evaluate import Accuracy, EvalConfig, effective_size, evaluate, wilson_interval
-from pivot_envs.policy import Completion
+from pivot_envs.evaluate import Accuracy, EvalConfig, effective_size, evaluate, generate_all, wilson_interval
+from pivot_envs.policy import Completion, SamplingParams
 from pivot_envs.scoring import EnvPool
 from pivot_envs.verifiers import Verdict
 
@@ -114,6 +114,20 @@ def test_greedy_and_sampled_modes_ask_the_policy_for_what_they_score():
     assert (sampled.functional.low, sampled.functional.high) == pytest.approx(wilson_interval(5, 15))
     assert {(n, t) for _, n, t in policy.calls} == {(1, 0.0), (3, 0.7)}
     assert max(size for size, _, _ in policy.calls) == 2
+
+
+def test_generate_all_keeps_the_pivots_order_in_batches_and_shows_a_bar_when_asked(capsys):
+    pivots = real_pivots()
+    policy = expert_on(pivots, {p.id for p in pivots})
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    quiet = generate_all(policy, pivots, 2, greedy, batch_size=2)
+    assert capsys.readouterr().err == ""
+    shown = generate_all(policy, pivots, 2, greedy, batch_size=2, progress="held-out echo")
+    assert shown == quiet
+    assert [group[0].message for group in shown] == [p.expert for p in pivots]
+    assert [size for size, _, _ in policy.calls] == [2, 2, 1] * 2
+    err = capsys.readouterr().err
+    assert "held-out echo" in err and f"{len(pivots)}/{len(pivots)}" in err
 
 
 def test_the_functional_verifier_credits_actions_the_strict_one_misses():
