@@ -162,9 +162,8 @@ class Experiments:
         own stage) and `extra`."""
         scale = self.scale.to_dict()
         skipped = ("seeds", "name", "notes", "progress", "profile_domains")
-        if (
-            scale["compared_pivots"] is None
-        ):  # added later: at its default it leaves earlier runs' stages valid
+        # compared_pivots came later: left out at its default, it leaves earlier runs' stages valid
+        if scale["compared_pivots"] is None:
             skipped += ("compared_pivots",)
         kept = fields if fields is not None else tuple(k for k in scale if k not in skipped)
         return {"scale": {k: scale[k] for k in kept}, **extra}

@@ -219,7 +219,7 @@ def write(
     for domain, record in split.items():
         sides = [set(record[f"{side}_trajectories"]) for side in ("heldout", "part_a", "part_b")]
         shared = len((sides[0] & sides[1]) | (sides[0] & sides[2]) | (sides[1] & sides[2]))
-        evaluated = f"{_sized(len(record['evaluated']))}"
+        evaluated = _sized(len(record["evaluated"]))
         if "compared" in record and record["compared"] != record["evaluated"]:
             evaluated = f"base {evaluated}; arms {_sized(len(record['compared']))}"
         lines.append(
