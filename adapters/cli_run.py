@@ -417,6 +417,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def evaluation_env_kwargs(env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The env keyword arguments the evaluations score with: profiling's and training's (sandbox,
+    backend, limits: the env they ran in) without the training verifier they may name, and its
+    `verifier_config`. The evaluation's own verifier (`--eval.verifier`, by default the domain's
+    functional one) grades, so a run that trains with `"verifier": "strict"` is still measured
+    functionally."""
+    if "verifier" not in env_kwargs:
+        return dict(env_kwargs)
+    return {key: value for key, value in env_kwargs.items() if key not in ("verifier", "verifier_config")}
+
+
 def run(config: RunConfig) -> Path:
     """Run the method and return the path of the markdown report.
 
@@ -485,8 +496,9 @@ def run(config: RunConfig) -> Path:
     timings["sft"] = stage.seconds
 
     eval_config = config.eval
+    eval_kwargs = evaluation_env_kwargs(config.profile.env_kwargs)
     with Stage(4, f"evaluate before training ({len(eval_set)} held-out pivots, greedy)") as stage:
-        before = evaluate(policy, eval_set, eval_config)
+        before = evaluate(policy, eval_set, eval_config, **eval_kwargs)
         print(indented(before.format()))
     timings["eval_before"] = stage.seconds
 
@@ -538,7 +550,7 @@ def run(config: RunConfig) -> Path:
     timings["filter"] = max(stage.seconds - timings["profile"] - timings["train"], 0.0)
 
     with Stage(6, "evaluate after training") as stage:
-        after = evaluate(policy, eval_set, eval_config)
+        after = evaluate(policy, eval_set, eval_config, **eval_kwargs)
         print(indented(after.format()))
     timings["eval_after"] = stage.seconds
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pivot_envs.adapters.cli_run import Budget, RunConfig, Signal
+from pivot_envs.adapters.cli_run import Budget, RunConfig, Signal, evaluation_env_kwargs
 from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
 from pivot_envs.cli import main
@@ -192,3 +192,39 @@ def test_a_negative_prompt_budget_stops_eval_before_any_model_loads(tmp_path: Pa
     argv = ["eval", "--pivots", str(pivots), "--policy", "hf:/nonexistent", "--max-prompt-tokens", "-1"]
     assert main(argv) == 2
     assert "--max-prompt-tokens -1: must be >= 0" in capsys.readouterr().err
+
+
+def test_the_evaluations_score_in_the_training_env_with_the_evaluations_own_verifier() -> None:
+    kwargs = {"limits": {"max_calls": 8}, "verifier": "strict", "verifier_config": {"x": 1}}
+    assert evaluation_env_kwargs(kwargs) == {"limits": {"max_calls": 8}}
+    assert evaluation_env_kwargs({"limits": {"max_calls": 8}, "verifier_config": {"x": 1}}) == {
+        "limits": {"max_calls": 8},
+        "verifier_config": {"x": 1},
+    }
+
+
+def test_run_evaluates_in_the_env_profiling_and_training_use(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`--profile.env-kwargs` reaches both evaluations too (it once reached only profiling and
+    training), less the training verifier: the held-out turns are graded functionally."""
+    import pivot_envs.evaluate
+
+    real, seen = pivot_envs.evaluate.evaluate, []
+
+    def recording(policy, pivots, config=None, env=None, **env_kwargs):
+        seen.append(env_kwargs)
+        return real(policy, pivots, config, env, **env_kwargs)
+
+    monkeypatch.setattr(pivot_envs.evaluate, "evaluate", recording)
+    out = tmp_path / "run"
+    kwargs = {"limits": {"max_calls": 8}, "verifier": "strict"}
+    argv = ["run", "--out", str(out), "--candidates", "1", "--k", "2", "--eval-pivots", "1"]
+    argv += ["--steps", "1", "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "4"]
+    argv += ["--max-prompt-tokens", "384", "--sft-epochs", "0", "--profile.env-kwargs", json.dumps(kwargs)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert seen == [{"limits": {"max_calls": 8}}] * 2
+    [profiled] = read_pivots(out / "profiled.jsonl")
+    assert profiled.profile.settings["env_kwargs"] == kwargs  # profiling used the strict verifier
+    figures = json.loads((out / "report.json").read_text())
+    for when in ("before", "after"):  # one held-out pivot, scored (not an infrastructure failure)
+        assert [(row["pivots"], row["invalid"]) for row in figures[when]["rows"]] == [(1, 0)]
