@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.adapters.kv_cache import cache_of, with_cache
+
 from pivot_envs.pivot import Pivot
 
 
@@ -95,25 +97,27 @@ def turn_logprobs(
     with torch.no_grad():
         if shared:
             head = torch.tensor([list(heads[0][:shared])], dtype=torch.long, device=device)
-            cache = model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+            cache = cache_of(model(input_ids=head, use_cache=True, logits_to_keep=1))
             cache.batch_repeat_interleave(len(batch))
         if tails.shape[1]:
             positions = shared + torch.arange(tails.shape[1], device=device).expand_as(tails)
-            cache = model(
-                input_ids=tails,
-                attention_mask=head_mask.long(),
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            ).past_key_values
+            cache = cache_of(
+                model(
+                    input_ids=tails,
+                    attention_mask=head_mask.long(),
+                    position_ids=positions,
+                    **with_cache(cache),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            )
     ids, mask = right_pad([action for _, action in batch], device)
     inputs, _ = right_pad([[prompt[-1], *action[:-1]] for prompt, action in batch], device)
     width = ids.shape[1]
     attention = torch.cat([head_mask, mask], dim=1).long()
     positions = lengths[:, None] + torch.arange(width, device=device)
     logits = model(
-        input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache
+        input_ids=inputs, attention_mask=attention, position_ids=positions, **with_cache(cache)
     ).logits
     return token_logprobs(logits, ids), mask
 
@@ -198,8 +202,6 @@ def warm_up(
 
 
 def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
+    from pivot_envs.config import progress_bar
 
-    return tqdm(total=total, unit="step", desc="SFT warm-up")
+    return progress_bar(total=total, unit="step", desc="SFT warm-up", enabled=enabled)

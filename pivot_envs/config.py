@@ -373,3 +373,30 @@ def progress_disabled() -> bool | None:
     """tqdm's `disable` for the library's progress bars: True when the `pivot_envs` logger is set
     above INFO (`pivotrl -q`), else None (a bar shows when stderr is a terminal)."""
     return True if logging.getLogger("pivot_envs").level > logging.INFO else None
+
+
+def progress_bar(
+    iterable: Iterable[Any] | None = None,
+    *,
+    desc: str,
+    unit: str,
+    total: int | None = None,
+    enabled: bool = True,
+    terminal_only: bool = False,
+    **options: Any,
+) -> Any:
+    """A tqdm progress bar on stderr: the one way the library makes its bars, so that `pivotrl -q`
+    (`progress_disabled()`) silences every one.
+
+    Off with `enabled=False` (a config's `progress`, or a rank other than the first). The long jobs'
+    bars (profiling, SFT, GRPO, evaluation) also show when stderr is a file, so a log shows how far
+    a run is; `terminal_only` keeps a short job's bar (reading, writing) off there.
+    """
+    from tqdm import tqdm
+
+    if not enabled or progress_disabled():
+        disable: bool | None = True
+    else:
+        disable = None if terminal_only else False
+    options.setdefault("dynamic_ncols", True)
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=disable, **options)

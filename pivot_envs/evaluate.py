@@ -9,7 +9,6 @@ domain with a Wilson interval. Scoring goes through `pivot_envs.scoring.EnvPool`
 from __future__ import annotations
 
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -171,21 +170,14 @@ def generate_all(
 ) -> list[list[Completion]]:
     """n completions at each pivot, `batch_size` pivots per generate call; with `progress`, a progress bar
     of that title on stderr."""
-    out: list[list[Completion]] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from pivot_envs.config import progress_bar
 
-        bar = tqdm(total=len(pivots), unit="pivot", desc=progress, file=sys.stderr, dynamic_ncols=True)
-    try:
+    out: list[list[Completion]] = []
+    with progress_bar(total=len(pivots), unit="pivot", desc=progress or "", enabled=bool(progress)) as bar:
         for start in range(0, len(pivots), batch_size):
             chunk = pivots[start : start + batch_size]
             out.extend(policy.generate([pivot.observation for pivot in chunk], n, sampling))
-            if bar is not None:
-                bar.update(len(chunk))
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(len(chunk))
     return out
 
 

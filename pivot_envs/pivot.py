@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -195,14 +194,11 @@ def write_pivots(
             else ""
         )
         raise TypeError(f"write_pivots: path must be a str or path, got {type(path).__name__}{hint}")
-    # Imported here, not at the top: `import pivot_envs` loads this module and stays light.
-    from tqdm import tqdm
-
-    from pivot_envs.config import progress_disabled
+    from pivot_envs.config import progress_bar
 
     count = 0
     with PivotWriter(path, append=False, fsync=False) as writer:
-        for pivot in tqdm(pivots, desc=desc, unit=" pivots", file=sys.stderr, disable=progress_disabled()):
+        for pivot in progress_bar(pivots, desc=desc, unit=" pivots", terminal_only=True):
             writer.write(pivot)
             count += 1
         writer.sync()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -497,14 +496,11 @@ class _Recorder:
 
 
 def _progress(config: ProfileConfig, total: int, skipped: int) -> Any:
-    if not config.progress:
-        return None
-    from tqdm import tqdm
+    from pivot_envs.config import progress_bar
 
-    return tqdm(
+    return progress_bar(
         total=total,
         unit="pivot",
         desc=f"profiling (resumed, {skipped} done)" if skipped else "profiling",
-        file=sys.stderr,
-        dynamic_ncols=True,
+        enabled=config.progress,
     )

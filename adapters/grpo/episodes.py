@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -33,7 +32,7 @@ from pivot_envs.adapters.grpo.groups import Group, build_group
 from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights
 from pivot_envs.adapters.grpo.trainer import GRPOConfig, group_advantages, loss_units, prepare_run, update
 
-from pivot_envs.config import option, progress_disabled
+from pivot_envs.config import option, progress_bar
 from pivot_envs.policy import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -182,7 +181,6 @@ def train_episodes(
     into `config.train.out`, and resumes from its latest checkpoint with `config.train.resume`.
     """
     import numpy as np
-    from tqdm import tqdm
 
     began_run = time.perf_counter()
     grpo, tasks, heldout = config.train, list(tasks), list(heldout or [])
@@ -198,14 +196,7 @@ def train_episodes(
     batch_tasks = min(grpo.batch_pivots, len(tasks))
     envs = episode_envs(config, batch_tasks * grpo.group_size)
     history: list[dict[str, Any]] = []
-    bar = tqdm(
-        total=grpo.steps,
-        initial=start,
-        unit="step",
-        desc="E2E RL",
-        file=sys.stderr,
-        disable=progress_disabled(),
-    )
+    bar = progress_bar(total=grpo.steps, initial=start, unit="step", desc="E2E RL")
 
     try:
         for step in range(start + 1, grpo.steps + 1):

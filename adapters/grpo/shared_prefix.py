@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pivot_envs.adapters.kv_cache import cache_of, with_cache
+
 
 def right_pad(rows: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
     """Rows of token ids right-padded to the longest: (ids [N, T], mask [N, T], True on real tokens)."""
@@ -83,7 +85,7 @@ def groups_logprobs(
     )  # each prefix's last position only
     logits = out.logits[rows]
     if width > 1:
-        cache = out.past_key_values
+        cache = cache_of(out)
         cache.batch_select_indices(rows)
         attention = torch.cat([prefix_mask[rows], mask[:, :-1]], dim=1).long()
         positions = lengths[rows, None] + torch.arange(width - 1, device=device)
@@ -91,7 +93,7 @@ def groups_logprobs(
             input_ids=ids[:, :-1],
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
+            **with_cache(cache),
             use_cache=True,
         )
         logits = torch.cat([logits, rest.logits], dim=1)

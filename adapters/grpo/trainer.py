@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -49,7 +48,7 @@ from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, train
 from pivot_envs.adapters.grpo.reference import frozen_reference, reference_logprobs, with_lora
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
-from pivot_envs.config import option, progress_disabled
+from pivot_envs.config import option, progress_bar
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.extract import ExtractConfig, FilterConfig, dedup_pivots, extract_pivots, filter_pivots
@@ -562,7 +561,6 @@ def train(
     alone evaluates and writes (grpo.distributed).
     """
     import numpy as np
-    from tqdm import tqdm
 
     began_run = time.perf_counter()
     pivots, heldout = list(pivots), list(heldout or [])
@@ -603,14 +601,7 @@ def train(
     pool = EnvPool(make_env, config.num_envs)
     tokenizer = getattr(policy, "tokenizer", None)
     history: list[dict[str, Any]] = []
-    bar = tqdm(
-        total=config.steps,
-        initial=start,
-        unit="step",
-        desc="GRPO",
-        file=sys.stderr,
-        disable=progress_disabled() or not ranks.main,
-    )
+    bar = progress_bar(total=config.steps, initial=start, unit="step", desc="GRPO", enabled=ranks.main)
 
     try:
         # line 5: for k = 1, ..., K_train (line 14 ends it)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
+from pivot_envs.adapters.kv_cache import cache_of, with_cache
 
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
@@ -210,7 +211,7 @@ class HFPolicy:
                     input_ids=token[:, None],
                     attention_mask=attention,
                     position_ids=position,
-                    past_key_values=cache,
+                    **with_cache(cache),
                     use_cache=True,
                 )
                 logits = result.logits[:, -1, :]
@@ -277,17 +278,17 @@ class HFPolicy:
         cache = None
         if head:  # once for the part, its cache then repeated for each prompt's tail
             head_ids = torch.tensor([prompts[0][:head]], dtype=torch.long, device=device)
-            cache = self.model(input_ids=head_ids, use_cache=True, logits_to_keep=1).past_key_values
+            cache = cache_of(self.model(input_ids=head_ids, use_cache=True, logits_to_keep=1))
             cache.batch_repeat_interleave(len(prompts))
         result = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **with_cache(cache),
             use_cache=True,
             logits_to_keep=1,
         )
-        layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+        layers = [(layer.keys, layer.values) for layer in cache_of(result).layers]
         return layers, mask, result.logits[:, -1, :], positions[:, -1:]
 
     def _head_groups(self, prompts: list[list[int]]) -> list[tuple[int, list[int]]]:

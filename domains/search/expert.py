@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,14 +201,12 @@ def build_pivots(
     this engine again: "bundled", a corpus path, a URL). A task the expert cannot solve raises
     ExpertError, or with `skip_unreachable` is logged as a warning and counted in `report.skipped`.
     """
-    from tqdm import tqdm
-
-    from pivot_envs.config import progress_disabled
+    from pivot_envs.config import progress_bar
 
     report = report if report is not None else BuildReport()
     report.tasks += len(tasks)
     trajectories = []
-    bar = tqdm(tasks, desc="expert trajectories", unit=" tasks", file=sys.stderr, disable=progress_disabled())
+    bar = progress_bar(tasks, desc="expert trajectories", unit=" tasks", terminal_only=True)
     for task in bar:
         try:
             documents = resolve_evidence(task, engine)

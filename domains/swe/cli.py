@@ -17,12 +17,11 @@ module.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pivot_envs.config import ConfigError, add_config, command_parser, option, progress_disabled
+from pivot_envs.config import ConfigError, add_config, command_parser, option, progress_bar
 from pivot_envs.errors import PivotEnvsError
 
 if TYPE_CHECKING:
@@ -98,8 +97,6 @@ def build_pivots(config: BuildConfig) -> list[Pivot]:
 
     Raises ExpertError (from the expert) when a task is not solved or its two runs differ.
     """
-    from tqdm import tqdm
-
     from .expert import ExpertError, expert_pivots, run_expert, same_outputs
     from .tasks import bundled_tasks, read_tasks
 
@@ -118,9 +115,7 @@ def build_pivots(config: BuildConfig) -> list[Pivot]:
     pivots = []
     backend = _backend(config.sandbox)
     try:
-        for task in tqdm(
-            chosen, desc="expert runs", unit=" tasks", file=sys.stderr, disable=progress_disabled()
-        ):
+        for task in progress_bar(chosen, desc="expert runs", unit=" tasks", terminal_only=True):
             first = run_expert(backend, task, repo, index[task.id])
             differs = same_outputs(first, run_expert(backend, task, repo, index[task.id]))
             if differs:
@@ -157,15 +152,11 @@ def check_sample(pivots: list[Pivot], shipped_path: Path, every_task: bool) -> N
 
 def main(args: argparse.Namespace) -> int:
     if args.swe_action == "make-tasks":
-        from tqdm import tqdm
-
         from .tasks import Discovery, make_tasks, write_tasks
 
         config: MakeTasksConfig = args.make
         discovery = Discovery()
-        with tqdm(
-            total=config.count, desc="tasks found", file=sys.stderr, disable=progress_disabled()
-        ) as bar:
+        with progress_bar(total=config.count, desc="tasks found", unit="it", terminal_only=True) as bar:
             tasks = make_tasks(
                 _repo(config.repo),
                 config.count,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from pivot_envs.cli._checks import check_output, file_errors, no_pivot_error
-    from pivot_envs.config import progress_disabled
+    from pivot_envs.config import progress_bar
     from pivot_envs.extract import ExtractConfig, write_pivot_file
     from pivot_envs.formats import ReadReport, read_as_pivots
 
@@ -42,9 +39,7 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.out)
     report = ReadReport()
     pivots, seen, empty = [], set(), []
-    for path in tqdm(
-        args.inputs, desc="reading", unit=" files", file=sys.stderr, disable=progress_disabled()
-    ):
+    for path in progress_bar(args.inputs, desc="reading", unit=" files", terminal_only=True):
         records = report.records
         with file_errors(path):
             read = read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix)

@@ -209,3 +209,24 @@ def test_a_batch_shares_its_prompts_common_head_and_samples_what_whole_prompts_d
         first = with_head[row][0]
         assert first.prompt_token_ids == prompts[row]
         assert first.logprobs == pytest.approx(fresh_logprobs(model, prompts[row], first.token_ids), abs=2e-4)
+
+
+def test_the_cache_goes_by_the_installed_transformers_name_with_no_deprecation_warning(model_and_tokenizer):
+    """transformers renamed `past_key_values` to `cache` (the old name to go in 5.40): generation with
+    a shared head (a cache passed in and read back) and the SFT/GRPO scoring use the installed name."""
+    import inspect
+    import warnings
+
+    from pivot_envs.adapters.kv_cache import cache_name
+    from pivot_envs.adapters.sft import common_prefix_length
+
+    model, tokenizer = model_and_tokenizer
+    assert cache_name() in inspect.signature(type(model).forward).parameters
+    policy = HFPolicy(model, tokenizer, device="cpu", batch_size=4)
+    chats = [CHATS[1], {**CHATS[1], "messages": [*CHATS[1]["messages"][:1], {"role": "user", "content": "hi"}]}]
+    prompts = [policy.encode(chat) for chat in chats]
+    assert common_prefix_length(prompts) >= 16  # the head is prefilled once, then passed as a cache
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        groups = policy.generate(chats, 2, SamplingParams(temperature=1.0, max_new_tokens=4, seed=0))
+    assert [len(group) for group in groups] == [2, 2]

@@ -201,3 +201,29 @@ def test_a_config_file_that_does_not_parse_is_one_line_naming_it(
     assert (
         err.count("\n") == 1 and err.startswith(f"pivotrl filter: error: --config {path}: ") and detail in err
     )
+
+
+def test_every_progress_bar_is_off_under_quiet_and_a_short_jobs_bar_only_on_a_terminal(capsys) -> None:
+    """`progress_bar` is how the library makes its bars (profiling, SFT, GRPO, evaluation, reading,
+    writing): `pivotrl -q` sets the `pivot_envs` logger to WARNING and silences every one."""
+    import logging
+
+    from pivot_envs.config import progress_bar
+
+    def drawn(**kwargs) -> str:
+        for _ in progress_bar(range(3), desc="counting", unit="n", **kwargs):
+            pass
+        return capsys.readouterr().err
+
+    assert "counting: 100%" in drawn() and "3/3" in drawn()  # a long job's bar shows in a log too
+    assert drawn(terminal_only=True) == drawn(enabled=False) == ""  # stderr is no terminal here
+    logger = logging.getLogger("pivot_envs")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        assert drawn() == ""
+        with progress_bar(total=2, desc="quiet", unit="n") as bar:
+            bar.update(2)  # a silenced bar still takes the calls
+        assert capsys.readouterr().err == ""
+    finally:
+        logger.setLevel(level)
