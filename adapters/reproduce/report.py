@@ -155,6 +155,20 @@ def plots(
     return made
 
 
+def _compared_note(scale: Scale) -> list[str]:
+    """The line saying the arms are compared on another held-out sample than the scale's (--compared-pivots)."""
+    if scale.compared_pivots is None:
+        return []
+    count = (
+        "every held-out pivot" if scale.compared_pivots == 0 else f"{scale.compared_pivots} held-out pivots"
+    )
+    return [
+        f"Note: the training arms are evaluated and compared on {count} of each training domain "
+        f"(`--compared-pivots {scale.compared_pivots}`); the base's measurements and the drift sets keep the "
+        "scale's sample (the data table gives both sizes)."
+    ]
+
+
 def write(
     out: Path,
     scale: Scale,
@@ -170,6 +184,7 @@ def write(
         f"Scale `{scale.name}`: policy `{scale.policy}` on `{scale.device}`, domains {', '.join(scale.domains)}, "
         f"training in {', '.join(scale.train_domains)}, seeds {', '.join(map(str, seeds))}.",
         *[f"Note: {note}." for note in scale.notes],
+        *_compared_note(scale),
         "",
         "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "

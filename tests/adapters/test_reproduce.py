@@ -188,6 +188,10 @@ def test_the_arms_are_compared_on_their_own_held_out_set_and_the_base_on_its_sam
         )
     text = (quick / "report.md").read_text()
     assert "| base 8 (" in text and f"; arms {COMPARED} (" in text and "(paired: " in text
+    assert (
+        f"compared on {COMPARED} held-out pivots of each training domain (`--compared-pivots {COMPARED}`)"
+        in text
+    )
 
 
 def test_every_verdict_follows_from_its_interval(report):
