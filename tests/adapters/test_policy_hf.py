@@ -223,7 +223,10 @@ def test_the_cache_goes_by_the_installed_transformers_name_with_no_deprecation_w
     model, tokenizer = model_and_tokenizer
     assert cache_name() in inspect.signature(type(model).forward).parameters
     policy = HFPolicy(model, tokenizer, device="cpu", batch_size=4)
-    chats = [CHATS[1], {**CHATS[1], "messages": [*CHATS[1]["messages"][:1], {"role": "user", "content": "hi"}]}]
+    chats = [
+        CHATS[1],
+        {**CHATS[1], "messages": [*CHATS[1]["messages"][:1], {"role": "user", "content": "hi"}]},
+    ]
     prompts = [policy.encode(chat) for chat in chats]
     assert common_prefix_length(prompts) >= 16  # the head is prefilled once, then passed as a cache
     with warnings.catch_warnings():
