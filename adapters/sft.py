@@ -29,6 +29,7 @@ from typing import Any
 
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
 
+from pivot_envs.config import progress_bar
 from pivot_envs.pivot import Pivot
 
 
@@ -156,7 +157,9 @@ def warm_up(
     if metrics is not None:
         metrics.parent.mkdir(parents=True, exist_ok=True)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
-    bar = _progress(config.epochs * steps_per_epoch, config.progress)
+    bar = progress_bar(
+        total=config.epochs * steps_per_epoch, unit="step", desc="SFT warm-up", enabled=config.progress
+    )
     records: list[dict[str, Any]] = []
     was_training = model.training
     model.train()
@@ -190,18 +193,10 @@ def warm_up(
                             )
                             + "\n"
                         )
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{record['loss']:.3f}")
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.3f}")
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     return records
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    from pivot_envs.config import progress_bar
-
-    return progress_bar(total=total, unit="step", desc="SFT warm-up", enabled=enabled)

@@ -410,8 +410,7 @@ def profile(
         for _, _, futures in pending:  # a stopped run leaves queued env steps: drop them
             for future in futures:
                 future.cancel()
-        if bar is not None:
-            bar.close()
+        bar.close()
         for pool in pools.values():
             pool.close()
     run.seconds = time.perf_counter() - started
@@ -468,10 +467,9 @@ class _Recorder:
         run.invalid += sum(1 for r in results if not r["valid"])
         run.env_errors += sum(1 for r in results if r["category"] == "env_error")
         run.generated_tokens += sum(len(c.token_ids) for c in group)
-        if self.bar is not None:
-            elapsed = max(time.perf_counter() - self.started, 1e-9)
-            self.bar.set_postfix(samples_s=f"{run.samples / elapsed:.1f}", refresh=False)
-            self.bar.update(1)
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix(samples_s=f"{run.samples / elapsed:.1f}", refresh=False)
+        self.bar.update(1)
 
     def failure(self, whole_run: bool) -> EnvFailureError:
         """The error that stops a run whose recent samples were all invalid, naming the first causes."""

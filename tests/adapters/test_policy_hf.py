@@ -213,7 +213,8 @@ def test_a_batch_shares_its_prompts_common_head_and_samples_what_whole_prompts_d
 
 def test_the_cache_goes_by_the_installed_transformers_name_with_no_deprecation_warning(model_and_tokenizer):
     """transformers renamed `past_key_values` to `cache` (the old name to go in 5.40): generation with
-    a shared head (a cache passed in and read back) and the SFT/GRPO scoring use the installed name."""
+    a shared head passes a cache in and reads one back by the installed name. (pyproject's pytest
+    filterwarnings makes the old name's warning an error in every test: SFT and GRPO scoring too.)"""
     import inspect
     import warnings
 
