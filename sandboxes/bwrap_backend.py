@@ -261,7 +261,14 @@ class BwrapBackend:
                     except SandboxError:
                         self.discard(directory, server)
                         return
-                pool.put((directory, server, known))
+                with self._lock:
+                    # The snapshot may have been released (or the backend closed) while this fork was
+                    # made: a pool nobody reads would keep its sandbox running until close().
+                    handed = not self._closed and self._pools.get(snapshot.ref) is pool
+                    if handed:
+                        pool.put((directory, server, known))
+                if not handed:
+                    self.discard(directory, server)
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
             self._submit(make_one)

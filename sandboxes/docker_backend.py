@@ -76,6 +76,8 @@ class DockerBackend:
         self._setups: dict[str, str] = {}
         # Per snapshot: its workspace files' digests with their stat in the image's layers.
         self._digests: dict[str, KnownDigests] = {}
+        # Released snapshots whose image a container still used: removed when that container goes.
+        self._released: set[str] = set()
         self._lock = threading.Lock()
         # The commands running in this backend's sandboxes; the pool's work waits for a gap.
         self._gate = QuietGate()
@@ -203,7 +205,15 @@ class DockerBackend:
             except Exception:  # the container failed: the next fork starts one of its own
                 sandbox.close()
                 return
-            pool.put(sandbox)
+            with self._lock:
+                # The snapshot may have been released (or the backend closed) while this container
+                # started: a pool nobody reads would keep it, and its image, until close().
+                handed = not self._closed and self._pools.get(snapshot.ref) is pool
+                if handed:
+                    pool.put(sandbox)
+            if not handed:
+                self.remove_container(sandbox.container, sandbox.channel, wait=True)
+                self._remove_released_images()
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
             self._workers.submit(start_one)
@@ -234,6 +244,8 @@ class DockerBackend:
                 pass
             if channel is not None:
                 shutil.rmtree(channel, ignore_errors=True)
+            if self._released and not self._closed:
+                self._remove_released_images()
 
         if wait or self._closed:
             remove()
@@ -249,10 +261,26 @@ class DockerBackend:
         while pool is not None and not pool.empty():
             warm = pool.get_nowait()
             self.remove_container(warm.container, warm.channel, wait=True)
-        try:
-            self.client.images.remove(snapshot.ref, force=True)
-        except Exception:  # still used by a live fork: gc/close removes it later
-            return
+        with self._lock:
+            self._released.add(snapshot.ref)
+        self._remove_released_images()
+
+    def _remove_released_images(self) -> None:
+        """Remove the released snapshots' images that no container uses any more. An image a live fork
+        (or a warm container still starting) uses stays until that container is removed, which calls this."""
+        import docker
+
+        with self._lock:
+            refs = list(self._released)
+        for ref in refs:
+            try:
+                self.client.images.remove(ref, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+            except Exception:  # still used by a container: removed after it
+                continue
+            with self._lock:
+                self._released.discard(ref)
 
     def close(self) -> None:
         """Remove every container and snapshot image this backend (this process) made."""
