@@ -38,6 +38,7 @@ from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
+from percentiles import percentile
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.engine import FtsEngine, build_index, index_for_corpus, open_engine
 from pivot_envs.domains.search.env import bundled_pivots
@@ -49,11 +50,6 @@ from pivot_envs.chat import calls_of
 
 OUT = Path(__file__).resolve().parent / "out" / "search_reset_step.json"
 ENVS = 16
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def summary(seconds: list[float], cpu: list[float] | None = None) -> dict:

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+from percentiles import percentile
 
 import pivot_envs
 
@@ -45,11 +46,6 @@ OUT = Path(__file__).resolve().parent / "out" / "serve_load.json"
 ENV = "pivot/tool-use-v0"
 BATCH = 8
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def latency(seconds: list[float]) -> dict:

@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from percentiles import percentile
 from pivot_envs.domains.swe import SweEnv, canonical_call, execute_call
 from pivot_envs.domains.swe.repo import bundled_repo, repo_context, start_sandbox
 
@@ -81,11 +82,6 @@ def bench_pivot(kind: str) -> Pivot:
     }
     context = {**repo_context(bundled_repo()), "task": task, "harness": "persistent", "executable": True}
     return Pivot(f"bench/{kind}/t12", "swe", messages, canonical_call(*ACTIONS[kind]), context=context)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def summary(latencies: list[float]) -> dict:

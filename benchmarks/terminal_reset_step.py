@@ -19,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from percentiles import percentile
 from pivot_envs.domains.terminal import TerminalEnv, canonical_message
 
 from pivot_envs.pivot import Pivot
@@ -43,11 +44,6 @@ def bench_pivot() -> Pivot:
         canonical_message(EXPERT),
         context={"workdir": "/app", "setup": ""},
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def bench_env(kind: str, group: int, rounds: int) -> dict:
