@@ -61,8 +61,9 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
     stages = Stages(out)
     runs = Experiments(scale, out, stages)
     seeds = list(range(scale.seeds))
-    # the arms in the order of ARMS (the full method, its ablations, SFT, then the options), so that an
-    # interrupted run has the paper's main comparisons first
+    # the arms in the order of ARMS (the full method, its ablations, SFT, then the options), seed by seed:
+    # an interrupted run has the paper's main comparisons first, and every arm it trained has the same
+    # seeds so far, so that adding seeds to a run adds pairs to every comparison as it goes
     wanted = {arm for name in chosen for arm in EXPERIMENT_ARMS[name]}
     arm_names = [arm for arm in ARMS if arm in wanted]
     needs_profiles = bool(arm_names) or {"signal", "strict-functional"} & set(chosen)
@@ -82,8 +83,9 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
     if arm_names:
         base = runs.base_measures()
         for domain in scale.train_domains:
-            for arm in arm_names:
-                arms[(domain, arm)] = [runs.arm(domain, arm, seed) for seed in seeds]
+            for seed in seeds:
+                for arm in arm_names:
+                    arms.setdefault((domain, arm), []).append(runs.arm(domain, arm, seed))
 
     claims: list[dict[str, Any]] = []
     summaries: dict[str, Any] = {}
