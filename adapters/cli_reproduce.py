@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="held-out pivots of each training domain the arms are compared on (0: all of them; default: the "
         "scale's evaluation sample). About 400 decide a 10-point difference unpaired; see docs/reproduce.md",
     )
+    parser.add_argument(
+        "--finished-only",
+        action="store_true",
+        help="train no arm: report from the seeds each arm finished in an earlier run into --out (seeds 0, 1, "
+        "... up to the first missing one); each comparison pairs the seeds both its arms have",
+    )
     parser.add_argument("--policy", default=None, help="policy spec to start from (default: the scale's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the scale's)")
 
@@ -78,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         compared_pivots=args.compared_pivots,
     )
     out = check_output(args.out or f"runs/reproduce-{scale.name}", "--out", directory=True)
-    path, stages = reproduce(scale, Path(out), only)
+    path, stages = reproduce(scale, Path(out), only, finished_only=args.finished_only)
     print(f"\n{len(stages.computed)} stages run, {len(stages.reused)} read from an earlier run")
     print(f"report: {path}")
     return 0

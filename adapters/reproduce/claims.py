@@ -86,6 +86,13 @@ def in_domain(arms: dict[tuple[str, str], list[dict]], arm: str, domains: Sequen
     return [[r for d in domains for r in arms[(d, arm)][s]["turns"][d]] for s in range(seeds)]
 
 
+def common_seeds(a: Rows, b: Rows) -> tuple[Rows, Rows]:
+    """Two arms' seeds x items tables cut to the seeds both have (seeds 0, 1, ... in order), for pairing: an arm
+    may have more finished seeds than the other (`pivotrl reproduce --finished-only`)."""
+    seeds = min(len(a), len(b))
+    return a[:seeds], b[:seeds]
+
+
 def out_of_domain(results: Sequence[dict], domains: Sequence[str], others: dict[str, Sequence[str]]) -> Rows:
     """Seeds x drift items: the other domains' held-out turns, then the general questions, per training domain.
     `results` holds one measure dict per (domain, seed) in domain-major order, or one for the base."""
@@ -162,7 +169,7 @@ def signal_claims(
             ]
             return sum(values) / len(values) if values else 0.0
 
-        figure = difference(informative("pivotrl"), informative("cand-functional"))
+        figure = difference(*common_seeds(informative("pivotrl"), informative("cand-functional")))
         fallback = [d for d in train_domains if profiles.get(d, {}).get("fallback")]
         claims.append(
             claim(
@@ -233,20 +240,22 @@ def arm_claims(
     have = {arm for (_, arm) in arms}
     claims = []
     accuracy = {arm: in_domain(arms, arm, train_domains) for arm in have}
-    mean = {arm: bootstrap_mean(rows) for arm, rows in accuracy.items()}
 
     def compared(name, title, section, paper, a, b, extra=""):
-        figure = difference(accuracy[a], accuracy[b])
+        rows_a, rows_b = common_seeds(accuracy[a], accuracy[b])
+        figure = difference(rows_a, rows_b)
+        mean_a, mean_b = bootstrap_mean(rows_a), bootstrap_mean(rows_b)
         return claim(
             name,
             title,
             section,
             paper,
-            f"held-out turn accuracy {a} {span(mean[a])} vs {b} {span(mean[b])}: difference "
+            f"held-out turn accuracy {a} {span(mean_a)} vs {b} {span(mean_b)}: difference "
             f"{span(figure, points=True)}",
             decided_by(figure, mdd=True),
             f"Held-out pivots of {', '.join(train_domains)} (split by trajectory), greedy, graded by the "
-            f"functional verifier; paired by seed and pivot, {len(accuracy[a])} seeds. {extra}".strip(),
+            f"functional verifier; paired by seed and pivot, {len(rows_a)} seed{'s' if len(rows_a) != 1 else ''}. "
+            f"{extra}".strip(),
         )
 
     if "ablation" in only and {"pivotrl", "cand-functional", "cand-strict"} <= have:
@@ -354,6 +363,9 @@ def ood_claim(arms: dict, base: dict, train_domains: Sequence[str], domains: Seq
     on unused Wikipedia summaries, for PivotRL and SFT against the base they both start from."""
     others = {d: [o for o in domains if o != d] for d in train_domains}
 
+    seeds = min(len(arms[(train_domains[0], arm)]) for arm in ("pivotrl", "sft"))
+    arms = {(d, arm): arms[(d, arm)][:seeds] for d in train_domains for arm in ("pivotrl", "sft")}
+
     def runs(arm: str) -> list[dict]:
         return [run for d in train_domains for run in arms[(d, arm)]]
 
@@ -420,14 +432,14 @@ def theorem_claim(result: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def e2e_missing() -> dict[str, Any]:
+def e2e_missing(why: str = "not run: adapters/reproduce/e2e.py is absent") -> dict[str, Any]:
     return claim(
         "e2e",
         "PivotRL vs end-to-end RL per rollout turn",
         "Sec. 4.3, Figure 3",
         "competitive SWE-Bench accuracy with about 4x fewer rollout turns",
-        "not run: adapters/reproduce/e2e.py is absent",
+        why,
         None,
-        "The end-to-end comparison's module was not importable.",
+        "The end-to-end comparison was not run.",
         decided="inconclusive",
     )

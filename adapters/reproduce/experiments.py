@@ -311,6 +311,12 @@ class Experiments:
             f"train-{domain}-{arm}-s{seed}", settings, lambda f: self._arm(f, domain, arm, seed)
         )
 
+    def arm_finished(self, domain: str, arm: str, seed: int) -> bool:
+        """Whether this arm's seed finished earlier at this scale (`arm` would read it, not train)."""
+        return self.stages.finished(
+            f"train-{domain}-{arm}-s{seed}", self.settings(domain=domain, arm=arm, seed=seed)
+        )
+
     def _arm(self, folder: Path, domain: str, arm: str, seed: int) -> dict[str, Any]:
         import torch
         from pivot_envs.adapters.grpo import GRPOConfig, train
@@ -428,13 +434,19 @@ class Experiments:
         except ImportError:
             return None
         work = self.out / "e2e"  # e2e.run keeps its own files (and its own resuming) here
-        settings = {
-            "scale": self.scale.name,
-            "seeds": seeds,
-            "module": digest(Path(e2e.__file__).read_text()),
-        }
         return self.stages.run(
             "e2e",
-            settings,
+            self._e2e_settings(e2e, seeds),
             lambda _: json.loads(json.dumps(e2e.run(self.scale.name, work, seeds), default=str)),
         )
+
+    def e2e_finished(self, seeds: list[int]) -> bool:
+        """Whether the end-to-end comparison finished earlier with these seeds (`e2e` would read it)."""
+        try:
+            from pivot_envs.adapters.reproduce import e2e
+        except ImportError:
+            return False
+        return self.stages.finished("e2e", self._e2e_settings(e2e, seeds))
+
+    def _e2e_settings(self, module: Any, seeds: list[int]) -> dict[str, Any]:
+        return {"scale": self.scale.name, "seeds": seeds, "module": digest(Path(module.__file__).read_text())}

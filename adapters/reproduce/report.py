@@ -169,6 +169,17 @@ def _compared_note(scale: Scale) -> list[str]:
     ]
 
 
+def _finished_note(arm_seeds: dict[str, int] | None) -> list[str]:
+    """The line saying the arms are those of an earlier run, with each arm's seeds (--finished-only)."""
+    if arm_seeds is None:
+        return []
+    counts = ", ".join(f"{arm} {count}" for arm, count in arm_seeds.items()) or "none"
+    return [
+        f"Note: --finished-only: no arm was trained for this report; the seeds each arm had finished: {counts}. "
+        "Each comparison pairs the seeds both its arms have, and says how many."
+    ]
+
+
 def write(
     out: Path,
     scale: Scale,
@@ -185,6 +196,7 @@ def write(
         f"training in {', '.join(scale.train_domains)}, seeds {', '.join(map(str, seeds))}.",
         *[f"Note: {note}." for note in scale.notes],
         *_compared_note(scale),
+        *_finished_note(extra.get("arm_seeds")),
         "",
         "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "

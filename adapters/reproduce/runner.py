@@ -53,9 +53,27 @@ def with_local_figures(item: dict[str, Any], out: Path) -> dict[str, Any]:
     return {**item, "figures": local}
 
 
-def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tuple[Path, Stages]:
+def finished_arms(
+    arms: dict[tuple[str, str], list[dict[str, Any]]], train_domains: Sequence[str]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Each arm's finished seeds, the same in every training domain (the fewest any domain has); an arm with
+    none is left out, so the claims that need it are not made."""
+    names = dict.fromkeys(arm for _, arm in arms)
+    kept = {}
+    for arm in names:
+        seeds = min(len(arms.get((domain, arm), [])) for domain in train_domains)
+        if seeds:
+            kept.update({(domain, arm): arms[(domain, arm)][:seeds] for domain in train_domains})
+    return kept
+
+
+def reproduce(
+    scale: Scale, out: Path, only: Sequence[str] | None = None, finished_only: bool = False
+) -> tuple[Path, Stages]:
     """Run the experiments in `only` (default: all) at `scale` into `out`; returns report.md's path and the
-    stages (which ran, which were read from an earlier run)."""
+    stages (which ran, which were read from an earlier run). With `finished_only` no arm is trained: each arm
+    brings the seeds 0, 1, ... it finished in an earlier run into `out` (up to the first missing one), and each
+    comparison pairs the seeds both its arms have."""
     chosen = check_only(only)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out)
@@ -85,7 +103,11 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
         for domain in scale.train_domains:
             for seed in seeds:
                 for arm in arm_names:
-                    arms.setdefault((domain, arm), []).append(runs.arm(domain, arm, seed))
+                    done = arms.setdefault((domain, arm), [])
+                    if finished_only and (len(done) < seed or not runs.arm_finished(domain, arm, seed)):
+                        continue
+                    done.append(runs.arm(domain, arm, seed))
+        arms = finished_arms(arms, scale.train_domains) if finished_only else arms
 
     claims: list[dict[str, Any]] = []
     summaries: dict[str, Any] = {}
@@ -97,10 +119,11 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
         summaries["strict"] = claims_of.miss_rates(profiles)[0]
     if arms:
         claims += claims_of.arm_claims(arms, base, scale.train_domains, scale.domains, set(chosen))
+        trained = [arm for arm in arm_names if (scale.train_domains[0], arm) in arms]
         summaries["arms"] = {
-            arm: bootstrap_mean(claims_of.in_domain(arms, arm, scale.train_domains)) for arm in arm_names
+            arm: bootstrap_mean(claims_of.in_domain(arms, arm, scale.train_domains)) for arm in trained
         }
-        if "sft" in chosen:
+        if "sft" in chosen and {"pivotrl", "sft"} <= set(trained):
             summaries["drift"] = {
                 arm: claims_of.drift(arms, base, scale.train_domains, scale.domains, arm)
                 for arm in ("pivotrl", "sft")
@@ -108,12 +131,19 @@ def reproduce(scale: Scale, out: Path, only: Sequence[str] | None = None) -> tup
     if "theorems" in chosen:
         claims.append(claims_of.theorem_claim(runs.theorems()))
     if "e2e" in chosen:
-        e2e = runs.e2e(seeds)
-        claims.append(with_local_figures(e2e, out) if e2e is not None else claims_of.e2e_missing())
+        if finished_only and not runs.e2e_finished(seeds):
+            claims.append(claims_of.e2e_missing("not run: --finished-only, and its stage has not finished"))
+        else:
+            e2e = runs.e2e(seeds)
+            claims.append(with_local_figures(e2e, out) if e2e is not None else claims_of.e2e_missing())
 
     figures = report.plots(out, profiles, arms, base, scale, summaries)
     for item in claims:
         if FIGURES.get(item["claim"]) in figures:
             item["figures"] = [figures[FIGURES[item["claim"]]], *item.get("figures", [])]
     extra = {"experiments": chosen, "seconds": stages.seconds(), "base": warm_up}
+    if finished_only:
+        extra["arm_seeds"] = {arm: len(arms[(scale.train_domains[0], arm)]) for arm in trained}
+    if finished_only:  # the header's seeds: those of the arm with the most
+        seeds = seeds[: max(extra["arm_seeds"].values(), default=0)] if arm_names else seeds
     return report.write(out, scale, seeds, claims, runs.data.record, extra), stages

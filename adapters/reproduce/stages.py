@@ -39,6 +39,16 @@ class Stages:
         """Where a finished stage keeps its files (weights, logs) beside result.json."""
         return self.root / name
 
+    def finished(self, name: str, settings: Any) -> bool:
+        """Whether stage `name` finished earlier with these `settings` (so `run` would read it)."""
+        done = self.root / name / "result.json"
+        if not done.exists():
+            return False
+        try:
+            return json.loads(done.read_text()).get("settings_digest") == digest(settings)
+        except (OSError, ValueError):
+            return False
+
     def run(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         """The result of stage `name`: read when it finished earlier with the same `settings`, else
         `work(folder)` run in a fresh folder and recorded. The result must be JSON-able."""

@@ -295,3 +295,24 @@ def test_resizing_the_arms_keeps_the_base_and_the_profiles_but_reruns_the_arms(t
     assert digest(one.settings(PROFILE_FIELDS)) != digest(
         Experiments(replace(scale, k=scale.k * 2), tmp_path, Stages(tmp_path)).settings(PROFILE_FIELDS)
     )
+
+
+def test_finished_only_reports_the_seeds_each_arm_finished_and_trains_nothing(quick, tmp_path):
+    import shutil
+
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    out = tmp_path / "run"
+    shutil.copytree(quick, out)
+    # the per-action arm finished seed 0 only (its seed 2 is not counted: seed 1 is missing)
+    shutil.rmtree(out / "stages" / "train-tool-use-pivotrl-action-s1")
+    path, stages = reproduce(get_scale("quick", compared_pivots=COMPARED, seeds=5), out, finished_only=True)
+    assert stages.computed == []
+    made = {item["claim"]: item for item in json.loads((out / "report.json").read_text())["claims"]}
+    assert "paired by seed and pivot, 1 seed." in made["objective"]["detail"]
+    assert "paired by seed and pivot, 3 seeds." in made["ablation-filtering"]["detail"]
+    assert made["e2e"]["verdict"] == "inconclusive" and "--finished-only" in made["e2e"]["ours"]
+    text = path.read_text()
+    assert "no arm was trained for this report" in text and "pivotrl-action 1," in text
+    assert "seeds 0, 1, 2." in text
