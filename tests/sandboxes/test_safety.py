@@ -16,7 +16,7 @@ from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
 from pivot_envs.sandboxes import CommandRejected, SandboxLimits, cgroups
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 from pivot_envs.sandboxes.channel import call_server
-from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, DOCKER_PREFIX, LABEL, gc
+from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, DOCKER_PREFIX, LABEL, OWNER_LABEL, gc
 from pivot_envs.sandboxes.processes import NOBODY
 from pivot_envs.sandboxes.runner import runner_argv
 
@@ -26,14 +26,35 @@ SECRET = "host-secret-4f1c9"
 
 
 def leftovers() -> dict[str, int]:
-    """What sandboxes could leave on the host: containers, images, processes, mounts, temp dirs."""
+    """What this process's sandboxes could leave on the host: containers, images, processes, mounts, temp dirs.
+    Only this process's are counted (its owner label, its pid in the names, its cgroups), so that sandboxes
+    another program runs on the machine meanwhile do not count."""
+    pid = os.getpid()
     counts = {
         "mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
-        "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}*")))
-        + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}*"))),
+        "tmp_dirs": len(list(Path(tempfile.gettempdir()).glob(f"{BWRAP_PREFIX}{pid}-*")))
+        + len(list(Path(tempfile.gettempdir()).glob(f"{DOCKER_PREFIX}{pid}-*"))),
         "sandbox_processes": 0,
         "zombies": 0,
     }
+    containers: list[str] = []
+    try:
+        import docker
+
+        client = docker.from_env()
+        labelled = {"label": [LABEL]}
+        mine = f"{os.uname().nodename}:{pid}:"
+
+        def owned(items: list[dict]) -> list[dict]:
+            return [i for i in items if (i.get("Labels") or {}).get(OWNER_LABEL, "").startswith(mine)]
+
+        containers = [c["Id"] for c in owned(client.api.containers(all=True, filters=labelled))]
+        counts["containers"] = len(containers)
+        counts["images"] = len(owned(client.api.images(filters=labelled)))
+    except Exception:  # no daemon: the Docker counts do not apply
+        pass
+    found = cgroups.hierarchy()
+    ours = f"/{cgroups.PREFIX}{pid}/"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -41,24 +62,23 @@ def leftovers() -> dict[str, int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             uid = entry.stat().st_uid
             zombie = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+            cgroup = (entry / "cgroup").read_text()
         except (OSError, IndexError):
             continue
-        # The bubblewrap sandboxes run as nobody; Docker's as root in containers, so look for the
-        # suite's own long sleeps by their arguments. Zombies are counted apart: they are gone
+        # The bubblewrap sandboxes run as nobody, in this process's cgroups where there are any; Docker's as
+        # root in this process's containers, so look for the suite's own long sleeps by their arguments.
+        # Zombies are counted apart, by uid alone (an exited process leaves its cgroup): they are gone
         # only where the host's PID 1 reaps (not in every container a CI job runs in).
-        if uid == NOBODY or argv[:2] in ([b"sleep", b"1000"], [b"sleep", b"100000"]):
-            counts["zombies" if zombie else "sandbox_processes"] += 1
-    found = cgroups.hierarchy()
-    if not isinstance(found, str):  # bubblewrap sandboxes' cgroups
+        if zombie:
+            counts["zombies"] += uid == NOBODY
+        elif uid == NOBODY and (isinstance(found, str) or ours in cgroup):
+            counts["sandbox_processes"] += 1
+        elif argv[:2] in ([b"sleep", b"1000"], [b"sleep", b"100000"]) and any(
+            c in cgroup for c in containers
+        ):
+            counts["sandbox_processes"] += 1
+    if not isinstance(found, str):  # bubblewrap sandboxes' cgroups (this process's parents)
         counts["cgroups"] = sum(1 for parent in found.parents for entry in parent.iterdir() if entry.is_dir())
-    try:
-        import docker
-
-        client = docker.from_env()
-        counts["containers"] = len(client.containers.list(all=True, filters={"label": [LABEL]}))
-        counts["images"] = len(client.images.list(filters={"label": [LABEL]}))
-    except Exception:  # no daemon: the Docker counts do not apply
-        pass
     return counts
 
 
