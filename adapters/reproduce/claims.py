@@ -329,7 +329,8 @@ def online_summary(arms: dict, train_domains: Sequence[str]) -> str:
     retired = revived = 0
     after: dict[str, list[float]] = {"pivotrl-online": [], "pivotrl": []}
     for domain in train_domains:
-        for run in arms.get((domain, "pivotrl-online"), []):
+        online = arms.get((domain, "pivotrl-online"), [])
+        for run in online:
             history = run["history"]
             first = next((h["step"] for h in history if h.get("retired") is not None), None)
             retired += sum(h.get("retired") or 0 for h in history)
@@ -337,7 +338,7 @@ def online_summary(arms: dict, train_domains: Sequence[str]) -> str:
             if first is None:
                 continue
             after["pivotrl-online"] += [1.0 - h["frac_zero_variance"] for h in history if h["step"] >= first]
-            for offline in arms.get((domain, "pivotrl"), []):
+            for offline in arms.get((domain, "pivotrl"), [])[: len(online)]:  # the seeds both arms have
                 after["pivotrl"] += [
                     1.0 - h["frac_zero_variance"] for h in offline["history"] if h["step"] >= first
                 ]

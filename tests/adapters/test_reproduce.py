@@ -316,3 +316,16 @@ def test_finished_only_reports_the_seeds_each_arm_finished_and_trains_nothing(qu
     text = path.read_text()
     assert "no arm was trained for this report" in text and "pivotrl-action 1," in text
     assert "seeds 0, 1, 2." in text
+
+
+def test_the_online_summary_compares_the_seeds_both_arms_have():
+    from pivot_envs.adapters.reproduce.claims import online_summary
+
+    def run(mixed: float, retired: int | None = None) -> dict:
+        return {"history": [{"step": 2, "frac_zero_variance": 1.0 - mixed, "retired": retired, "revived": 0}]}
+
+    # seed 0 of each arm, and a seed 1 of the offline arm only (finished later): it is left out
+    arms = {("search", "pivotrl-online"): [run(0.5, retired=3)], ("search", "pivotrl"): [run(0.25), run(1.0)]}
+    summary = online_summary(arms, ["search"])
+    assert "3 pivots were retired" in summary
+    assert "50.0% of the online arm's groups had mixed rewards against 25.0% of the offline arm's" in summary
