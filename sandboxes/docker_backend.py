@@ -211,9 +211,8 @@ class DockerBackend:
                 handed = not self._closed and self._pools.get(snapshot.ref) is pool
                 if handed:
                     pool.put(sandbox)
-            if not handed:
+            if not handed:  # removing it also removes its released image (see remove_container)
                 self.remove_container(sandbox.container, sandbox.channel, wait=True)
-                self._remove_released_images()
 
         for _ in range(max(self.warm_pool - pool.qsize(), 0)):
             self._workers.submit(start_one)

@@ -108,6 +108,7 @@ def reproduce(
                         continue
                     done.append(runs.arm(domain, arm, seed))
         arms = finished_arms(arms, scale.train_domains) if finished_only else arms
+    trained = [arm for arm in arm_names if (scale.train_domains[0], arm) in arms]
 
     claims: list[dict[str, Any]] = []
     summaries: dict[str, Any] = {}
@@ -119,7 +120,6 @@ def reproduce(
         summaries["strict"] = claims_of.miss_rates(profiles)[0]
     if arms:
         claims += claims_of.arm_claims(arms, base, scale.train_domains, scale.domains, set(chosen))
-        trained = [arm for arm in arm_names if (scale.train_domains[0], arm) in arms]
         summaries["arms"] = {
             arm: bootstrap_mean(claims_of.in_domain(arms, arm, scale.train_domains)) for arm in trained
         }
@@ -144,6 +144,6 @@ def reproduce(
     extra = {"experiments": chosen, "seconds": stages.seconds(), "base": warm_up}
     if finished_only:
         extra["arm_seeds"] = {arm: len(arms[(scale.train_domains[0], arm)]) for arm in trained}
-    if finished_only:  # the header's seeds: those of the arm with the most
-        seeds = seeds[: max(extra["arm_seeds"].values(), default=0)] if arm_names else seeds
+        if trained:  # the header's seeds: those of the arm with the most
+            seeds = seeds[: max(extra["arm_seeds"].values())]
     return report.write(out, scale, seeds, claims, runs.data.record, extra), stages

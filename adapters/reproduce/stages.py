@@ -39,27 +39,29 @@ class Stages:
         """Where a finished stage keeps its files (weights, logs) beside result.json."""
         return self.root / name
 
-    def finished(self, name: str, settings: Any) -> bool:
-        """Whether stage `name` finished earlier with these `settings` (so `run` would read it)."""
+    def _record(self, name: str, settings: Any) -> dict[str, Any] | None:
+        """Stage `name`'s record when it finished earlier with these `settings`, else None."""
         done = self.root / name / "result.json"
         if not done.exists():
-            return False
-        try:
-            return json.loads(done.read_text()).get("settings_digest") == digest(settings)
-        except (OSError, ValueError):
-            return False
+            return None
+        record = json.loads(done.read_text())
+        if record.get("settings_digest") == digest(settings):
+            return record
+        log.info("stage %s: finished with other settings", name)
+        return None
+
+    def finished(self, name: str, settings: Any) -> bool:
+        """Whether stage `name` finished earlier with these `settings` (so `run` would read it)."""
+        return self._record(name, settings) is not None
 
     def run(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         """The result of stage `name`: read when it finished earlier with the same `settings`, else
         `work(folder)` run in a fresh folder and recorded. The result must be JSON-able."""
         key = digest(settings)
-        done = self.root / name / "result.json"
-        if done.exists():
-            record = json.loads(done.read_text())
-            if record.get("settings_digest") == key:
-                self.reused.append(name)
-                return record["result"]
-            log.info("stage %s: finished with other settings; running it again", name)
+        record = self._record(name, settings)
+        if record is not None:
+            self.reused.append(name)
+            return record["result"]
         partial = self.root / f"{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)  # an interrupted attempt: start over
         partial.mkdir(parents=True)

@@ -316,6 +316,11 @@ def test_finished_only_reports_the_seeds_each_arm_finished_and_trains_nothing(qu
     text = path.read_text()
     assert "no arm was trained for this report" in text and "pivotrl-action 1," in text
     assert "seeds 0, 1, 2." in text
+    # with no arm asked for, nothing is trained either, and the report is written
+    path, stages = reproduce(
+        get_scale("quick", compared_pivots=COMPARED), out, ["theorems"], finished_only=True
+    )
+    assert stages.computed == [] and "no arm was trained for this report" in path.read_text()
 
 
 def test_the_online_summary_compares_the_seeds_both_arms_have():
