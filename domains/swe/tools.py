@@ -416,6 +416,19 @@ def install_editor(sandbox: Any) -> None:
         )
 
 
+# True when the process $__pivot_pid can still answer: it has its fd/0 (a zombie has none), runs or
+# sleeps (not stopped, not a zombie), and no signal is pending for it. The last matters: kill
+# returns once a signal is queued, and a killed editor keeps its fds and its state until it runs
+# again to exit; for that while, only its pending signal (SIGKILL, or any fatal one, queued for
+# the whole process until it is reaped) tells it will never read. Builtins only.
+_WARM_EDITOR_LIVE = (
+    '[ -e "/proc/$__pivot_pid/fd/0" ] && { __pivot_live=0; while read -r __pivot_key __pivot_value __pivot_rest;'
+    ' do case "$__pivot_key$__pivot_value" in'
+    " State:S|State:R|SigPnd:0000000000000000|ShdPnd:0000000000000000) __pivot_live=$((__pivot_live + 1));;"
+    ' esac; done 2>/dev/null < "/proc/$__pivot_pid/status"; [ "$__pivot_live" = 3 ]; }'
+)
+
+
 def _output_limit(sandbox: Any) -> int:
     """Bytes of text the editor may print: under the sandbox's output limit, so nothing is cut."""
     limits = getattr(getattr(sandbox, "owner", None), "limits", None)
@@ -428,13 +441,14 @@ def _editor(
     limit = _output_limit(sandbox)
     # A Python literal the editor evaluates (see editor_script.py); repr escapes every control character.
     request = repr({"arguments": args, "workdir": workdir, "max_bytes": limit})
-    # A warm editor when one waits (see EDITOR_WARM_UP; builtins only, no process started; a killed
-    # one, even a zombie not reaped yet, has no /proc/PID/fd/0, so its FIFO is never opened), else the
-    # installed editor (see install_editor); the call carries no editor source. A sandbox without
-    # the editor says so and gets it installed, then the call runs again (once per sandbox).
+    # A warm editor when one waits (see EDITOR_WARM_UP), else the installed editor (see
+    # install_editor); the call carries no editor source. A sandbox without the editor says so and
+    # gets it installed, then the call runs again (once per sandbox). The warm editor is used only
+    # when it is alive and will read: builtins only, no process started, so its FIFO is never
+    # opened for one that would not (the call would wait out its timeout). See _WARM_EDITOR_LIVE.
     line = (
         f"if [ -p {EDITOR_WARM}/in ] && read -r __pivot_pid 2>/dev/null < {EDITOR_WARM}/pid"
-        f" && [ -e \"/proc/$__pivot_pid/fd/0\" ]; then IFS= read -r -d '' __pivot_request;"
+        f" && {_WARM_EDITOR_LIVE}; then IFS= read -r -d '' __pivot_request;"
         f' printf \'%s\\n%s\' "$BASHPID" "$__pivot_request" > {EDITOR_WARM}/in'
         f' && read -r __pivot_status < {EDITOR_WARM}/done && [ "$__pivot_status" = 0 ];'
         f" elif [ -f {EDITOR_HOME}/swe_editor.py ]; then python3 -I -S -c {shlex.quote(_RUN_INSTALLED)};"

@@ -80,10 +80,41 @@ def test_a_refused_call_through_the_warm_editor_keeps_its_category(env):
 
 def test_a_call_after_the_warm_editor_was_killed_starts_its_own(env):
     sandbox = warm_fork(env)
-    # kill returns once the signal is sent; the editor is gone (its fd/0 closed) a moment later, and
-    # until then a call would take it for a waiting editor (a race this test does not measure).
     killed = f"p=$(cat {EDITOR_WARM}/pid); kill -9 $p; for i in $(seq 100); do [ -e /proc/$p/fd/0 ] || break; sleep 0.05; done"
     assert sandbox.run(killed).ok
+    result = execute_call(sandbox, *VIEW, timeout=10)
+    assert result.error is None and "def mean(values):" in result.text
+
+
+def test_a_call_after_the_warm_editor_was_stopped_starts_its_own(env):
+    # A stopped editor still has its fd/0 and would take the request, then never answer.
+    sandbox = warm_fork(env)
+    assert sandbox.run(f"kill -STOP $(cat {EDITOR_WARM}/pid)").ok
+    result = execute_call(sandbox, *VIEW, timeout=10)
+    assert result.error is None and "def mean(values):" in result.text
+    assert waiting(sandbox)  # the stopped one was not written to
+
+
+# Waits on the warm editor's FIFO as the editor does, with SIGTERM blocked: once sent, the signal
+# stays pending and the process alive and waiting, as a killed editor is until it runs to exit.
+SIGNALLED_STAND_IN = (
+    "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+    f"open('{EDITOR_WARM}/in').read()"
+)
+
+
+def test_a_call_right_after_the_warm_editor_was_signalled_starts_its_own(env):
+    # kill returns once the signal is queued; a call made before the editor runs to exit sees it
+    # alive, with its fd/0, and must not write to it (it waited out its timeout, graded timeout).
+    sandbox = warm_fork(env)
+    gone = f"p=$(cat {EDITOR_WARM}/pid); kill -9 $p; while [ -e /proc/$p/fd/0 ]; do sleep 0.05; done"
+    assert sandbox.run(gone, timeout=10).ok
+    stand_in = (
+        f"python3 -I -S -c {SIGNALLED_STAND_IN!r} </dev/null >/dev/null 2>&1 & echo $! > {EDITOR_WARM}/pid;"
+        " until grep -q '^State:.S' /proc/$!/status; do sleep 0.05; done; sleep 0.2; kill -TERM $!;"
+        " grep -q '^ShdPnd:.0*4000$' /proc/$!/status"
+    )
+    assert sandbox.run(stand_in, timeout=10).ok  # alive, waiting, SIGTERM pending
     result = execute_call(sandbox, *VIEW, timeout=10)
     assert result.error is None and "def mean(values):" in result.text
 
