@@ -8,10 +8,11 @@ domain with a Wilson interval. Scoring goes through `pivot_envs.scoring.EnvPool`
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pivot_envs.config import ConfigError, at_least, option
@@ -160,6 +161,12 @@ def _modes(config: EvalConfig) -> list[tuple[str, int, SamplingParams]]:
     return modes
 
 
+def prompt_size(pivot: Pivot) -> int:
+    """A cheap measure of a pivot's prompt length (characters of its observation's JSON), for batching
+    prompts of similar length together; the policy's tokenizer is not needed."""
+    return len(json.dumps(pivot.observation, ensure_ascii=False, default=str))
+
+
 def generate_all(
     policy: Policy,
     pivots: Sequence[Pivot],
@@ -168,17 +175,30 @@ def generate_all(
     batch_size: int,
     progress: str | None = None,
 ) -> list[list[Completion]]:
-    """n completions at each pivot, `batch_size` pivots per generate call; with `progress`, a progress bar
-    of that title on stderr."""
+    """n completions at each pivot, in the pivots' order, `batch_size` pivots per generate call; with
+    `progress`, a progress bar of that title on stderr.
+
+    The calls take the pivots longest prompt first (`prompt_size`), so each batch holds prompts of
+    similar length: a batch is padded to its longest prompt, and similar prompts (often turns of one
+    trajectory) share longer heads. On the 155 held-out search pivots the prefill computed 30%
+    fewer token rows than in the given order, and the evaluation ran 1.35x faster with the same
+    greedy actions (benchmarks/eval_batching.py). Per-chat `sampling.seeds` follow their chats into
+    their batches.
+    """
     from pivot_envs.config import progress_bar
 
-    out: list[list[Completion]] = []
+    seeds = sampling.chat_seeds(len(pivots)) if sampling.seeds is not None else None
+    order = sorted(range(len(pivots)), key=lambda row: -prompt_size(pivots[row]))
+    out: list[list[Completion] | None] = [None] * len(pivots)
     with progress_bar(total=len(pivots), unit="pivot", desc=progress or "", enabled=bool(progress)) as bar:
-        for start in range(0, len(pivots), batch_size):
-            chunk = pivots[start : start + batch_size]
-            out.extend(policy.generate([pivot.observation for pivot in chunk], n, sampling))
-            bar.update(len(chunk))
-    return out
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            chunk = replace(sampling, seeds=[seeds[row] for row in rows]) if seeds is not None else sampling
+            groups = policy.generate([pivots[row].observation for row in rows], n, chunk)
+            for row, group in zip(rows, groups, strict=True):
+                out[row] = group
+            bar.update(len(rows))
+    return out  # type: ignore[return-value]  # every row was filled
 
 
 def evaluate(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,15 @@ from echo_domain import EchoEnv, real_pivots
 
 from pivot_envs.chat import calls_of
 from pivot_envs.env import InfrastructureError, Outcome
-from pivot_envs.evaluate import Accuracy, EvalConfig, effective_size, evaluate, generate_all, wilson_interval
+from pivot_envs.evaluate import (
+    Accuracy,
+    EvalConfig,
+    effective_size,
+    evaluate,
+    generate_all,
+    prompt_size,
+    wilson_interval,
+)
 from pivot_envs.policy import Completion, SamplingParams
 from pivot_envs.scoring import EnvPool
 from pivot_envs.verifiers import Verdict
@@ -128,6 +137,40 @@ def test_generate_all_keeps_the_pivots_order_in_batches_and_shows_a_bar_when_ask
     assert [size for size, _, _ in policy.calls] == [2, 2, 1] * 2
     err = capsys.readouterr().err
     assert "held-out echo" in err and f"{len(pivots)}/{len(pivots)}" in err
+
+
+class RecordingPolicy:
+    """Answers each chat with its own seed as text, and records the chats of each call."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, chats, n, sampling):
+        self.calls.append(list(chats))
+        return [[Completion(text=str(seed))] * n for seed in sampling.chat_seeds(len(chats))]
+
+
+def test_generate_all_batches_prompts_of_similar_length_and_keeps_each_chats_seed():
+    base = real_pivots()[0]
+    padding = [10, 900, 30, 700, 20, 800]  # characters added to the last message: three short, three long
+    pivots = []
+    for index, extra in enumerate(padding):
+        messages = [dict(m) for m in base.observation["messages"]]
+        messages[-1]["content"] = f"{messages[-1].get('content') or ''}{'x' * extra}"
+        pivots.append(dataclasses.replace(base, id=f"p{index}", messages=messages))
+    policy = RecordingPolicy()
+    seeds = [100 + index for index in range(len(pivots))]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seeds=seeds)
+    out = generate_all(policy, pivots, 2, sampling, batch_size=3)
+    # the pivots' order, each with its own seed
+    assert [group[0].text for group in out] == [str(seed) for seed in seeds]
+    assert [len(group) for group in out] == [2] * len(pivots)
+    sizes = [[prompt_size(p) for p in pivots if p.observation in call] for call in policy.calls]
+    # the longest prompts first, together; the short ones after
+    assert min(sizes[0]) > max(sizes[1])
+    assert {pivots.index(p) for p in pivots if p.observation in policy.calls[0]} == {1, 3, 5}
 
 
 def test_the_functional_verifier_credits_actions_the_strict_one_misses():
