@@ -132,7 +132,9 @@ class EvalConfig:
     batch_size: int = option(8, "pivots per generate call")
     num_envs: int = option(4, "envs scoring actions concurrently (threads)")
     verifier: str = option("", "the functional verifier by name (empty: the domain's default)")
-    seed: int = option(0, "sampling seed")
+    seed: int = option(
+        0, "sampling seed: each pivot's samples are drawn from a seed made from this and its id"
+    )
 
     def __post_init__(self) -> None:
         at_least(self, 0, "samples", "temperature")
@@ -183,17 +185,26 @@ def generate_all(
     trajectory) share longer heads. On the 155 held-out search pivots the prefill computed 30%
     fewer token rows than in the given order, and the evaluation ran 1.35x faster with the same
     greedy actions (benchmarks/eval_batching.py). Per-chat `sampling.seeds` follow their chats into
-    their batches.
+    their batches. A seeded sampling call without them draws each pivot's samples from a seed of
+    its own (`profile.pivot_seed`: the seed and the pivot's id, as the profiler does), so they do
+    not depend on the batch the pivot lands in: one seed for every call would give each batch's
+    first pivot the same random draws as every other batch's first pivot.
     """
     from pivot_envs.config import progress_bar
 
     seeds = sampling.chat_seeds(len(pivots)) if sampling.seeds is not None else None
+    if seeds is None and sampling.seed is not None and sampling.temperature > 0:
+        from pivot_envs.profile import pivot_seed
+
+        seeds = [pivot_seed(sampling.seed, pivot.id) for pivot in pivots]
     order = sorted(range(len(pivots)), key=lambda row: -prompt_size(pivots[row]))
     out: list[list[Completion] | None] = [None] * len(pivots)
     with progress_bar(total=len(pivots), unit="pivot", desc=progress or "", enabled=bool(progress)) as bar:
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            chunk = replace(sampling, seeds=[seeds[row] for row in rows]) if seeds is not None else sampling
+            chunk = sampling
+            if seeds is not None:  # `seed` too, for backends that seed a whole call only
+                chunk = replace(sampling, seed=seeds[rows[0]], seeds=[seeds[row] for row in rows])
             groups = policy.generate([pivots[row].observation for row in rows], n, chunk)
             for row, group in zip(rows, groups, strict=True):
                 out[row] = group

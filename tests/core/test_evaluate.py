@@ -20,6 +20,7 @@ from pivot_envs.evaluate import (
     wilson_interval,
 )
 from pivot_envs.policy import Completion, SamplingParams
+from pivot_envs.profile import pivot_seed
 from pivot_envs.scoring import EnvPool
 from pivot_envs.verifiers import Verdict
 
@@ -171,6 +172,18 @@ def test_generate_all_batches_prompts_of_similar_length_and_keeps_each_chats_see
     # the longest prompts first, together; the short ones after
     assert min(sizes[0]) > max(sizes[1])
     assert {pivots.index(p) for p in pivots if p.observation in policy.calls[0]} == {1, 3, 5}
+
+
+def test_seeded_sampling_draws_each_pivots_samples_from_its_own_seed_whatever_its_batch():
+    pivots = real_pivots()
+    sampled = SamplingParams(temperature=0.7, max_new_tokens=8, seed=7)
+    expected = [str(pivot_seed(7, p.id)) for p in pivots]
+    for batch_size in (1, 2, len(pivots)):
+        out = generate_all(RecordingPolicy(), pivots, 1, sampled, batch_size=batch_size)
+        assert [group[0].text for group in out] == expected
+    # greedy draws nothing: the call's seed is passed as it is
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, seed=7)
+    assert {g[0].text for g in generate_all(RecordingPolicy(), pivots, 1, greedy, batch_size=2)} == {"7"}
 
 
 def test_the_functional_verifier_credits_actions_the_strict_one_misses():
