@@ -65,7 +65,7 @@ def main() -> None:
     from pivot_envs.adapters.reproduce.experiments import split
     from pivot_envs.adapters.reproduce.scales import get_scale
 
-    from pivot_envs.evaluate import generate_all, prompt_size
+    from pivot_envs.evaluate import generate_all, length_batches
     from pivot_envs.policy import SamplingParams
     from pivot_envs.scoring import EnvPool, resolve_env
 
@@ -78,8 +78,7 @@ def main() -> None:
     given = [
         list(range(s, min(s + args.batch_size, len(pivots)))) for s in range(0, len(pivots), args.batch_size)
     ]
-    order = sorted(range(len(pivots)), key=lambda row: -prompt_size(pivots[row]))
-    by_length = [order[s : s + args.batch_size] for s in range(0, len(order), args.batch_size)]
+    by_length = length_batches(pivots, args.batch_size)
 
     modes = {
         "given order (baseline)": lambda: in_given_order(policy, pivots, sampling, args.batch_size),

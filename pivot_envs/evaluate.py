@@ -169,6 +169,12 @@ def prompt_size(pivot: Pivot) -> int:
     return len(json.dumps(pivot.observation, ensure_ascii=False, default=str))
 
 
+def length_batches(pivots: Sequence[Pivot], batch_size: int) -> list[list[int]]:
+    """The pivots' indices in batches of `batch_size`, longest prompt first (`prompt_size`)."""
+    order = sorted(range(len(pivots)), key=lambda row: -prompt_size(pivots[row]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def generate_all(
     policy: Policy,
     pivots: Sequence[Pivot],
@@ -180,7 +186,7 @@ def generate_all(
     """n completions at each pivot, in the pivots' order, `batch_size` pivots per generate call; with
     `progress`, a progress bar of that title on stderr.
 
-    The calls take the pivots longest prompt first (`prompt_size`), so each batch holds prompts of
+    The calls take the pivots longest prompt first (`length_batches`), so each batch holds prompts of
     similar length: a batch is padded to its longest prompt, and similar prompts (often turns of one
     trajectory) share longer heads. On the 155 held-out search pivots the prefill computed 30%
     fewer token rows than in the given order, and the evaluation ran 1.35x faster with the same
@@ -197,11 +203,9 @@ def generate_all(
         from pivot_envs.profile import pivot_seed
 
         seeds = [pivot_seed(sampling.seed, pivot.id) for pivot in pivots]
-    order = sorted(range(len(pivots)), key=lambda row: -prompt_size(pivots[row]))
     out: list[list[Completion] | None] = [None] * len(pivots)
     with progress_bar(total=len(pivots), unit="pivot", desc=progress or "", enabled=bool(progress)) as bar:
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
+        for rows in length_batches(pivots, batch_size):
             chunk = sampling
             if seeds is not None:  # `seed` too, for backends that seed a whole call only
                 chunk = replace(sampling, seed=seeds[rows[0]], seeds=[seeds[row] for row in rows])

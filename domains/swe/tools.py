@@ -416,13 +416,13 @@ def install_editor(sandbox: Any) -> None:
         )
 
 
-# True when the process $__pivot_pid can still answer: it has its fd/0 (a zombie has none), runs or
-# sleeps (not stopped, not a zombie), and no signal is pending for it. The last matters: kill
-# returns once a signal is queued, and a killed editor keeps its fds and its state until it runs
-# again to exit; for that while, only its pending signal (SIGKILL, or any fatal one, queued for
-# the whole process until it is reaped) tells it will never read. Builtins only.
+# True when the process $__pivot_pid can still answer: it runs or sleeps (not stopped, not a
+# zombie, not gone: no status file counts nothing) and no signal is pending for it. The last
+# matters: kill returns once a signal is queued, and a killed editor keeps its fds and its state
+# until it runs again to exit; for that while, only its pending signal (SIGKILL, or any fatal one,
+# queued for the whole process until it is reaped) tells it will never read. Builtins only.
 _WARM_EDITOR_LIVE = (
-    '[ -e "/proc/$__pivot_pid/fd/0" ] && { __pivot_live=0; while read -r __pivot_key __pivot_value __pivot_rest;'
+    "{ __pivot_live=0; while read -r __pivot_key __pivot_value __pivot_rest;"
     ' do case "$__pivot_key$__pivot_value" in'
     " State:S|State:R|SigPnd:0000000000000000|ShdPnd:0000000000000000) __pivot_live=$((__pivot_live + 1));;"
     ' esac; done 2>/dev/null < "/proc/$__pivot_pid/status"; [ "$__pivot_live" = 3 ]; }'
