@@ -32,6 +32,31 @@ def right_pad(rows: Sequence[Sequence[int]], device: Any) -> tuple[Any, Any]:
     return ids, mask
 
 
+def repeat_rows(tensor: Any, counts: Sequence[int]) -> Any:
+    """Row i of `tensor` repeated counts[i] times, in order: `tensor[repeat_interleave(counts)]` with a
+    repeatable backward.
+
+    Each row is expanded to its copies and the parts concatenated, so the backward sums each row's
+    copies in a fixed order. Indexing with a tensor (`tensor[rows]`, and transformers'
+    `batch_select_indices`) backpropagates with `index_put_(accumulate=True)`, which a CPU runs in
+    parallel with atomic adds unless `torch.use_deterministic_algorithms` is on: the gradients then
+    differ in the last bits from run to run, and a few training steps amplify that into different
+    samples (tests/adapters/test_shared_prefix.py).
+    """
+    import torch
+
+    rest = tensor.shape[1:]
+    return torch.cat([tensor[i : i + 1].expand(count, *rest) for i, count in enumerate(counts)])
+
+
+def repeat_cache_rows(cache: Any, counts: Sequence[int]) -> None:
+    """`repeat_rows` on every layer's keys and values of a transformers key/value cache, in place."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            layer.keys = repeat_rows(layer.keys, counts)
+            layer.values = repeat_rows(layer.values, counts)
+
+
 def token_logprobs(logits: Any, ids: Any, temperature: float = 1.0) -> Any:
     """log softmax(logits / T)[ids] per position, without materialising the full log-softmax."""
     logits = logits.float() / temperature
@@ -58,8 +83,8 @@ def groups_logprobs(
     in two forward passes: every prefix runs once, all the actions run together.
 
     The prefixes run in one pass (right-padded to the longest, with their attention mask) and keep
-    their key/value cache. Each group's cache rows are repeated to its G actions (`batch_select_indices`,
-    an index that stays in the autograd graph, so a prefix gets the gradients of all its actions), and
+    their key/value cache. Each group's cache rows are repeated to its G actions (`repeat_cache_rows`,
+    which stays in the autograd graph, so a prefix gets the gradients of all its actions), and
     the right-padded actions of every group run in one pass on top, at positions P, P+1, ... after their
     own prefix's length P, attending to their own prefix's tokens (mask = prefix mask | action mask).
     The first action token is predicted by its prefix's last position, so the last action token is
@@ -73,8 +98,7 @@ def groups_logprobs(
     ids, mask = right_pad([action for _, actions in groups for action in actions], device)
     width = ids.shape[1]
     lengths = prefix_mask.sum(1)
-    # row r of the actions belongs to group rows[r]
-    rows = torch.repeat_interleave(torch.tensor([len(actions) for _, actions in groups], device=device))
+    counts = [len(actions) for _, actions in groups]  # the action rows of each group, in group order
     positions = torch.arange(prefixes.shape[1], device=device).expand_as(prefixes)
     out = model(
         input_ids=prefixes,
@@ -83,12 +107,12 @@ def groups_logprobs(
         use_cache=True,
         logits_to_keep=(lengths - 1)[:, None],
     )  # each prefix's last position only
-    logits = out.logits[rows]
+    logits = repeat_rows(out.logits, counts)
     if width > 1:
         cache = cache_of(out)
-        cache.batch_select_indices(rows)
-        attention = torch.cat([prefix_mask[rows], mask[:, :-1]], dim=1).long()
-        positions = lengths[rows, None] + torch.arange(width - 1, device=device)
+        repeat_cache_rows(cache, counts)
+        attention = torch.cat([repeat_rows(prefix_mask, counts), mask[:, :-1]], dim=1).long()
+        positions = repeat_rows(lengths, counts)[:, None] + torch.arange(width - 1, device=device)
         rest = model(
             input_ids=ids[:, :-1],
             attention_mask=attention,

@@ -135,3 +135,44 @@ def test_single_token_actions_need_no_second_pass():
     naive, _ = sequence_logprobs(model, [5, 6, 7, 8], [[1], [2], [3]])
     assert shared.shape == (3, 1)
     torch.testing.assert_close(shared, naive, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_gradients_repeat_bit_for_bit_on_several_threads():
+    """The same groups give the same gradients to the last bit, run after run, with two CPU threads.
+
+    The prefix's key/value cache and last logits are repeated to the group's actions; done by indexing
+    (`cache.batch_select_indices`), the backward accumulated the copies with parallel atomic adds, so
+    the gradients differed in their last bits from one run to the next and a seeded training run could
+    not be repeated. Before `repeat_rows`, every repeat differed (three tries of 5 repeats).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(  # 9 key/value heads x 64 over a long prefix: a cache as large as a small LM's
+        vocab_size=256,
+        hidden_size=576,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=9,
+        max_position_embeddings=2048,
+    )
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (1200, 9, 12, 5, 7, 3, 8, 6, 4)]
+    groups = [(ids[0], ids[1:])]  # one prefix, 8 actions: 8 copies of each cache row
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # one thread accumulates serially: the race needs two
+    try:
+        runs = []
+        for _ in range(4):
+            model.zero_grad(set_to_none=True)
+            logprobs, mask, _ = groups_logprobs(model, groups)
+            (logprobs * mask).sum().backward()
+            runs.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[0].abs().sum() > 0
+    differing = sum(not torch.equal(run, runs[0]) for run in runs[1:])
+    assert differing == 0, f"{differing} of 3 repeats gave other gradients"
