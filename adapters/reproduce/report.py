@@ -232,6 +232,7 @@ def write(
         ]
         lines += [f"![{item['claim']}]({figure})" for figure in item.get("figures", [])]
         lines.append("")
+    lines += _per_seed_lines(extra.get("per_seed") or {})
     lines += [
         "## Data and split",
         "",
@@ -271,6 +272,35 @@ def write(
         )
     )
     return path
+
+
+def _per_seed_lines(per_seed: dict[str, dict[str, list[float | None]]]) -> list[str]:
+    """The section of each arm's held-out accuracy per seed, one table per training domain."""
+    lines: list[str] = []
+    for domain, rows in per_seed.items():
+        seeds = max((len(row) for row in rows.values()), default=0)
+        if not seeds:
+            continue
+        if not lines:
+            lines += [
+                "## Held-out accuracy per seed",
+                "",
+                "Each arm's greedy turn accuracy (%) on the held-out pivots it is compared on, per seed; the "
+                "comparisons above pair these by seed and pivot. A blank: the arm has not finished that seed.",
+                "",
+            ]
+        lines += [
+            f"{domain}:",
+            "",
+            "| arm | " + " | ".join(f"s{seed}" for seed in range(seeds)) + " |",
+            "|---|" + "---|" * seeds,
+        ]
+        for arm, row in rows.items():
+            cells = [f"{100 * value:.1f}" if value is not None else "n/a" for value in row]
+            cells += [""] * (seeds - len(row))
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _sized(n: int) -> str:

@@ -67,6 +67,23 @@ def finished_arms(
     return kept
 
 
+def per_seed_accuracy(
+    arms: dict[tuple[str, str], list[dict[str, Any]]], train_domains: Sequence[str]
+) -> dict[str, dict[str, list[float | None]]]:
+    """Each training domain's held-out turn accuracy per arm and seed (seeds 0, 1, ... in order): the share of
+    its compared held-out pivots graded 1, over the items that were graded (None where none was)."""
+    table: dict[str, dict[str, list[float | None]]] = {}
+    for domain in train_domains:
+        for (where, arm), results in arms.items():
+            if where != domain:
+                continue
+            row = table.setdefault(domain, {}).setdefault(arm, [])
+            for result in results:
+                graded = [r for r in result["turns"][domain] if r is not None]
+                row.append(sum(graded) / len(graded) if graded else None)
+    return table
+
+
 def reproduce(
     scale: Scale, out: Path, only: Sequence[str] | None = None, finished_only: bool = False
 ) -> tuple[Path, Stages]:
@@ -142,6 +159,8 @@ def reproduce(
         if FIGURES.get(item["claim"]) in figures:
             item["figures"] = [figures[FIGURES[item["claim"]]], *item.get("figures", [])]
     extra = {"experiments": chosen, "seconds": stages.seconds(), "base": warm_up}
+    if arms:
+        extra["per_seed"] = per_seed_accuracy(arms, scale.train_domains)
     if finished_only:
         extra["arm_seeds"] = {arm: len(arms[(scale.train_domains[0], arm)]) for arm in trained}
         if trained:  # the header's seeds: those of the arm with the most

@@ -316,11 +316,34 @@ def test_finished_only_reports_the_seeds_each_arm_finished_and_trains_nothing(qu
     text = path.read_text()
     assert "no arm was trained for this report" in text and "pivotrl-action 1," in text
     assert "seeds 0, 1, 2." in text
+    # each arm's accuracy per seed, as the command computes it from its stages, the blank where it stopped
+    per_seed = json.loads((out / "report.json").read_text())["per_seed"]["tool-use"]
+    assert len(per_seed["pivotrl"]) == 3 and len(per_seed["pivotrl-action"]) == 1
+    turns = json.loads((out / "stages" / "train-tool-use-pivotrl-s1" / "result.json").read_text())
+    graded = [r for r in turns["result"]["turns"]["tool-use"] if r is not None]
+    assert per_seed["pivotrl"][1] == pytest.approx(sum(graded) / len(graded))
+    assert "## Held-out accuracy per seed" in text
+    assert f"| pivotrl-action | {100 * per_seed['pivotrl-action'][0]:.1f} |  |  |" in text
     # with no arm asked for, nothing is trained either, and the report is written
     path, stages = reproduce(
         get_scale("quick", compared_pivots=COMPARED), out, ["theorems"], finished_only=True
     )
     assert stages.computed == [] and "no arm was trained for this report" in path.read_text()
+
+
+def test_per_seed_accuracy_counts_the_graded_items_of_each_training_domain():
+    from pivot_envs.adapters.reproduce.runner import per_seed_accuracy
+
+    def seed(*turns):
+        return {"turns": {"search": list(turns), "tool-use": [0.0]}}
+
+    arms = {
+        ("search", "pivotrl"): [seed(1.0, 0.0, None, 1.0), seed(None, None)],
+        ("search", "sft"): [seed(0.0, 0.0)],
+        ("tool-use", "sft"): [{"turns": {"tool-use": [1.0]}}],
+    }
+    assert per_seed_accuracy(arms, ["search"]) == {"search": {"pivotrl": [2 / 3, None], "sft": [0.0]}}
+    assert per_seed_accuracy(arms, ["search", "tool-use"])["tool-use"] == {"sft": [1.0]}
 
 
 def test_the_online_summary_compares_the_seeds_both_arms_have():
