@@ -49,10 +49,24 @@ def repeat_rows(tensor: Any, counts: Sequence[int]) -> Any:
     return torch.cat([tensor[i : i + 1].expand(count, *rest) for i, count in enumerate(counts)])
 
 
-def repeat_cache_rows(cache: Any, counts: Sequence[int]) -> None:
-    """`repeat_rows` on every layer's keys and values of a transformers key/value cache, in place."""
+def repeat_cache_rows(cache: Any, counts: Sequence[int], device: Any = None) -> None:
+    """Each row of a transformers key/value cache repeated counts[i] times, in place.
+
+    A layer that holds keys and values only (transformers' `DynamicLayer`, its sliding-window kind)
+    gets `repeat_rows`; any other kind (an indexer's keys, linear attention's recurrent states, a
+    quantized cache) keeps its own `batch_select_indices`, which knows its state: correct, though
+    not repeatable bit for bit on a CPU. `device`: where that index goes (the model's).
+    """
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    rows = None
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+        if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+            if rows is None:
+                rows = torch.repeat_interleave(torch.tensor(list(counts), device=device))
+            layer.batch_select_indices(rows)
+        elif layer.keys is not None and layer.keys.numel() > 0:
             layer.keys = repeat_rows(layer.keys, counts)
             layer.values = repeat_rows(layer.values, counts)
 
@@ -110,7 +124,7 @@ def groups_logprobs(
     logits = repeat_rows(out.logits, counts)
     if width > 1:
         cache = cache_of(out)
-        repeat_cache_rows(cache, counts)
+        repeat_cache_rows(cache, counts, device)
         attention = torch.cat([repeat_rows(prefix_mask, counts), mask[:, :-1]], dim=1).long()
         positions = repeat_rows(lengths, counts)[:, None] + torch.arange(width - 1, device=device)
         rest = model(

@@ -73,10 +73,8 @@ def per_seed_accuracy(
     """Each training domain's held-out turn accuracy per arm and seed (seeds 0, 1, ... in order): the share of
     its compared held-out pivots graded 1, over the items that were graded (None where none was)."""
     table: dict[str, dict[str, list[float | None]]] = {}
-    for domain in train_domains:
-        for (where, arm), results in arms.items():
-            if where != domain:
-                continue
+    for (domain, arm), results in arms.items():
+        if domain in train_domains:
             row = table.setdefault(domain, {}).setdefault(arm, [])
             for result in results:
                 graded = [r for r in result["turns"][domain] if r is not None]

@@ -7,7 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pivot_envs.adapters.grpo.shared_prefix import action_logprobs, groups_logprobs, sequence_logprobs  # noqa: E402
+from pivot_envs.adapters.grpo.shared_prefix import (  # noqa: E402
+    action_logprobs,
+    groups_logprobs,
+    repeat_cache_rows,
+    sequence_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +181,21 @@ def test_gradients_repeat_bit_for_bit_on_several_threads():
     assert runs[0].abs().sum() > 0
     differing = sum(not torch.equal(run, runs[0]) for run in runs[1:])
     assert differing == 0, f"{differing} of 3 repeats gave other gradients"
+
+
+def test_cache_layers_with_more_state_than_keys_and_values_repeat_all_of_it():
+    """A plain layer's keys and values are repeated by `repeat_rows`; a layer with more state (here an indexer's
+    keys, as DeepSeek V3.2's) keeps its own `batch_select_indices`, so none of its state is left unrepeated."""
+    from transformers.cache_utils import Cache, DynamicIndexedLayer, DynamicLayer
+
+    cache = Cache(layers=[DynamicLayer(), DynamicIndexedLayer()])
+    keys = torch.arange(12, dtype=torch.float).reshape(2, 1, 3, 2)  # [batch, heads, tokens, head dim]
+    for layer in cache.layers:
+        layer.update(keys, keys + 100)
+    indexer = torch.arange(24, dtype=torch.float).reshape(2, 3, 4)
+    cache.layers[1].update_indexer(indexer)
+    repeat_cache_rows(cache, [2, 3])
+    rows = torch.tensor([0, 0, 1, 1, 1])
+    for layer in cache.layers:
+        assert torch.equal(layer.keys, keys[rows]) and torch.equal(layer.values, keys[rows] + 100)
+    assert torch.equal(cache.layers[1].indexer_keys, indexer[rows])
