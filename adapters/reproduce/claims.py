@@ -2,8 +2,10 @@
 
 Every claim is a dict {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval",
 "detail", "figures"}; `interval` is {"estimate", "low", "high", "n", "threshold", "direction",
-"mdd", "paired_mdd"} (where a difference is claimed: mdd, the minimum detectable difference of two unpaired
-sets of n items; paired_mdd, the one of this paired design, from the interval's own spread) or None
+"mdd", "paired_mdd", "seeds", "seeds_for_target", "target_mdd"} (where a difference is claimed: mdd, the minimum
+detectable difference of two unpaired sets of n items; paired_mdd, the one of this paired design, from the
+interval's own spread; seeds_for_target, the seeds that would bring paired_mdd to target_mdd, projected by
+stats.seeds_for_mdd, None where seeds alone cannot or fewer than 2 seeds ran) or None
 where no interval decides (the theorem checks: pass or fail).
 """
 
@@ -17,6 +19,7 @@ from pivot_envs.adapters.reproduce.stats import (
     minimum_detectable_difference,
     observed_mdd,
     paired_differences,
+    seeds_for_mdd,
     verdict,
     wilson,
 )
@@ -24,6 +27,7 @@ from pivot_envs.adapters.reproduce.stats import (
 from pivot_envs.evaluate import Accuracy
 
 Rows = list[list[float | None]]
+TARGET_MDD = 0.10  # the difference the issue asks the held-out design to detect (10 points)
 
 
 def claim(
@@ -54,12 +58,22 @@ def claim(
 
 
 def decided_by(
-    figure: dict[str, float], threshold: float = 0.0, direction: int = 1, mdd: bool = False
+    figure: dict[str, float],
+    threshold: float = 0.0,
+    direction: int = 1,
+    mdd: bool = False,
+    differences: Rows | None = None,
 ) -> dict[str, Any]:
+    """`figure` as a claim's interval; with `mdd`, its unpaired and paired MDDs, and with the seeds x items
+    `differences` it came from, the seeds a paired MDD of TARGET_MDD would take (`stats.seeds_for_mdd`)."""
     interval = {**figure, "threshold": threshold, "direction": direction}
     if mdd:
         interval["mdd"] = minimum_detectable_difference(int(figure["n"]))
         interval["paired_mdd"] = observed_mdd(figure["low"], figure["high"])
+        if differences is not None:
+            interval["seeds"] = sum(1 for row in differences if any(v is not None for v in row))
+            interval["seeds_for_target"] = seeds_for_mdd(differences, TARGET_MDD, interval["paired_mdd"])
+            interval["target_mdd"] = TARGET_MDD
     return interval
 
 
@@ -243,7 +257,8 @@ def arm_claims(
 
     def compared(name, title, section, paper, a, b, extra=""):
         rows_a, rows_b = common_seeds(accuracy[a], accuracy[b])
-        figure = difference(rows_a, rows_b)
+        differences = paired_differences(rows_a, rows_b)
+        figure = bootstrap_mean(differences)
         mean_a, mean_b = bootstrap_mean(rows_a), bootstrap_mean(rows_b)
         return claim(
             name,
@@ -252,7 +267,7 @@ def arm_claims(
             paper,
             f"held-out turn accuracy {a} {span(mean_a)} vs {b} {span(mean_b)}: difference "
             f"{span(figure, points=True)}",
-            decided_by(figure, mdd=True),
+            decided_by(figure, mdd=True, differences=differences),
             f"Held-out pivots of {', '.join(train_domains)} (split by trajectory), greedy, graded by the "
             f"functional verifier; paired by seed and pivot, {len(rows_a)} seed{'s' if len(rows_a) != 1 else ''}. "
             f"{extra}".strip(),
@@ -372,7 +387,8 @@ def ood_claim(arms: dict, base: dict, train_domains: Sequence[str], domains: Seq
 
     rows = {arm: out_of_domain(runs(arm), train_domains, others) for arm in ("pivotrl", "sft")}
     change = {arm: drift(arms, base, train_domains, domains, arm) for arm in rows}
-    between = difference(rows["pivotrl"], rows["sft"])
+    between_rows = paired_differences(rows["pivotrl"], rows["sft"])
+    between = bootstrap_mean(between_rows)
     wiki = {
         arm: bootstrap_mean(paired_differences([run["wiki_loss"] for run in runs(arm)], [base["wiki_loss"]]))
         for arm in rows
@@ -395,7 +411,7 @@ def ood_claim(arms: dict, base: dict, train_domains: Sequence[str], domains: Seq
         "average OOD change vs base: SFT -9.83 (Table 2; -9.48 in the introduction), PivotRL +0.21",
         f"PivotRL minus SFT on drift items: {span(between, points=True)}; change vs base: "
         f"PivotRL {span(change['pivotrl'], points=True)}, SFT {span(change['sft'], points=True)}",
-        decided_by(between, mdd=True),
+        decided_by(between, mdd=True, differences=between_rows),
         "Drift items: each training domain's other domains' held-out pivots and the bundled general questions "
         f"(arithmetic and facts with exact answers), {between['n']} per seed. Both arms start from the same base, so "
         f"the difference of their changes is the difference of their accuracies. {wiki_text}",

@@ -202,7 +202,9 @@ def write(
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "
         "**inconclusive** when it holds the threshold. MDD: the smallest difference the held-out size detects "
         "(two-sided 5%, 80% power, at 50% accuracy) between two unpaired sets of n items; (paired: M): the one of "
-        "the claim's own design (arms paired by seed and item), from its interval's spread.",
+        "the claim's own design (arms paired by seed and item), from its interval's spread, with the seeds that "
+        "would bring it to 10 points (projected from the seeds run: their spread, the items', and the rest; a guide, "
+        "not a guarantee).",
         "",
         "| claim | paper | ours | 95% interval | verdict |",
         "|---|---|---|---|---|",
@@ -319,8 +321,20 @@ def _interval(interval: dict[str, Any] | Sequence[float] | None) -> str:
     if "mdd" in interval:
         text += f"; n {interval.get('n')}, MDD {100 * interval['mdd']:.0f} pts"
         if "paired_mdd" in interval:
-            text += f" (paired: {100 * interval['paired_mdd']:.0f})"
+            text += f" (paired: {100 * interval['paired_mdd']:.0f}{_projection(interval)})"
     return text
+
+
+def _projection(interval: dict[str, Any]) -> str:
+    """The seeds a paired MDD of the target would take, as the interval's MDD shows it ("" where not projected)."""
+    if "seeds_for_target" not in interval:
+        return ""
+    target, need = f"{100 * interval['target_mdd']:.0f} pts", interval["seeds_for_target"]
+    if need is None:
+        return f"; {target} needs more held-out items" if interval.get("seeds", 0) >= 2 else ""
+    if need <= interval["seeds"]:
+        return f"; under {target} with {interval['seeds']} seeds"
+    return f"; {target} needs ~{need} seeds"
 
 
 def _ours(ours: Any) -> str:

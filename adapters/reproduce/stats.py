@@ -61,6 +61,56 @@ def observed_mdd(low: float, high: float) -> float:
     return (Z_95 + Z_80) * (high - low) / (2 * Z_95)
 
 
+def seeds_for_mdd(
+    differences: Sequence[Sequence[float | None]],
+    target: float = 0.10,
+    observed: float | None = None,
+    limit: int = 1000,
+) -> int | None:
+    """How many seeds a paired comparison needs for its paired MDD to reach `target`, projected from its
+    seeds x items table of differences (None: no value) by a two-way variance decomposition.
+
+    The table's variance splits into the seeds' (how much a whole seed's difference moves: shrinks with more
+    seeds), the items' (how much the arms' difference depends on the item: a floor only more held-out items
+    lower) and their interaction (shrinks with either). With S seeds and I items the mean's variance is
+    seed/S + item/I + residual/(S I); the MDD is (z_0.975 + z_0.8) times its square root. Given `observed`
+    (the paired MDD of the bootstrap interval), the projection keeps its ratio to the model's MDD at the
+    table's own seeds. Returns the number of seeds (the table's own when it already reaches the target),
+    or None when it cannot say: fewer than 2 seeds or items with values, or a target no number of seeds up to
+    `limit` reaches (the items' floor is above it: more held-out items are needed).
+    It assumes new seeds vary as the measured ones did: a guide for planning, not a guarantee."""
+    rows = [list(row) for row in differences if any(v is not None for v in row)]
+    width = max((len(row) for row in rows), default=0)
+    cells = [(s, i, v) for s, row in enumerate(rows) for i, v in enumerate(row) if v is not None]
+    columns = [i for i in range(width) if any(i < len(row) and row[i] is not None for row in rows)]
+    seeds, items = len(rows), len(columns)
+    if seeds < 2 or items < 2:
+        return None
+    grand = sum(v for _, _, v in cells) / len(cells)
+    seed_mean = [_nanmean(row) for row in rows]
+    item_mean = {i: _nanmean([row[i] if i < len(row) else None for row in rows]) for i in columns}
+    residual_sum = sum((v - seed_mean[s] - item_mean[i] + grand) ** 2 for s, i, v in cells)
+    residual = residual_sum / max(len(cells) - seeds - items + 1, 1)
+    seed_var = max(_variance([m for m in seed_mean if m is not None]) - residual / items, 0.0)
+    item_var = max(_variance([m for m in item_mean.values() if m is not None]) - residual / seeds, 0.0)
+
+    def model_mdd(n: int) -> float:
+        return (Z_95 + Z_80) * math.sqrt(seed_var / n + item_var / items + residual / (n * items))
+
+    scale = observed / model_mdd(seeds) if observed and model_mdd(seeds) > 0 else 1.0
+    for n in range(seeds, limit + 1):
+        if scale * model_mdd(n) <= target:
+            return n
+    return None
+
+
+def _variance(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+
+
 def _nanmean(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None and not math.isnan(v)]
     return sum(kept) / len(kept) if kept else None

@@ -18,6 +18,7 @@ from pivot_envs.adapters.reproduce.stats import (  # noqa: E402
     minimum_detectable_difference,
     observed_mdd,
     paired_differences,
+    seeds_for_mdd,
     verdict,
 )
 
@@ -112,6 +113,75 @@ def test_the_observed_mdd_is_the_power_of_the_design_that_gave_the_interval():
         observed_mdd(0.2, 0.1)
 
 
+def _differences(seeds, items, seed_sd, item_sd, noise_sd, draw):
+    """A seeds x items table of paired differences: a seed effect, an item effect, and noise."""
+    item_effect = [draw.gauss(0, item_sd) for _ in range(items)]
+    table = []
+    for _ in range(seeds):
+        shift = draw.gauss(0, seed_sd)
+        table.append([shift + effect + draw.gauss(0, noise_sd) for effect in item_effect])
+    return table
+
+
+def test_the_seeds_a_10_point_paired_mdd_needs_are_projected_from_the_seeds_run():
+    z = 1.959963984540054 + 0.8416212335729143
+    # only seeds vary (every item of a seed moves together): the MDD falls as 1/sqrt(seeds), exactly
+    seed_shifts = [0.1, -0.1, 0.2, -0.2]
+    table = [[shift] * 50 for shift in seed_shifts]
+    seed_var = sum(s * s for s in seed_shifts) / 3  # their variance (mean 0)
+    expected = next(n for n in range(4, 1000) if z * (seed_var / n) ** 0.5 <= 0.10)
+    assert seeds_for_mdd(table, 0.10) == expected
+    # anchored to a wider observed MDD at the table's own seeds, it takes proportionally more
+    at_four = z * (seed_var / 4) ** 0.5
+    wider = next(n for n in range(4, 1000) if 1.5 * z * (seed_var / n) ** 0.5 <= 0.10)
+    assert seeds_for_mdd(table, 0.10, observed=1.5 * at_four) == wider > expected
+    # already under the target: the seeds it has
+    assert seeds_for_mdd(table, 0.5) == 4
+    # the arms differ by item, the same way in every seed: more seeds never help, more items would
+    by_item = [[0.9 if i % 2 else -0.9 for i in range(20)]] * 5
+    assert seeds_for_mdd(by_item, 0.10) is None
+    # one seed, or nothing: no projection
+    assert seeds_for_mdd([[0.1, 0.2, 0.0]], 0.10) is None
+    assert seeds_for_mdd([[None, None], [None, None]], 0.10) is None
+
+
+def test_the_projection_holds_when_the_seeds_are_run():
+    """Project from pilots of 6 seeds of a design with seed, item and noise variation (each projection is noisy:
+    6 seeds estimate the seeds' spread roughly), then run the pilots' median projection of the same design: the
+    bootstrap interval's paired MDD comes out near the target."""
+    import random
+    import statistics
+
+    draw = random.Random(0)
+    design = {"items": 60, "seed_sd": 0.1, "item_sd": 0.1, "noise_sd": 0.3}
+    projections = []
+    for _ in range(15):
+        pilot = _differences(6, draw=draw, **design)
+        figure = bootstrap_mean(pilot, resamples=300)
+        projections.append(seeds_for_mdd(pilot, 0.08, observed_mdd(figure["low"], figure["high"])))
+    need = int(statistics.median(projections))
+    assert need > 6
+    reached = []
+    for _ in range(3):  # three independent runs of the projected size
+        figure = bootstrap_mean(_differences(need, draw=draw, **design), resamples=300)
+        reached.append(observed_mdd(figure["low"], figure["high"]))
+    assert 0.06 < statistics.mean(reached) < 0.105, (need, projections, reached)
+
+
+def test_the_report_shows_the_projected_seeds_beside_the_paired_mdd():
+    from pivot_envs.adapters.reproduce.report import _interval
+
+    base = {"low": -0.15, "high": 0.02, "threshold": 0, "n": 155, "mdd": 0.16, "paired_mdd": 0.13}
+    projected = {**base, "seeds": 9, "target_mdd": 0.10}
+    assert _interval({**projected, "seeds_for_target": 19}).endswith("(paired: 13; 10 pts needs ~19 seeds)")
+    assert _interval({**projected, "seeds_for_target": 9}).endswith("(paired: 13; under 10 pts with 9 seeds)")
+    assert _interval({**projected, "seeds_for_target": None}).endswith(
+        "(paired: 13; 10 pts needs more held-out items)"
+    )
+    assert _interval({**projected, "seeds": 1, "seeds_for_target": None}).endswith("(paired: 13)")
+    assert _interval(base).endswith("(paired: 13)")
+
+
 def test_compared_pivots_must_not_be_negative():
     from pivot_envs.adapters.reproduce.scales import get_scale
 
@@ -186,6 +256,7 @@ def test_the_arms_are_compared_on_their_own_held_out_set_and_the_base_on_its_sam
         assert item["interval"]["paired_mdd"] == pytest.approx(
             observed_mdd(item["interval"]["low"], item["interval"]["high"])
         )
+        assert item["interval"]["target_mdd"] == 0.10 and "seeds_for_target" in item["interval"]
     text = (quick / "report.md").read_text()
     assert "| base 8 (" in text and f"; arms {COMPARED} (" in text and "(paired: " in text
     assert (
