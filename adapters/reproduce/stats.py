@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 
 from pivot_envs.evaluate import wilson_interval
@@ -91,8 +92,9 @@ def seeds_for_mdd(
     item_mean = {i: _nanmean([row[i] if i < len(row) else None for row in rows]) for i in columns}
     residual_sum = sum((v - seed_mean[s] - item_mean[i] + grand) ** 2 for s, i, v in cells)
     residual = residual_sum / max(len(cells) - seeds - items + 1, 1)
-    seed_var = max(_variance([m for m in seed_mean if m is not None]) - residual / items, 0.0)
-    item_var = max(_variance([m for m in item_mean.values() if m is not None]) - residual / seeds, 0.0)
+    # every row and column kept has a value, so no mean is None
+    seed_var = max(statistics.variance(seed_mean) - residual / items, 0.0)
+    item_var = max(statistics.variance(item_mean.values()) - residual / seeds, 0.0)
 
     def model_mdd(n: int) -> float:
         return (Z_95 + Z_80) * math.sqrt(seed_var / n + item_var / items + residual / (n * items))
@@ -102,13 +104,6 @@ def seeds_for_mdd(
         if scale * model_mdd(n) <= target:
             return n
     return None
-
-
-def _variance(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
 
 
 def _nanmean(values: Sequence[float | None]) -> float | None:
