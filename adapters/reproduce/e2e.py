@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -297,21 +298,32 @@ def plot(seeds: list[dict[str, Any]], png: Path) -> Path:
     return png
 
 
-def run(scale: str, out: Path, seeds: Sequence[int]) -> dict[str, Any]:
-    """Run the comparison at `scale` ("quick", "cpu", "gpu") for `seeds` into `out` (each seed's result is kept
-    in seed-N.json and reused by a rerun) and return the claim: {"claim", "title", "paper_section", "paper",
-    "ours", "verdict", "interval", "detail", "figures"}."""
-    from pivot_envs.adapters.reproduce.stats import bootstrap_mean, paired_differences, wilson
-
+def sizes_of(scale: str, policy: str | None = None, device: str | None = None) -> E2EScale:
+    """The comparison's sizes at `scale`, starting from `policy` on `device` where given (`pivotrl reproduce`'s
+    --policy and --device: both arms start from the policy the rest of the run uses)."""
     if scale not in SCALES:
         raise UnknownNameError("scale", scale, sorted(SCALES))
-    sizes, out = SCALES[scale], Path(out)
+    sizes = SCALES[scale]
+    return replace(sizes, policy=policy or sizes.policy, device=device or sizes.device)
+
+
+def run(
+    scale: str, out: Path, seeds: Sequence[int], policy: str | None = None, device: str | None = None
+) -> dict[str, Any]:
+    """Run the comparison at `scale` ("quick", "cpu", "gpu") for `seeds` into `out` (each seed's result is kept
+    in seed-N.json and reused by a rerun made with the same sizes, policy and device; one made with others is
+    run again) and return the claim: {"claim", "title", "paper_section", "paper", "ours", "verdict",
+    "interval", "detail", "figures"}. `policy` and `device` replace the scale's start policy and device."""
+    from pivot_envs.adapters.reproduce.stats import bootstrap_mean, paired_differences, wilson
+
+    sizes, out = sizes_of(scale, policy, device), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     train_ids, heldout_ids = split_tasks(sizes)
     results = []
     for seed in seeds:
         path = out / f"seed-{seed}.json"
-        if not path.is_file():
+        if not path.is_file() or json.loads(path.read_text()).get("scale") != asdict(sizes):
+            shutil.rmtree(out / f"seed-{seed}", ignore_errors=True)
             result = run_seed(sizes, out / f"seed-{seed}", seed, train_ids, heldout_ids)
             path.write_text(json.dumps({"scale": asdict(sizes), **result}, indent=2))
         results.append(json.loads(path.read_text()))

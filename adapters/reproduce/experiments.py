@@ -437,7 +437,12 @@ class Experiments:
         return self.stages.run(
             "e2e",
             self._e2e_settings(e2e, seeds),
-            lambda _: json.loads(json.dumps(e2e.run(self.scale.name, work, seeds), default=str)),
+            lambda _: json.loads(
+                json.dumps(
+                    e2e.run(self.scale.name, work, seeds, policy=self.scale.policy, device=self.scale.device),
+                    default=str,
+                )
+            ),
         )
 
     def e2e_finished(self, seeds: list[int]) -> bool:
@@ -449,4 +454,15 @@ class Experiments:
         return self.stages.finished("e2e", self._e2e_settings(e2e, seeds))
 
     def _e2e_settings(self, module: Any, seeds: list[int]) -> dict[str, Any]:
-        return {"scale": self.scale.name, "seeds": seeds, "module": digest(Path(module.__file__).read_text())}
+        settings = {
+            "scale": self.scale.name,
+            "seeds": seeds,
+            "module": digest(Path(module.__file__).read_text()),
+        }
+        # --policy and --device reach the comparison too; at the E2E scale's own they are left out of its
+        # settings, so stages finished before they were passed on stay valid
+        sizes = module.SCALES.get(self.scale.name)
+        for key in ("policy", "device"):
+            if sizes is None or getattr(sizes, key) != getattr(self.scale, key):
+                settings[key] = getattr(self.scale, key)
+        return settings

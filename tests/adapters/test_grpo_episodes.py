@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from pivot_envs.adapters.grpo.episodes import (  # noqa: E402
 )
 from pivot_envs.adapters.grpo.trainer import GRPOConfig  # noqa: E402
 
+from pivot_envs.errors import UnknownNameError  # noqa: E402
 from pivot_envs.policy import Completion, SamplingParams, load_policy  # noqa: E402
 
 # Two tasks whose instruction spells out the command: the 135M model copies it in some samples, not in others.
@@ -177,3 +179,38 @@ def test_the_quick_e2e_experiment_reports_both_arms_at_the_same_rollout_turns(tm
     assert all(Path(figure).is_file() for figure in claim["figures"]) and claim["figures"]
     # a rerun reuses the seed's result
     assert e2e.run("quick", tmp_path, [0])["ours"] == claim["ours"]
+    # one made with another start policy or device (reproduce's --policy, --device) runs the seed again, from an
+    # empty folder (an interrupted seed's checkpoints would make its trainer refuse the folder)
+    stored = tmp_path / "seed-0.json"
+    result = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**result, "scale": {**result["scale"], "device": "cuda"}}))
+    (tmp_path / "seed-0" / "stale").write_text("from the other run")
+    again = e2e.run("quick", tmp_path, [0], device="cpu")
+    assert json.loads(stored.read_text())["scale"] == asdict(e2e.sizes_of("quick"))
+    assert not (tmp_path / "seed-0" / "stale").exists() and again["verdict"] in (
+        "reproduced",
+        "not reproduced",
+        "inconclusive",
+    )
+
+
+def test_the_e2e_comparison_starts_from_the_policy_and_device_the_run_was_given(tmp_path):
+    from pivot_envs.adapters.reproduce import e2e
+    from pivot_envs.adapters.reproduce.experiments import Experiments
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.adapters.reproduce.stages import Stages
+
+    assert e2e.sizes_of("cpu") == e2e.SCALES["cpu"]
+    sizes = e2e.sizes_of("gpu", policy="hf:/models/qwen", device="cuda:1")
+    assert (sizes.policy, sizes.device, sizes.steps) == ("hf:/models/qwen", "cuda:1", e2e.SCALES["gpu"].steps)
+    with pytest.raises(UnknownNameError, match="scale 'gpux'"):
+        e2e.sizes_of("gpux")
+
+    def settings(**options):
+        runs = Experiments(get_scale("cpu", **options), tmp_path, Stages(tmp_path))
+        return runs._e2e_settings(e2e, [0, 1])
+
+    # at the scale's own policy and device the settings are what they were, so finished E2E stages stay valid
+    assert set(settings()) == {"scale", "seeds", "module"}
+    assert settings(policy="hf:/models/qwen")["policy"] == "hf:/models/qwen"
+    assert settings(device="cuda")["device"] == "cuda" and "policy" not in settings(device="cuda")
