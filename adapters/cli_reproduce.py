@@ -63,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default=None, help="policy spec to start from (default: the scale's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the scale's)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="FIELD=VALUE",
+        help="change one of the scale's sizes (repeatable): --set steps=20 --set ks=4,8; the fields are listed "
+        "in docs/reproduce.md, and the report's notes name what was set",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,7 +91,10 @@ def main(args: argparse.Namespace) -> int:
         policy=args.policy,
         device=args.device,
         compared_pivots=args.compared_pivots,
+        sets=args.sets,
     )
+    for name in {*scale.domains, *scale.train_domains, *scale.profile_domains}:
+        check_domain(name)  # names given through --set
     out = check_output(args.out or f"runs/reproduce-{scale.name}", "--out", directory=True)
     path, stages = reproduce(scale, Path(out), only, finished_only=args.finished_only)
     print(f"\n{len(stages.computed)} stages run, {len(stages.reused)} read from an earlier run")

@@ -9,9 +9,11 @@ the same with more of everything for one GPU (a bigger model through --policy).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from pivot_envs.config import ConfigError, UnknownOptionError
 from pivot_envs.errors import UnknownNameError
 
 TINY = "tiny"  # the quick scale's random model (see measure.load_policy)
@@ -165,6 +167,80 @@ SCALES = {
 }
 
 
+# fields --set may not change: the scale's name keys its default output folder, its notes are prose
+_FIXED = ("name", "notes")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _parse_field(field_name: str, kind: str, text: str) -> Any:
+    """`text` as a value of a Scale field whose annotation is `kind` (the module's annotations are strings)."""
+    where = f"--set {field_name}={text}"
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        if kind == "bool":
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+            raise ConfigError(f"{where}: expected one of {', '.join(_TRUE + _FALSE)}")
+        if kind == "int | None":
+            return None if text.lower() == "none" else int(text)
+        if kind.startswith("tuple[int"):
+            return tuple(int(item) for item in text.split(",") if item.strip())
+        if kind.startswith("tuple[str"):
+            return tuple(item.strip() for item in text.split(",") if item.strip())
+    except ValueError as error:
+        if str(error).startswith(where):
+            raise
+        raise ConfigError(f"{where}: expected {kind}, got {text!r}") from None
+    return text
+
+
+def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
+    """`scale` with FIELD=VALUE items applied (`--set steps=20 --set ks=4,8`): any field but the name and the
+    notes; tuples are comma-separated. The report's notes list what was set, so its reader sees which sizes
+    are not the named scale's."""
+    kinds = {item.name: str(item.type) for item in fields(Scale) if item.name not in _FIXED}
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}")
+        if key not in kinds:
+            raise UnknownOptionError("scale field", key, sorted(kinds))
+        changes[key] = _parse_field(key, kinds[key], text.strip())
+    if not changes:
+        return scale
+    _check_sizes(changes)
+    scale = replace(scale, **changes)
+    if not set(scale.train_domains) <= set(scale.domains):
+        raise ConfigError(
+            f"--set: the training domains {', '.join(scale.train_domains)} must be among the measured domains "
+            f"{', '.join(scale.domains)}"
+        )
+    shown = ", ".join(f"{key}={_shown(value)}" for key, value in changes.items())
+    return replace(scale, notes=(*scale.notes, f"sizes set on the command line: {shown}"))
+
+
+def _shown(value: Any) -> str:
+    return ",".join(str(item) for item in value) if isinstance(value, tuple) else str(value)
+
+
+def _check_sizes(changes: dict[str, Any]) -> None:
+    positive = ("seeds", "k", "steps", "batch_pivots", "group_size", "max_new_tokens", "max_prompt_tokens")
+    for key in positive:
+        if key in changes and changes[key] < 1:
+            raise ConfigError(f"--set {key} must be at least 1, got {changes[key]}")
+    for key, value in changes.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"--set {key} must not be negative, got {value}")
+    if "heldout" in changes and not 0 < changes["heldout"] < 1:
+        raise ConfigError(f"--set heldout must be between 0 and 1, got {changes['heldout']}")
+
+
 def get_scale(
     name: str,
     seeds: int | None = None,
@@ -172,15 +248,17 @@ def get_scale(
     policy: str | None = None,
     device: str | None = None,
     compared_pivots: int | None = None,
+    sets: Sequence[str] = (),
 ) -> Scale:
-    """The named scale, with --seeds, --domains, --policy, --device and --compared-pivots applied (training
-    stays in the scale's training domains that are among `domains`, else in the first of them)."""
+    """The named scale, with --set, --seeds, --domains, --policy, --device and --compared-pivots applied (training
+    stays in the scale's training domains that are among `domains`, else in the first of them; the named
+    options win over --set)."""
     if name not in SCALES:
         raise UnknownNameError("scale", name, sorted(SCALES))
-    scale = SCALES[name]
+    scale = set_fields(SCALES[name], sets)
     if seeds is not None:
         if seeds < 1:
-            raise ValueError(f"--seeds must be at least 1, got {seeds}")
+            raise ConfigError(f"--seeds must be at least 1, got {seeds}")
         scale = replace(scale, seeds=seeds)
     if domains:
         kept = tuple(d for d in scale.train_domains if d in domains) or domains[:1]
@@ -191,7 +269,7 @@ def get_scale(
         scale = replace(scale, device=device)
     if compared_pivots is not None:
         if compared_pivots < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"--compared-pivots must be 0 (all held-out pivots) or more, got {compared_pivots}"
             )
         scale = replace(scale, compared_pivots=compared_pivots)

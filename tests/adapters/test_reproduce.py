@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -189,6 +190,80 @@ def test_compared_pivots_must_not_be_negative():
     assert get_scale("cpu", compared_pivots=0).compared_pivots == 0
     with pytest.raises(ValueError, match="--compared-pivots must be 0"):
         get_scale("cpu", compared_pivots=-1)
+
+
+def test_set_changes_any_size_of_a_scale_and_the_notes_say_which():
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    scale = get_scale(
+        "gpu",
+        sets=[
+            "steps=2",
+            "ks=4,8",
+            "train-domains=search",
+            "compared_pivots=0",
+            "progress=no",
+            "learning_rate=3e-5",
+        ],
+    )
+    assert (scale.steps, scale.ks, scale.train_domains, scale.compared_pivots) == (2, (4, 8), ("search",), 0)
+    assert (scale.progress, scale.learning_rate, scale.name) == (False, 3e-5, "gpu")
+    assert scale.notes[-1] == (
+        "sizes set on the command line: steps=2, ks=4,8, train_domains=search, compared_pivots=0, "
+        "progress=False, learning_rate=3e-05"
+    )
+    assert get_scale("gpu", sets=["compared_pivots=none"]).compared_pivots is None
+    # the named options win over --set, and no --set leaves the named scale as it is
+    assert get_scale("cpu", seeds=4, sets=["seeds=9", "device=cuda"]).seeds == 4
+    assert get_scale("cpu", sets=[]) == get_scale("cpu")
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("stepz=3", "unknown scale field 'stepz'; did you mean 'steps'"),
+        ("name=mine", "unknown scale field 'name'"),
+        ("steps", "--set expects FIELD=VALUE, got 'steps'"),
+        ("steps=two", "--set steps=two: expected int, got 'two'"),
+        ("ks=4,x", "--set ks=4,x: expected tuple"),
+        ("progress=maybe", "--set progress=maybe: expected one of 1, true"),
+        ("steps=0", "--set steps must be at least 1, got 0"),
+        ("candidates=-1", "--set candidates must not be negative, got -1"),
+        ("heldout=1.5", "--set heldout must be between 0 and 1"),
+        (
+            "train_domains=terminal",
+            "the training domains terminal must be among the measured domains tool-use",
+        ),
+    ],
+)
+def test_set_refuses_what_is_not_a_size_of_the_scale_and_names_it(item, message):
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    from pivot_envs.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_scale("quick", sets=[item])
+
+
+def test_the_command_reports_a_bad_set_as_a_usage_error_before_running_anything(tmp_path, capsys):
+    from pivot_envs.cli import main
+
+    out = tmp_path / "never"
+    assert main(["reproduce", "--set", "domains=tool-use,serch", "--out", str(out)]) != 0
+    assert "unknown domain 'serch'; did you mean 'search'" in capsys.readouterr().err
+    assert main(["reproduce", "--set", "stepz=1", "--out", str(out)]) == 2
+    assert "did you mean 'steps'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_run_with_set_writes_the_changed_sizes_into_its_report(tmp_path):
+    from pivot_envs.cli import main
+
+    command = ["reproduce", "--scale", "quick", "--only", "theorems", "--out", str(tmp_path)]
+    assert main([*command, "--set", "steps=1", "--set", "ks=2"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["scale"]["steps"], report["scale"]["ks"]) == (1, [2])
+    assert "Note: sizes set on the command line: steps=1, ks=2." in (tmp_path / "report.md").read_text()
 
 
 def test_comparing_on_more_pivots_keeps_the_base_its_measurements_and_the_profiles(tmp_path):
