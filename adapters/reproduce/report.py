@@ -155,6 +155,16 @@ def plots(
     return made
 
 
+def _device_note(scale: Scale) -> list[str]:
+    """On a GPU a seed is a seeded draw, not a repeatable one (measured on an H200: docs/reproduce.md)."""
+    if not scale.device.startswith("cuda"):
+        return []
+    return [
+        "Note: on a GPU, training with the same seed does not repeat bit for bit (CUDA adds in no fixed order): "
+        "a rerun seed gives other samples after a few steps, so its figures move within the seed spread."
+    ]
+
+
 def _compared_note(scale: Scale) -> list[str]:
     """The line saying the arms are compared on another held-out sample than the scale's (--compared-pivots)."""
     if scale.compared_pivots is None:
@@ -197,6 +207,7 @@ def write(
         *[f"Note: {note}." for note in scale.notes],
         *_compared_note(scale),
         *_finished_note(extra.get("arm_seeds")),
+        *_device_note(scale),
         "",
         "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "

@@ -266,6 +266,16 @@ def test_a_run_with_set_writes_the_changed_sizes_into_its_report(tmp_path):
     assert "Note: sizes set on the command line: steps=1, ks=2." in (tmp_path / "report.md").read_text()
 
 
+def test_a_report_made_on_a_gpu_says_its_seeds_do_not_repeat_bit_for_bit():
+    from pivot_envs.adapters.reproduce.report import _device_note
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    assert _device_note(get_scale("cpu")) == [] and _device_note(get_scale("quick")) == []
+    for scale in (get_scale("gpu"), get_scale("cpu", device="cuda:1")):
+        (note,) = _device_note(scale)
+        assert note.startswith("Note: on a GPU, training with the same seed does not repeat bit for bit")
+
+
 def test_comparing_on_more_pivots_keeps_the_base_its_measurements_and_the_profiles(tmp_path):
     from pivot_envs.adapters.reproduce.experiments import (
         BASE_FIELDS,
