@@ -200,10 +200,14 @@ class Experiments:
         }
 
     def reset_to_base(self) -> Any:
-        """The policy with the base's weights (the base stage must have finished)."""
+        """The policy with the base's weights (the base stage must have finished). A base whose folder lacks them
+        (stages/ copied without weights.pt) is rebuilt first, and must give its recorded result."""
         import torch
 
-        state = torch.load(self.stages.folder("base") / "weights.pt", map_location=self.policy.device)
+        weights = self.stages.folder("base") / "weights.pt"
+        if not weights.is_file():
+            self.stages.rebuild("base", self.settings(BASE_FIELDS), self._base)
+        state = torch.load(weights, map_location=self.policy.device)
         self.policy.model.load_state_dict(state)
         return self.policy
 

@@ -18,7 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
+
 log = logging.getLogger(__name__)
+
+
+class StageMismatchError(PivotEnvsError, RuntimeError):
+    """A finished stage, run again to restore its files, gave another result than the one recorded."""
 
 
 def digest(settings: Any) -> str:
@@ -79,6 +85,35 @@ class Stages:
         shutil.rmtree(self.root / name, ignore_errors=True)
         partial.replace(self.root / name)
         print(f"[reproduce] stage {name} done in {seconds:.0f} s", flush=True)
+        self.computed.append(name)
+        return result
+
+    def rebuild(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """Run finished stage `name` again to restore files its folder lacks (a run's stages/ copied to another
+        machine without the base's weights), and check that it gives the recorded result: the stages built on
+        the recorded files must not be mixed with others. Raises StageMismatchError when it does not."""
+        record = self._record(name, settings)
+        if record is None:
+            return self.run(name, settings, work)
+        print(f"[reproduce] stage {name}: rebuilding its files ...", flush=True)
+        partial = self.root / f"{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        began = time.perf_counter()
+        result = json.loads(json.dumps(work(partial), default=str))
+        if result != record["result"]:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise StageMismatchError(
+                f"stage {name} rebuilt on this machine gives {result}, not the recorded {record['result']}: the "
+                f"stages built on its recorded files came from other ones. Delete {self.root} to start over"
+            )
+        seconds = time.perf_counter() - began
+        (partial / "result.json").write_text(
+            json.dumps({**record, "rebuilt_seconds": seconds}, indent=1, default=str)
+        )
+        shutil.rmtree(self.root / name, ignore_errors=True)
+        partial.replace(self.root / name)
+        print(f"[reproduce] stage {name} rebuilt in {seconds:.0f} s, as recorded", flush=True)
         self.computed.append(name)
         return result
 

@@ -425,6 +425,55 @@ def test_an_interrupted_stage_is_run_again_from_scratch(tmp_path):
     }  # other settings: run again
 
 
+def test_a_stage_whose_files_were_left_behind_is_rebuilt_and_must_give_its_recorded_result(tmp_path):
+    from pivot_envs.adapters.reproduce.stages import StageMismatchError, Stages
+
+    def work(value):
+        def write(folder):
+            (folder / "weights").write_text(f"w{value}")
+            return {"value": value, "loss": 0.1 + value}
+
+        return write
+
+    Stages(tmp_path).run("base", {"a": 1}, work(1))
+    folder = tmp_path / "stages" / "base"
+    (folder / "weights").unlink()  # the run's stages/ copied to another machine without its weights
+    stages = Stages(tmp_path)
+    assert stages.rebuild("base", {"a": 1}, work(1)) == {"value": 1, "loss": 1.1}
+    assert (folder / "weights").read_text() == "w1" and stages.computed == ["base"]
+    assert json.loads((folder / "result.json").read_text())["result"] == {"value": 1, "loss": 1.1}
+    # a rebuild that gives another result is refused, and leaves the recorded stage as it was
+    (folder / "weights").unlink()
+    with pytest.raises(
+        StageMismatchError, match=r"stage base rebuilt on this machine gives .*'value': 2.*not the"
+    ):
+        Stages(tmp_path).rebuild("base", {"a": 1}, work(2))
+    assert not (folder / "weights").exists() and not (tmp_path / "stages" / "base.partial").exists()
+    assert Stages(tmp_path).run("base", {"a": 1}, work(3)) == {"value": 1, "loss": 1.1}
+    # a stage that never finished is simply run
+    assert Stages(tmp_path).rebuild("other", {"a": 1}, work(4)) == {"value": 4, "loss": 4.1}
+
+
+def test_a_run_continued_from_stages_copied_without_the_base_weights_rebuilds_them_as_recorded(
+    quick, tmp_path
+):
+    import shutil
+
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    shutil.copytree(quick / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("weights.pt"))
+    recorded = json.loads((quick / "stages" / "base" / "result.json").read_text())["result"]
+    # reporting needs no weights: nothing is trained or rebuilt
+    _, stages = reproduce(get_scale("quick", compared_pivots=COMPARED), tmp_path, ["sft"], finished_only=True)
+    assert stages.computed == [] and not (tmp_path / "stages" / "base" / "weights.pt").exists()
+    # a new seed needs them: the base is rebuilt, bit for bit as recorded on a CPU, and the seed trains on it
+    _, stages = reproduce(get_scale("quick", compared_pivots=COMPARED, seeds=4), tmp_path, ["sft"])
+    assert stages.computed == ["base", "train-tool-use-pivotrl-s3", "train-tool-use-sft-s3"]
+    assert json.loads((tmp_path / "stages" / "base" / "result.json").read_text())["result"] == recorded
+    assert (tmp_path / "stages" / "base" / "weights.pt").is_file()
+
+
 def test_resizing_the_arms_keeps_the_base_and_the_profiles_but_reruns_the_arms(tmp_path):
     from dataclasses import replace
 
