@@ -227,6 +227,11 @@ def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
         return scale
     _check_sizes(changes)
     scale = replace(scale, **changes)
+    if any(not 1 <= k <= scale.k for k in scale.ks):
+        raise ConfigError(
+            f"--set: ks {_shown(scale.ks)} must lie within 1..k (k={scale.k}): the zero-variance share at each is "
+            f"read from the k samples profiled (--set ks=...)"
+        )
     if not set(scale.train_domains) <= set(scale.domains):
         raise ConfigError(
             f"--set: the training domains {', '.join(scale.train_domains)} must be among the measured domains "

@@ -230,6 +230,7 @@ def test_set_changes_any_size_of_a_scale_and_the_notes_say_which():
         ("steps=0", "--set steps must be at least 1, got 0"),
         ("candidates=-1", "--set candidates must not be negative, got -1"),
         ("heldout=1.5", "--set heldout must be between 0 and 1"),
+        ("k=2", "--set: ks 2,4 must lie within 1..k (k=2)"),
         (
             "train_domains=terminal",
             "the training domains terminal must be among the measured domains tool-use",
