@@ -563,3 +563,42 @@ def test_the_online_summary_compares_the_seeds_both_arms_have():
     summary = online_summary(arms, ["search"])
     assert "3 pivots were retired" in summary
     assert "50.0% of the online arm's groups had mixed rewards against 25.0% of the offline arm's" in summary
+
+
+# -- the cpu run in progress, kept in the repository ------------------------------------------------------
+
+
+def test_the_committed_stages_of_the_sft_run_are_this_codes_cpu_scale_and_report_without_training(tmp_path):
+    """benchmarks/stages/reproduce-cpu-sft holds a run's stages without the base's weights (docs/reproduce.md): a
+    change to the cpu scale would leave them stale, and a later run would train them again."""
+    import shutil
+    from pathlib import Path
+
+    from pivot_envs.adapters.reproduce.experiments import (
+        BASE_FIELDS,
+        MEASURE_FIELDS,
+        PROFILE_FIELDS,
+        Experiments,
+    )
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.adapters.reproduce.stages import Stages
+
+    committed = Path(__file__).resolve().parents[2] / "benchmarks" / "stages" / "reproduce-cpu-sft"
+    shutil.copytree(committed, tmp_path / "stages")
+    assert not list((tmp_path / "stages").rglob("weights.pt")) and not list(
+        (tmp_path / "stages").glob("*.partial")
+    )
+    scale = get_scale("cpu", compared_pivots=0, seeds=20)
+    runs = Experiments(scale, tmp_path, Stages(tmp_path))
+    stale = "the cpu scale changed since these stages were run: rerun them or remove the folder"
+    assert runs.stages.finished("base", runs.settings(BASE_FIELDS)), stale
+    assert runs.stages.finished("measure-base", runs.settings(MEASURE_FIELDS)), stale
+    assert runs.stages.finished("profile-search", runs.settings(PROFILE_FIELDS, domain="search")), stale
+    seeds = sorted({int(p.name.rsplit("-s", 1)[1]) for p in (tmp_path / "stages").glob("train-search-*")})
+    assert len(seeds) >= 3 and seeds == list(range(len(seeds)))
+    assert all(runs.arm_finished("search", arm, seed) for arm in ("pivotrl", "sft") for seed in seeds), stale
+    path, stages = reproduce(scale, tmp_path, ["sft"], finished_only=True)
+    assert stages.computed == [] and "sft-in-domain" in {
+        c["claim"] for c in json.loads((tmp_path / "report.json").read_text())["claims"]
+    }
