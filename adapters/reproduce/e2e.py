@@ -323,11 +323,13 @@ def run(
     results = []
     for seed in seeds:
         path = out / f"seed-{seed}.json"
-        if not path.is_file() or json.loads(path.read_text()).get("scale") != asdict(sizes):
+        stored = json.loads(path.read_text()) if path.is_file() else None
+        if stored is None or stored.get("scale") != asdict(sizes):
             shutil.rmtree(out / f"seed-{seed}", ignore_errors=True)
             result = run_seed(sizes, out / f"seed-{seed}", seed, train_ids, heldout_ids)
             path.write_text(json.dumps({"scale": asdict(sizes), **result}, indent=2))
-        results.append(json.loads(path.read_text()))
+            stored = json.loads(path.read_text())
+        results.append(stored)
 
     def table(arm: str) -> list[list[float | None]]:
         rows = [final_rewards(r[arm], r["start"]) if arm != "start" else r["start"] for r in results]

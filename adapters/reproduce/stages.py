@@ -63,29 +63,21 @@ class Stages:
     def run(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         """The result of stage `name`: read when it finished earlier with the same `settings`, else
         `work(folder)` run in a fresh folder and recorded. The result must be JSON-able."""
-        key = digest(settings)
         record = self._record(name, settings)
         if record is not None:
             self.reused.append(name)
             return record["result"]
-        partial = self.root / f"{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)  # an interrupted attempt: start over
-        partial.mkdir(parents=True)
+        partial = self._fresh(name)
         began = time.perf_counter()
         print(f"[reproduce] stage {name} ...", flush=True)
         result = work(partial)
         seconds = time.perf_counter() - began
-        (partial / "result.json").write_text(
-            json.dumps(
-                {"settings_digest": key, "settings": settings, "seconds": seconds, "result": result},
-                indent=1,
-                default=str,
-            )
+        self._finish(
+            name,
+            partial,
+            {"settings_digest": digest(settings), "settings": settings, "seconds": seconds, "result": result},
         )
-        shutil.rmtree(self.root / name, ignore_errors=True)
-        partial.replace(self.root / name)
         print(f"[reproduce] stage {name} done in {seconds:.0f} s", flush=True)
-        self.computed.append(name)
         return result
 
     def rebuild(self, name: str, settings: Any, work: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
@@ -96,9 +88,7 @@ class Stages:
         if record is None:
             return self.run(name, settings, work)
         print(f"[reproduce] stage {name}: rebuilding its files ...", flush=True)
-        partial = self.root / f"{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        partial = self._fresh(name)
         began = time.perf_counter()
         result = json.loads(json.dumps(work(partial), default=str))
         if result != record["result"]:
@@ -108,14 +98,23 @@ class Stages:
                 f"stages built on its recorded files came from other ones. Delete {self.root} to start over"
             )
         seconds = time.perf_counter() - began
-        (partial / "result.json").write_text(
-            json.dumps({**record, "rebuilt_seconds": seconds}, indent=1, default=str)
-        )
+        self._finish(name, partial, {**record, "rebuilt_seconds": seconds})
+        print(f"[reproduce] stage {name} rebuilt in {seconds:.0f} s, as recorded", flush=True)
+        return result
+
+    def _fresh(self, name: str) -> Path:
+        """An empty NAME.partial folder (an interrupted attempt's is deleted: no stage resumes from half its work)."""
+        partial = self.root / f"{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        return partial
+
+    def _finish(self, name: str, partial: Path, record: dict[str, Any]) -> None:
+        """Write `record` as the stage's result.json and make its folder the finished stage's."""
+        (partial / "result.json").write_text(json.dumps(record, indent=1, default=str))
         shutil.rmtree(self.root / name, ignore_errors=True)
         partial.replace(self.root / name)
-        print(f"[reproduce] stage {name} rebuilt in {seconds:.0f} s, as recorded", flush=True)
         self.computed.append(name)
-        return result
 
     def seconds(self) -> dict[str, float]:
         """Each finished stage's own running time, as recorded when it ran."""

@@ -214,3 +214,22 @@ def test_the_e2e_comparison_starts_from_the_policy_and_device_the_run_was_given(
     assert set(settings()) == {"scale", "seeds", "module"}
     assert settings(policy="hf:/models/qwen")["policy"] == "hf:/models/qwen"
     assert settings(device="cuda")["device"] == "cuda" and "policy" not in settings(device="cuda")
+
+
+@pytest.mark.usefixtures("has_bwrap")
+def test_the_reproduce_run_hands_its_policy_and_device_to_the_e2e_comparison(tmp_path):
+    """Experiments.e2e passes --policy on: a policy that cannot load stops the comparison with its own error
+    (the quick E2E scale's random model would have run)."""
+    from dataclasses import replace
+
+    from pivot_envs.adapters.reproduce.experiments import Experiments
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.adapters.reproduce.stages import Stages
+
+    from pivot_envs.cli._checks import PolicyLoadError
+
+    scale = replace(get_scale("quick"), policy="hf:/nonexistent/model")
+    runs = Experiments(scale, tmp_path, Stages(tmp_path))
+    with pytest.raises(PolicyLoadError, match="hf:/nonexistent/model"):
+        runs.e2e([0])
+    assert not (tmp_path / "stages" / "e2e").exists()
