@@ -9,7 +9,7 @@ One module per job:
   a sandbox (`runner_argv`, `parse_runner_output`, `result_from_files`);
 - `output`, `manifest`: command output cleaned and cut; the workspace's files and disk use read from
   the host;
-- `channel`: the host's end of the FIFO channel to a command server (`call_server`);
+- `channel`: the host's end of the FIFO channel to a command server (`Channel`);
 - `bwrap_backend`, `processes`, `cgroups`: the bubblewrap backend, its host processes, its cgroups;
 - `docker_backend`: the Docker backend;
 - `available`: which backends this machine has; `cleanup`: ownership labels and `gc`;

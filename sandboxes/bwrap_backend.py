@@ -32,7 +32,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from .background import YIELD_AT_MOST, QuietGate
-from .channel import LimitExceeded, ServerDown, ServerTimeout, call_server, disk_check, fifo_channel
+from .channel import Channel, DiskFloor, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import BWRAP_PREFIX
 from .manifest import KnownDigests, file_digests
 from .output import new_marker
@@ -42,11 +42,21 @@ from .processes import (
     default_signals_argv,
     drop_privileges,
     hard_limits,
+    host_environment,
     sandbox_cgroup,
     user_process_count,
 )
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
-from .runner import CHANNEL_DIR, SERVER, STATE_DIR, result_from_files, runner_argv, runner_env
+from .runner import (
+    CHANNEL_DIR,
+    DROP_ALL,
+    SERVER,
+    STATE_DIR,
+    clear_output,
+    result_from_files,
+    runner_argv,
+    runner_env,
+)
 
 # The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
 BACKGROUND = ("nice", "-n", "19")
@@ -126,12 +136,20 @@ class BwrapBackend:
         new_session: bool = True,
         channel: Path | None = None,
     ) -> list[str]:
-        """The bwrap argv that runs `inner` in the sandbox made of `directory`'s trees (without the user drop)."""
+        """The bwrap argv that runs `inner` in the sandbox made of `directory`'s trees (without the user drop).
+
+        Inside, uid 0 holds no capability but CAP_SETPCAP, which the command server uses to run
+        each command with none (runner.DROP_ALL), so commands cannot reach the server through /proc.
+        """
         d = directory
         return [
             "bwrap",
             "--unshare-all",
             "--die-with-parent",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETPCAP",
             *(["--new-session"] if new_session else []),
             "--hostname",
             "sandbox",
@@ -160,7 +178,7 @@ class BwrapBackend:
             "--chdir",
             workdir,
             "--clearenv",
-            *[arg for key, value in runner_env().items() for arg in ("--setenv", key, value)],
+            *[arg for key, value in runner_env(DROP_ALL).items() for arg in ("--setenv", key, value)],
             "--setenv",
             "PIVOT_WORKDIR",
             workdir,
@@ -169,23 +187,25 @@ class BwrapBackend:
 
     def start_server(self, directory: Path, workdir: str) -> BwrapServer:
         """Start the sandbox's bwrap with the command server inside; it takes requests once it reads its FIFO."""
-        channel = fifo_channel(self.root, NOBODY if self._drop else None)
+        channel = Channel(self.root, NOBODY if self._drop else None)
         cgroup = sandbox_cgroup(self.limits)
         # As root, setpriv drops to nobody: dropping in Popen's child (user=...) would make Python
         # fork instead of vfork, holding the GIL for the copy of the whole process. The cgroup is
         # joined before that (only root may), the hard rlimits set after it, all before bwrap.
-        with open(channel / "stderr", "wb") as stderr:
+        # The host's environment stays out: bwrap is the sandbox's PID 1 (see host_environment).
+        with open(channel.stderr, "wb") as stderr:
             process = subprocess.Popen(
                 [
                     *(cgroup.launch_prefix() if cgroup else []),
                     *self._drop,
                     *default_signals_argv(),
                     *hard_limits(self.limits),
-                    *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel),
+                    *self.argv(directory, workdir, ["bash", "-c", SERVER], channel=channel.directory),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env=host_environment(),
             )
         server = BwrapServer(process, channel, cgroup)
         with self._lock:
@@ -375,15 +395,27 @@ class BwrapSandbox:
         # A foreground sandbox's commands hold the pool's background work back while they run.
         self.foreground = foreground
         self.closed = False
+        self._disk = DiskFloor()
 
-    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+    def run(
+        self, command: str, timeout: float | None = None, files: bool = False, clean: bool = False
+    ) -> CommandResult:
         """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run) through the sandbox's command server."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
         with self.owner.running() if self.foreground else nullcontext():
-            return self._run(command, timeout, files)
+            return self._run(command, timeout, files, clean)
 
-    def _run(self, command: str, timeout: float | None, files: bool) -> CommandResult:
+    def system_writes(self) -> list[str]:
+        """Paths written outside the writable roots: none can be, the system directories are read-only."""
+        return []
+
+    @property
+    def channel_isolated(self) -> bool | None:
+        """Whether commands run below the command server (None before its first command)."""
+        return self.server.channel.isolated if self.server is not None else None
+
+    def _run(self, command: str, timeout: float | None, files: bool, clean: bool) -> CommandResult:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         nproc = user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
@@ -395,7 +427,9 @@ class BwrapSandbox:
             nproc=nproc,
             address_space_kb=limits.memory_mb * 1024,
             report=False,
+            clean=clean,
         )[4:]
+        clear_output(self.directory, "state")
         for attempt in (1, 2):
             if self.server is None:
                 self.server = self.owner.start_server(self.directory, self.workdir)
@@ -403,13 +437,12 @@ class BwrapSandbox:
             start = time.monotonic()
             try:
                 # At `timeout` the host kills the command's process group; the deadline catches a wedged server.
-                _, exit_code = call_server(
-                    server.channel,
+                _, exit_code = server.channel.call(
                     args,
                     start + timeout + 10,
                     "a bubblewrap sandbox",
                     server.alive,
-                    disk_check(self.directory, limits),
+                    disk_check(self.directory, limits, self._disk),
                     start + timeout,
                     server.kill_request,
                 )
@@ -417,7 +450,7 @@ class BwrapSandbox:
                 break
             except ServerDown as error:
                 # The previous command killed the server (`kill -9 -1`): the files stay, start another.
-                stderr = (server.channel / "stderr").read_bytes()[-500:].decode(errors="replace")
+                stderr = server.channel.stderr.read_bytes()[-500:].decode(errors="replace")
                 self.owner.stop_server(server)
                 self.server = None
                 if attempt == 2 or stderr.startswith("bwrap:"):
@@ -430,16 +463,15 @@ class BwrapSandbox:
                 )
                 self.server, exit_code, note = None, 137, f"\n[{broken}]\n"
                 break
-        workspace = self.directory / "work" if files else None
         result = result_from_files(
-            self.directory / "state",
-            workspace,
+            self.directory,
+            "state",
+            "work" if files else None,
             command,
             137 if exit_code is None else exit_code,
             limits,
             timeout,
             time.monotonic() - start,
-            within=self.directory,
             known=self.known,
         )
         result.output += note
@@ -464,12 +496,20 @@ class BwrapSandbox:
         if self.server is None:
             self.server = self.owner.start_server(self.directory, self.workdir)
         cgroup = self.server.cgroup.launch_prefix() if self.server.cgroup is not None else []
+        # `env -i`: the host's environment stays out of the sandbox's PID 1 (see host_environment).
+        path = host_environment()["PATH"]
         return [
+            "env",
+            "-i",
+            f"PATH={path}",
             *cgroup,
             *self.owner._drop,
             *hard_limits(self.owner.limits),
             *self.owner.argv(
-                self.directory, self.workdir, ["bash", "--norc", "--noprofile", "-i"], new_session=False
+                self.directory,
+                self.workdir,
+                [*DROP_ALL.split(), "bash", "--norc", "--noprofile", "-i"],
+                new_session=False,
             ),
         ]
 

@@ -1,20 +1,23 @@
-"""The host's end of the FIFO channel to a sandbox's command server (both backends).
+"""The host's end of the command channel to a sandbox's command server (both backends).
 
-A sandbox's command server (`runner.SERVER`) waits on a pair of FIFOs in a read-only bind mount:
-the host writes the runner's arguments to the file REQUEST beside them, then a short line (GO) to
-one FIFO, and reads the report, ended by a trailer line, from the other. A command then costs a
-bash fork inside the sandbox, not a `docker exec` or a bwrap start. The request crosses as a file
-because bash reads a FIFO one byte per system call (it cannot read ahead of a delimiter on a
-pipe) and a pipe holds 64 KiB, so a large call (an editor's new file) cost thousands of reads and
-round trips through the pipe; a regular file it reads in blocks. While the command runs the host
-watches the sandbox's disk use.
+A channel is a directory the host makes and bind-mounts read-only into the sandbox at
+/.pivot-chan, holding two FIFOs (`in`, `out`) and a request file. The host opens `out` for
+reading before the sandbox starts; the server (`runner.SERVER`) opens all three once, says
+"ready" on `out`, and the host then opens `in` for writing and removes the three paths: from then
+on only the two ends hold them, so no command can open them by path, and commands run with fewer
+capabilities than the server, so they cannot open them through /proc either. Each call writes the
+runner's arguments to the request file (NUL-separated), a line GO to `in`, and reads the report
+from `out` up to its trailer line "<marker> exit <status>", at most `max_reply` bytes. The request
+crosses as a file because bash reads a FIFO one byte per system call and a pipe holds 64 KiB, so
+a large call (an editor's new file) cost thousands of reads; a regular file it reads in blocks.
+While the command runs the host watches the sandbox's disk use.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import select
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,78 +30,122 @@ from .protocol import CommandRejected, SandboxError, SandboxLimits
 # and the line that tells the server to read it.
 REQUEST = "request"
 GO = b"go\n"
+READY = b"ready"
+# Bytes of a reply the host reads at most when the caller gives no bound.
+MAX_REPLY = 1 << 20
 
 
-def fifo_channel(parent: Path, owner: int | None = None) -> Path:
-    """A new channel directory with the request and reply FIFOs and the request file (owned by `owner` when given)."""
-    channel = Path(tempfile.mkdtemp(prefix="chan-", dir=parent))
-    channel.chmod(0o755)
-    os.mkfifo(channel / "in", 0o600)
-    os.mkfifo(channel / "out", 0o600)
-    os.close(os.open(channel / REQUEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    if owner is not None:
-        for path in (channel / "in", channel / "out", channel / REQUEST):
-            os.chown(path, owner, owner)
-    return channel
+class Channel:
+    """The host's end of one sandbox's command channel (see the module docstring).
 
-
-def _write_request(channel: Path, body: bytes) -> None:
-    # Rewritten in place (its owner and mode stay); the server reads it only after GO, and the
-    # channel is read-only inside the sandbox, so nothing there can swap it for a link.
-    descriptor = os.open(channel / REQUEST, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(descriptor, view) :]
-    finally:
-        os.close(descriptor)
-
-
-def call_server(
-    channel: Path,
-    args: list[str],
-    deadline: float,
-    name: str,
-    alive: Callable[[], bool] | None = None,
-    check: Callable[[], str] | None = None,
-    kill_at: float | None = None,
-    kill: Callable[[], None] | None = None,
-) -> tuple[bytes, int | None]:
-    """Send the runner's arguments to a sandbox's command server; returns (reply, exit status or None).
-
-    The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading stops
-    there, so a process that holds the reply FIFO open cannot hold the call. None: the server
-    closed the reply without a trailer (the command killed it, e.g. `kill -9 -1`). A server that
-    does not take the request raises SandboxError; one that does not finish before `deadline`
-    raises `ServerTimeout`. While the command runs, `check()` is called every CHECK_EVERY seconds;
-    a non-empty answer (a limit the command broke) raises `LimitExceeded` with it. At `kill_at`,
-    `kill()` is called once (it ends the command: the time limit) and the reply is still awaited.
+    `directory` is what the backend bind-mounts at /.pivot-chan; `owner`: the uid the channel's
+    files belong to (the sandbox's user on the host, for bubblewrap run as root). `isolated` tells,
+    once connected, whether the server runs commands below itself (False: no setpriv in the image).
     """
-    # The request is NUL-separated: an argument holding a NUL would shift the ones after it (the
-    # limits among them), so none may cross (commands are checked when parsed and in runner_argv).
-    if any("\0" in arg for arg in args):
-        raise CommandRejected(f"a request to the command server of {name} holds a NUL byte")
-    trailer = b"\n%s exit " % args[7].encode()
-    _write_request(channel, b"".join(arg.encode() + b"\0" for arg in args))
-    # Open the reply FIFO first (non-blocking), so the server's write end opens at once.
-    reply = os.open(channel / "out", os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while True:
+
+    def __init__(self, parent: Path, owner: int | None = None) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="chan-", dir=parent))
+        self.directory.chmod(0o755)
+        # Where the backend may keep the sandbox's own error output: beside the channel, not in it.
+        self.stderr = self.directory.with_name(self.directory.name + ".stderr")
+        self.owner = owner
+        self._reply = self._request = self._go = -1
+        self.isolated: bool | None = None
+        # The reply closed without a trailer: the server is gone (its end of `in` may close a moment later).
+        self.ended = False
+        self._make()
+
+    def _make(self) -> None:
+        for name in ("in", "out"):
+            os.mkfifo(self.directory / name, 0o600)
+        os.close(os.open(self.directory / REQUEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        if self.owner is not None:
+            for name in ("in", "out", REQUEST):
+                os.chown(self.directory / name, self.owner, self.owner)
+        # Opened now, before the server: its open of the write end then never waits.
+        self._reply = os.open(self.directory / "out", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._request = os.open(self.directory / REQUEST, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    @property
+    def connected(self) -> bool:
+        return self._go >= 0
+
+    def renew(self) -> None:
+        """New FIFOs and request file in the same directory, for a server about to start again
+        (a restarted container); the old ends are closed."""
+        self._close_ends()
+        for name in ("in", "out", REQUEST):
             try:
-                request = os.open(channel / "in", os.O_WRONLY | os.O_NONBLOCK)
-                break
-            except OSError as error:  # ENXIO: the server is not reading yet (starting, or between calls)
-                if alive is not None and not alive():
-                    raise ServerDown(f"the command server of {name} is gone") from error
-                if error.errno != errno.ENXIO or time.monotonic() > deadline:
-                    raise SandboxError(f"the command server of {name} does not answer") from error
-                time.sleep(0.0005)
+                os.unlink(self.directory / name)
+            except FileNotFoundError:
+                pass
+        self.isolated = None
+        self.ended = False
+        self._make()
+
+    def connect(self, deadline: float, name: str, alive: Callable[[], bool] | None = None) -> None:
+        """Wait for the server's "ready", open `in`, and remove the channel's paths."""
+        line = bytearray()
+        while not line.endswith(b"\n"):
+            if alive is not None and not alive():
+                raise ServerDown(f"the command server of {name} is gone")
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the command server of {name} does not answer")
+            if select.select([self._reply], [], [], 0.005)[0]:
+                chunk = os.read(self._reply, 64 - len(line))
+                line += chunk
+                if len(line) >= 64 or (not chunk and line):
+                    break
+        words = bytes(line).split()
+        if not words or words[0] != READY:
+            raise SandboxError(f"the command server of {name} did not start (it said {bytes(line)[:64]!r})")
+        self.isolated = words[1:] == [b"drop"]
+        self._go = os.open(self.directory / "in", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        for path in ("in", "out", REQUEST):
+            os.unlink(self.directory / path)
+
+    def call(
+        self,
+        args: list[str],
+        deadline: float,
+        name: str,
+        alive: Callable[[], bool] | None = None,
+        check: Callable[[], str] | None = None,
+        kill_at: float | None = None,
+        kill: Callable[[], None] | None = None,
+        max_reply: int = MAX_REPLY,
+    ) -> tuple[bytes, int | None]:
+        """Send the runner's arguments to the server; returns (reply, exit status or None).
+
+        The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading
+        stops there. None: the server closed the reply without a trailer (the command killed it,
+        e.g. `kill -9 -1`). A server that is gone before it takes the request raises ServerDown;
+        one that does not finish before `deadline` raises `ServerTimeout`; a reply over
+        `max_reply` bytes raises `ReplyTooLarge`. While the command runs, `check()` is called every
+        CHECK_EVERY seconds; a non-empty answer (a limit the command broke) raises `LimitExceeded`
+        with it. At `kill_at`, `kill()` is called once (it ends the command: the time limit) and
+        the reply is still awaited.
+        """
+        # The request is NUL-separated: an argument holding a NUL would shift the ones after it (the
+        # limits among them), so none may cross (commands are checked when parsed and in runner_argv).
+        if any("\0" in arg for arg in args):
+            raise CommandRejected(f"a request to the command server of {name} holds a NUL byte")
+        if self.ended:
+            raise ServerDown(f"the command server of {name} is gone")
+        if not self.connected:
+            self.connect(deadline, name, alive)
+        trailer = b"\n%s exit " % args[7].encode()
+        body = b"".join(arg.encode() + b"\0" for arg in args)
+        os.ftruncate(self._request, 0)
+        view, offset = memoryview(body), 0
+        while offset < len(body):
+            offset += os.pwrite(self._request, view[offset:], offset)
         try:
-            os.write(request, GO)  # a few bytes into an empty pipe: never blocks
-        finally:
-            os.close(request)
+            os.write(self._go, GO)  # a few bytes into a pipe nobody else writes: never blocks
+        except BrokenPipeError as error:  # nothing reads `in`: the server is gone
+            raise ServerDown(f"the command server of {name} is gone") from error
         chunks, poller = bytearray(), select.poll()
-        poller.register(reply, select.POLLIN | select.POLLHUP)
+        poller.register(self._reply, select.POLLIN | select.POLLHUP)
         next_check = time.monotonic() + CHECK_EVERY
         kill_at = kill_at if kill is not None else None
         while True:
@@ -116,30 +163,32 @@ def call_server(
             wake = min(deadline, next_check, kill_at if kill_at is not None else deadline)
             if not poller.poll(max(wake - now, 0.0) * 1000):
                 continue
-            chunk = os.read(reply, 1 << 16)
+            try:
+                chunk = os.read(self._reply, 1 << 16)
+            except BlockingIOError:
+                continue
             if not chunk:
+                self.ended = True
                 return bytes(chunks), None
             chunks += chunk
+            if len(chunks) > max_reply:
+                raise ReplyTooLarge(f"the reply of {name} exceeded {max_reply} bytes")
             at = chunks.rfind(trailer, max(len(chunks) - 64, 0))
             status = chunks[at + len(trailer) : -1] if at >= 0 and chunks.endswith(b"\n") else b""
             if status.isdigit():
-                _wait_closed(reply, poller, min(deadline, time.monotonic() + 1.0))
                 return bytes(chunks[:at]), int(status)
-    finally:
-        os.close(reply)
 
+    def _close_ends(self) -> None:
+        for descriptor in (self._reply, self._request, self._go):
+            if descriptor >= 0:
+                os.close(descriptor)
+        self._reply = self._request = self._go = -1
 
-def _wait_closed(reply: int, poller: select.poll, until: float) -> None:
-    # The server closes the reply right after the trailer; the next call must not open the FIFO
-    # while this write end is still open (it would then read this close as its own end of reply).
-    # A process that holds the FIFO open costs at most until `until`.
-    while (left := until - time.monotonic()) > 0:
-        if poller.poll(left * 1000):
-            try:
-                if not os.read(reply, 1 << 16):
-                    return
-            except BlockingIOError:
-                continue
+    def close(self) -> None:
+        """Close the host's ends and remove the directory."""
+        self._close_ends()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.stderr.unlink(missing_ok=True)
 
 
 class ServerTimeout(SandboxError):
@@ -154,20 +203,37 @@ class LimitExceeded(SandboxError):
     """The running command broke a limit the host watches (the disk limit); the caller kills it."""
 
 
+class ReplyTooLarge(LimitExceeded):
+    """A reply longer than the caller's bound (a report of a command's huge manifest); the caller kills it."""
+
+
 # How often the host checks a running command's disk use.
 CHECK_EVERY = 0.1
 
 
-def disk_check(root: Path, limits: SandboxLimits) -> Callable[[], str]:
-    """A check for `call_server`: what it says when the tree at `root` holds more than `limits.disk_mb`."""
+class DiskFloor:
+    """What one sandbox's disk use was when a command was last killed for it (0: none since it was
+    back under its limit): a sandbox left just over its limit by the command killed there still
+    runs the commands after it, unless they write more."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+def disk_check(root: Path, limits: SandboxLimits, floor: DiskFloor | None = None) -> Callable[[], str]:
+    """A check for `Channel.call`: what it says when the tree at `root` holds more than
+    `limits.disk_mb` (and more than `floor`, the sandbox's use when a command was last killed for it)."""
     limit = limits.disk_mb * 1024 * 1024
+    floor = floor if floor is not None else DiskFloor()
 
     def check() -> str:
-        used = disk_usage(root, stop_above=limit)
-        return (
-            f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed"
-            if used > limit
-            else ""
-        )
+        used = disk_usage(root, stop_above=max(limit, floor.bytes))
+        if used <= limit:
+            floor.bytes = 0
+            return ""
+        if used <= floor.bytes:
+            return ""
+        floor.bytes = used
+        return f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed"
 
     return check

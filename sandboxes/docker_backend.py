@@ -28,15 +28,17 @@ from pathlib import Path
 
 from .available import docker_sdk
 from .background import QuietGate
-from .channel import LimitExceeded, call_server, disk_check, fifo_channel
+from .channel import Channel, DiskFloor, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned
-from .manifest import KnownDigests
+from .manifest import KnownDigests, writes_outside
 from .output import new_marker
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import (
     CHANNEL_DIR,
+    DROP_SETPCAP,
     SERVER,
     STATE_DIR,
+    clear_output,
     parse_runner_output,
     result_from_files,
     runner_argv,
@@ -45,6 +47,8 @@ from .runner import (
 
 # The keep-alive of a container without a channel; docker-init (init=True) reaps orphaned processes.
 KEEPALIVE = ["sleep", "infinity"]
+# Files the daemon itself puts in a container's writable layer (the mount point of docker-init).
+DOCKER_MOUNT_POINTS = ("/sbin/docker-init", "/usr/sbin/docker-init")
 
 
 class DockerBackend:
@@ -89,12 +93,12 @@ class DockerBackend:
     def labels(self, kind: str) -> dict[str, str]:
         return {LABEL: kind, OWNER_LABEL: self.owner}
 
-    def _start(self, image: str, workdir: str) -> tuple[object, Path | None]:
+    def _start(self, image: str, workdir: str) -> tuple[object, Channel | None]:
         limits = self.limits
         channel, volumes, command = None, {}, KEEPALIVE
         if self.channel:
-            channel = fifo_channel(self.root)
-            volumes = {str(channel): {"bind": CHANNEL_DIR, "mode": "ro"}}
+            channel = Channel(self.root)
+            volumes = {str(channel.directory): {"bind": CHANNEL_DIR, "mode": "ro"}}
             command = ["bash", "-c", SERVER]
         # create, not run: run pulls an image it does not find (a released snapshot is not in any registry).
         container = None
@@ -108,7 +112,7 @@ class DockerBackend:
                 network_mode="none",
                 working_dir=workdir,
                 volumes=volumes,
-                environment={**runner_env(), "PIVOT_WORKDIR": workdir},
+                environment={**runner_env(DROP_SETPCAP), "PIVOT_WORKDIR": workdir},
                 mem_limit=f"{limits.memory_mb}m",
                 memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(limits.cpus * 1e9),
@@ -121,7 +125,7 @@ class DockerBackend:
             if container is not None:
                 self.remove_container(container, channel, wait=True)
             elif channel is not None:
-                shutil.rmtree(channel, ignore_errors=True)
+                channel.close()
             raise SandboxError(f"starting a container from image {image!r} failed: {error}") from error
         return container, channel
 
@@ -171,7 +175,7 @@ class DockerBackend:
             digests = self._digests.get(snapshot.ref)
         if digests is None:
             # The image's files never change; a container's write copies a file up with a new ctime.
-            digests = KnownDigests.of_tree(workspace, self.limits.manifest_files)
+            digests = KnownDigests.of_tree(workspace, self.limits.manifest_files, beneath=sandbox.merged)
             with self._lock:
                 self._digests[snapshot.ref] = digests
         sandbox.known = digests.fork()
@@ -233,7 +237,7 @@ class DockerBackend:
             time.sleep(0.02)
         return pool.qsize() >= self.warm_pool
 
-    def remove_container(self, container, channel: Path | None = None, wait: bool = False) -> None:
+    def remove_container(self, container, channel: Channel | None = None, wait: bool = False) -> None:
         """Remove a container and its channel directory (in the background unless `wait`)."""
 
         def remove() -> None:
@@ -242,7 +246,7 @@ class DockerBackend:
             except Exception:  # already gone
                 pass
             if channel is not None:
-                shutil.rmtree(channel, ignore_errors=True)
+                channel.close()
             if self._released and not self._closed:
                 self._remove_released_images()
 
@@ -311,7 +315,7 @@ class DockerSandbox:
         owner: DockerBackend,
         container,
         workdir: str,
-        channel: Path | None = None,
+        channel: Channel | None = None,
         foreground: bool = True,
     ) -> None:
         self.owner = owner
@@ -319,6 +323,7 @@ class DockerSandbox:
         self.workdir = workdir
         self.channel = channel
         self.closed = False
+        self._disk = DiskFloor()
         # A foreground sandbox's commands hold the pool's background work back while they run.
         self.foreground = foreground
         # The digests its workspace was forked with, reused by each manifest for files left alone.
@@ -337,53 +342,115 @@ class DockerSandbox:
             return None
         return self.merged / self.workdir.lstrip("/")
 
-    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult:
+    def run(
+        self, command: str, timeout: float | None = None, files: bool = False, clean: bool = False
+    ) -> CommandResult:
         """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run): through the channel, else `docker exec`."""
         if self.closed:
             raise SandboxError("this sandbox is closed")
         with self.owner._gate if self.foreground else nullcontext():
-            return self._run(command, timeout, files)
+            return self._run(command, timeout, files, clean)
 
-    def _run(self, command: str, timeout: float | None, files: bool) -> CommandResult:
+    @property
+    def channel_isolated(self) -> bool | None:
+        """Whether commands run below the command server (None before its first command or without a channel)."""
+        return self.channel.isolated if self.channel is not None else None
+
+    def system_writes(self, limit: int = 50) -> list[str]:
+        """Absolute paths outside the writable roots (the workspace, /root, /tmp, /.pivot) that this
+        container's commands added, changed or removed, sorted, at most `limit`: read from the
+        container's writable layer (`docker diff` where it cannot be read from here)."""
+        # The daemon makes the mount points of docker-init and the channel in the writable layer.
+        allowed = [self.workdir, "/root", "/tmp", STATE_DIR, CHANNEL_DIR, *DOCKER_MOUNT_POINTS]
+        if self.upper is not None:
+            return writes_outside(self.upper, allowed, limit)
+        try:
+            changes = self.container.diff() or []
+        except Exception as error:
+            raise SandboxError(f"docker diff of {self.container.short_id} failed: {error}") from error
+        roots = [root.rstrip("/") for root in allowed]
+        paths = sorted(
+            change["Path"]
+            for change in changes
+            if not any(change["Path"] == root or change["Path"].startswith(root + "/") for root in roots)
+        )
+        # Directories only copied up for what lies below them are listed too: keep the deepest paths.
+        leaves = [
+            path
+            for index, path in enumerate(paths)
+            if not any(p.startswith(path + "/") for p in paths[index + 1 :])
+        ]
+        return leaves[:limit]
+
+    def _restart(self) -> None:
+        """Restart the container: every process in it ends, its files stay; the server starts on a new channel."""
+        if self.channel is not None:
+            self.channel.renew()  # before the start: the new server opens the channel's paths at once
+        try:
+            self.container.restart(timeout=0)
+        except Exception as error:
+            raise SandboxError(f"restarting container {self.container.short_id} failed: {error}") from error
+
+    def _call(self, args: list[str], deadline: float, name: str, **options) -> tuple[bytes, int | None, str]:
+        """One request through the channel: (reply, exit status or None, note). A command that broke a
+        watched limit, wedged the server or killed it is the command's doing: the container is
+        restarted (files kept) and the note says what happened; a server gone before it took the
+        request is restarted and asked once more."""
+        assert self.channel is not None
+        for attempt in (1, 2):
+            try:
+                reply, exit_code = self.channel.call(args, deadline, name, **options)
+                note = "" if exit_code is not None else "the command killed the sandbox's processes"
+                return reply, exit_code, note
+            except ServerDown:
+                self._restart()
+                if attempt == 2:
+                    raise
+            except LimitExceeded as error:
+                self._restart()
+                return b"", None, str(error)
+            except ServerTimeout:
+                self._restart()
+                return b"", None, "the sandbox did not answer: killed"
+        raise AssertionError("unreachable")
+
+    def _run(self, command: str, timeout: float | None, files: bool, clean: bool) -> CommandResult:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
         marker = new_marker()
         start = time.monotonic()
         name = f"container {self.container.short_id}"
         if self.channel is not None and self.merged is not None:
-            argv = runner_argv(command, timeout, limits, marker, report=False)
-            check = disk_check(self.upper, limits) if self.upper is not None else None
-            # No trailer: the request was taken, then the server died (the command killed every
-            # process, e.g. `kill -9 -1`): the command's doing, reported like a SIGKILL.
-            note = "the command killed the sandbox's processes"
-            try:
-                _, exit_code = call_server(self.channel, argv[4:], start + timeout + 30, name, check=check)
-            except LimitExceeded as error:
-                # Restarting the container kills every process in it and keeps its files.
-                self.container.restart(timeout=0)
-                exit_code, note = None, str(error)
-            workspace = self.workspace() if files else None
+            argv = runner_argv(command, timeout, limits, marker, report=False, clean=clean)
+            check = disk_check(self.upper, limits, self._disk) if self.upper is not None else None
+            clear_output(self.merged, STATE_DIR.lstrip("/"))
+            # The runner's own timeout ends the command; the deadline catches a wedged server.
+            _, exit_code, note = self._call(argv[4:], start + timeout + 10, name, check=check)
             result = result_from_files(
-                self.merged / STATE_DIR.lstrip("/"),
-                workspace,
+                self.merged,
+                STATE_DIR.lstrip("/"),
+                self.workdir.lstrip("/") if files else None,
                 command,
                 137 if exit_code is None else exit_code,
                 limits,
                 timeout,
                 time.monotonic() - start,
-                within=self.merged,
                 known=self.known,
             )
-            if exit_code is None:
+            if note:
                 result.output += f"\n[{note}]\n"
             return result
-        argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "")
+        argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "", clean=clean)
         if self.channel is not None:
-            raw, _ = call_server(self.channel, argv[4:], start + timeout + 30, name)
+            # The report: a header, the cut output and the manifest's lines (paths up to 4 KiB each).
+            bound = limits.output_bytes + 65536 + limits.manifest_files * 4200
+            raw, exit_code, note = self._call(argv[4:], start + timeout + 30, name, max_reply=bound)
+            if exit_code is None:
+                return CommandResult(command, 137, f"[{note}]\n", False, 0, None, time.monotonic() - start)
         else:
             try:
                 _, raw = self.container.exec_run(
-                    argv, environment=runner_env(), workdir=self.workdir, stdin=False
+                    argv, environment=runner_env(DROP_SETPCAP), workdir=self.workdir, stdin=False
                 )
             except Exception as error:
                 raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
@@ -418,10 +485,10 @@ class DockerSandbox:
             self.workdir,
             *env,
             self.container.id,
-            "bash",
-            "--norc",
-            "--noprofile",
-            "-i",
+            "sh",
+            "-c",
+            # Below the command server, as every command (see runner.DROP_SETPCAP), where setpriv exists.
+            f"command -v setpriv >/dev/null && exec {DROP_SETPCAP} bash --norc --noprofile -i; exec bash --norc --noprofile -i",
         ]
 
     def close(self) -> None:

@@ -1,41 +1,131 @@
-"""A sandbox's workspace read from the host: its manifest of files (type, mode, content digest) and
-the disk it uses, never following a link a command planted out of the sandbox's tree."""
+"""A sandbox's tree read from the host: its manifest of files (type, mode, content digest), the disk it
+uses, the files the host opens in it, and what it wrote outside its writable roots.
+
+Everything here runs as the host (often root) on a tree that commands of the sandbox may change
+while it is read, so nothing follows a link or trusts a path: directories are opened one component
+at a time with O_NOFOLLOW from a root the host made (`open_beneath`), entries are listed and
+stat'ed relative to their directory's descriptor, and files are opened O_NOFOLLOW | O_NONBLOCK and
+checked to be the regular file that was listed. A directory swapped for a link between its listing
+and its opening is skipped, never followed into the host. Reads are bounded: a manifest hashes at
+most `budget` bytes, and a file's holes are never read (`_digest`).
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-def inside(path: str | os.PathLike, root: str | os.PathLike | None) -> bool:
-    """Whether `path`, with every link resolved on the host, stays inside `root` (True without a root)."""
-    if root is None:
-        return True
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+# Bytes a manifest reads to hash files, at most: past it a file's digest names its size and mtime
+# instead of its content (it then never equals another file's). The disk limit bounds what a
+# sandbox can write far below this; the budget bounds what a huge snapshot tree costs.
+HASH_BUDGET = 4 << 30
+# A file over this size is hashed block by block, its holes unread (see `_digest`).
+BLOCKWISE = 64 << 10
+_BLOCK = 64 << 10
+_ZERO_BLOCK = bytes(_BLOCK)
 
 
-def disk_usage(root: str | os.PathLike, stop_above: int | None = None) -> int:
-    """Bytes allocated under `root` (links not followed); stops counting once above `stop_above`."""
-    total, pending = 0, [os.fspath(root)]
-    while pending:
-        try:
-            entries = os.scandir(pending.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += info.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-        if stop_above is not None and total > stop_above:
+def open_beneath(root: str | os.PathLike | int, relative: str = "", flags: int = _DIRECTORY) -> int:
+    """A descriptor of `root`/`relative`, opened one component at a time without following a link.
+
+    `root` is a directory the host made (a path, opened as it is, or an open descriptor, left
+    open); no component of `relative` may be a link (OSError ELOOP/ENOTDIR otherwise). The last
+    component is opened with `flags` (a directory by default). The caller closes the descriptor.
+    """
+    parts = [part for part in Path(relative).parts if part not in ("/", ".")]
+    if ".." in parts:
+        raise OSError(errno.EINVAL, f"{relative!r} leaves its root")
+    if isinstance(root, int):
+        current = os.dup(root) if not parts else -1
+    else:
+        current = os.open(root, _DIRECTORY if parts else flags)
+    try:
+        for index, part in enumerate(parts):
+            parent = root if current < 0 else current
+            following = os.open(part, flags if index == len(parts) - 1 else _DIRECTORY, dir_fd=parent)
+            if current >= 0:
+                os.close(current)
+            current = following
+        return current
+    except BaseException:
+        if current >= 0:
+            os.close(current)
+        raise
+
+
+def _open_root(root: str | os.PathLike, beneath: str | os.PathLike | None = None) -> int:
+    if beneath is None:
+        return os.open(root, _DIRECTORY)
+    return open_beneath(beneath, os.path.relpath(root, beneath))
+
+
+@contextmanager
+def _opened(root: str | os.PathLike, beneath: str | os.PathLike | None = None):
+    descriptor = _open_root(root, beneath)
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+def read_bounded(root: str | os.PathLike, relative: str, limit: int) -> tuple[int, bytes, str]:
+    """(size, head and tail halves up to `limit` bytes, problem) of the regular file `root`/`relative`.
+
+    Opened without following a link and without blocking (a FIFO a command left there is not
+    waited on); anything but a regular file is not read and `problem` says what it was. A missing
+    file gives (0, b"", "").
+    """
+    try:
+        descriptor = open_beneath(root, relative, _FILE)
+    except FileNotFoundError:
+        return 0, b"", ""
+    except OSError as error:
+        return 0, b"", f"the output file could not be opened ({os.strerror(error.errno or 0)})"
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            return 0, b"", "the command replaced its output file with something that is not a file"
+        size = info.st_size
+        if size <= limit:
+            return size, _pread_all(descriptor, 0, size), ""
+        half = limit // 2
+        return size, _pread_all(descriptor, 0, half) + _pread_all(descriptor, size - half, half), ""
+    finally:
+        os.close(descriptor)
+
+
+def _pread_all(descriptor: int, offset: int, length: int) -> bytes:
+    chunks, done = [], 0
+    while done < length:
+        chunk = os.pread(descriptor, min(length - done, 1 << 20), offset + done)
+        if not chunk:
             break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
+def disk_usage(
+    root: str | os.PathLike, stop_above: int | None = None, beneath: str | os.PathLike | None = None
+) -> int:
+    """Bytes allocated under `root` (links never followed); stops counting once above `stop_above`."""
+    total = 0
+    try:
+        with _opened(root, beneath) as top:
+            for _, _, info in _entries(top, None):
+                total += info.st_blocks * 512
+                if stop_above is not None and total > stop_above:
+                    break
+    except OSError:
+        return total
     return total
 
 
@@ -80,14 +170,16 @@ class KnownDigests:
         return cls(known)
 
     @classmethod
-    def of_tree(cls, root: str | os.PathLike, limit: int = 5000) -> KnownDigests:
+    def of_tree(
+        cls, root: str | os.PathLike, limit: int = 5000, beneath: str | os.PathLike | None = None
+    ) -> KnownDigests:
         """The digests of the regular files under `root` (.git left out) with their stat, unsealed;
         `root` must not change meanwhile (an image's files seen through a fresh container)."""
+        budget = _Budget(HASH_BUDGET)
         return cls(
             {
-                relative: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, _digest(path))
-                for relative, path, info in _walk(root, limit)
-                if stat.S_ISREG(info.st_mode)
+                relative: (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, digest)
+                for relative, digest, info in _hashed(root, limit, budget, beneath)
             }
         )
 
@@ -117,83 +209,187 @@ class KnownDigests:
         return digest if max(mtime_ns, ctime_ns) < self.stamp_ns else None
 
 
-def _walk(root: str | os.PathLike, limit: int | None) -> Iterator[tuple[str, str, os.stat_result]]:
-    """(relative path, full path, lstat) of every entry under `root` but .git, top-down: a directory's
-    subdirectories (sorted) then its other entries, then each subdirectory's tree (os.walk's order)."""
-    base = os.fspath(root)
-    pending = [(base, "")]
+def _entries(
+    top: int, limit: int | None, skip: frozenset[str] = frozenset({".git"})
+) -> Iterator[tuple[str, int, os.stat_result]]:
+    """(relative path, parent directory descriptor, lstat) of every entry under the open directory
+    `top`, top-down: a directory's subdirectories (sorted) then its other entries, then each
+    subdirectory's tree (os.walk's order; a link is never a directory here). Directories named in
+    `skip` (relative paths; .git by default) are left out. The parent descriptor is valid until the
+    next entry is yielded."""
+    pending = [""]
     count = 0
     while pending:
-        directory, prefix = pending.pop()
+        prefix = pending.pop()
         try:
-            with os.scandir(directory) as listing:
-                entries = list(listing)
-        except OSError:
+            directory = open_beneath(top, prefix)
+        except OSError:  # swapped for a link or removed since it was listed: not followed
             continue
-        dirs = sorted((e for e in entries if e.name != ".git" and _is_dir(e)), key=lambda e: e.name)
-        others = [e for e in entries if not _is_dir(e)]
-        for entry in [*dirs, *others]:
-            if limit is not None and count >= limit:
-                return
+        try:
             try:
-                info = entry.stat(follow_symlinks=False)
+                with os.scandir(directory) as listing:
+                    entries = list(listing)
             except OSError:
                 continue
-            count += 1
-            yield prefix + entry.name, entry.path, info
-        # A link to a directory is listed, not walked into.
-        pending.extend((e.path, f"{prefix}{e.name}/") for e in reversed(dirs) if not e.is_symlink())
+            infos = []
+            for entry in entries:
+                try:
+                    infos.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError:
+                    continue
+            dirs = sorted(
+                (
+                    (name, info)
+                    for name, info in infos
+                    if stat.S_ISDIR(info.st_mode) and name not in skip and prefix + name not in skip
+                ),
+                key=lambda pair: pair[0],
+            )
+            others = [(name, info) for name, info in infos if not stat.S_ISDIR(info.st_mode)]
+            for name, info in [*dirs, *others]:
+                if limit is not None and count >= limit:
+                    return
+                count += 1
+                yield prefix + name, directory, info
+            pending.extend(f"{prefix}{name}/" for name, _ in reversed(dirs))
+        finally:
+            os.close(directory)
 
 
-def _is_dir(entry: os.DirEntry) -> bool:
+def _walk(
+    root: str | os.PathLike, limit: int | None, beneath: str | os.PathLike | None = None
+) -> Iterator[tuple[str, int, os.stat_result]]:
+    """(relative path, parent directory descriptor, lstat) of the entries under `root` (see `_entries`);
+    `beneath`: a directory the host made that `root` lies in, opened from there without following links."""
     try:
-        return entry.is_dir()  # os.walk follows a link to a directory in its listing, not into it
+        top = _open_root(root, beneath)
     except OSError:
-        return False
+        return
+    try:
+        yield from _entries(top, limit)
+    finally:
+        os.close(top)
 
 
-def manifest(root: str | os.PathLike, limit: int = 5000, known: KnownDigests | None = None) -> dict[str, str]:
+class _Budget:
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _hashed(
+    root: str | os.PathLike, limit: int, budget: _Budget, beneath: str | os.PathLike | None
+) -> Iterator[tuple[str, str, os.stat_result]]:
+    for relative, directory, info in _walk(root, limit, beneath):
+        if stat.S_ISREG(info.st_mode):
+            yield relative, _digest(directory, relative.rsplit("/", 1)[-1], info, budget), info
+
+
+def manifest(
+    root: str | os.PathLike,
+    limit: int = 5000,
+    known: KnownDigests | None = None,
+    beneath: str | os.PathLike | None = None,
+    budget: int = HASH_BUDGET,
+) -> dict[str, str]:
     """The workspace manifest from the host side, in the runner's format ({path: "type mode [digest]"}).
 
     .git is left out: commit objects differ between equivalent commands (timestamps, order).
     `known`: digests of unchanged files to reuse instead of reading them (see KnownDigests).
+    `beneath`: the sandbox's tree on the host, from which `root` is opened without following links.
+    At most `budget` bytes are read to hash files.
     """
     entries: dict[str, str] = {}
-    for relative, path, info in _walk(root, limit):
+    left = _Budget(budget)
+    for relative, directory, info in _walk(root, limit, beneath):
+        name = relative.rsplit("/", 1)[-1]
         mode = oct(stat.S_IMODE(info.st_mode))[2:]
         if stat.S_ISLNK(info.st_mode):
-            entries[relative] = f"l {mode} -> {os.readlink(path)}"
+            try:
+                target = os.readlink(name, dir_fd=directory)
+            except OSError:
+                target = "?"
+            entries[relative] = f"l {mode} -> {target}"
         elif stat.S_ISDIR(info.st_mode):
             entries[relative] = f"d {mode}"
         elif stat.S_ISREG(info.st_mode):
             digest = known.digest(relative, info) if known is not None else None
-            entries[relative] = f"f {mode} {digest or _digest(path)}"
+            entries[relative] = f"f {mode} {digest or _digest(directory, name, info, left)}"
         else:
             entries[relative] = f"p {mode}"
     return entries
 
 
 def file_digests(root: str | os.PathLike, limit: int = 5000) -> dict[str, tuple[int, int, str]]:
-    """{relative path: (size, mtime_ns, md5)} of the regular files under `root` (.git left out), for
+    """{relative path: (size, mtime_ns, digest)} of the regular files under `root` (.git left out), for
     `KnownDigests.of_copy`; `root` must not change meanwhile (a snapshot's frozen tree)."""
     return {
-        relative: (info.st_size, info.st_mtime_ns, _digest(path))
-        for relative, path, info in _walk(root, limit)
-        if stat.S_ISREG(info.st_mode)
+        relative: (info.st_size, info.st_mtime_ns, digest)
+        for relative, digest, info in _hashed(root, limit, _Budget(HASH_BUDGET), None)
     }
 
 
-def _digest(path: str | os.PathLike) -> str:
-    # O_NOFOLLOW: a file swapped for a link after the lstat is not followed out of the sandbox.
+def _digest(directory: int, name: str, listed: os.stat_result, budget: _Budget) -> str:
+    """The content digest of the regular file `name` in `directory`: the md5 of its bytes up to
+    BLOCKWISE bytes; above that, "b" and the md5 of its 64 KiB blocks, each all-zero block (a hole or
+    read) as one marker, so a file's holes are never read and the same content gives the same
+    digest however it is stored. A file that is no longer the one listed (swapped since) is
+    "unreadable"; one past the budget, "unhashed-<size>-<mtime>"."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        descriptor = os.open(name, _FILE, dir_fd=directory)
     except OSError:
         return "unreadable"
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_ino != listed.st_ino:
+            return "unreadable"
+        size = info.st_size
+        if min(size, info.st_blocks * 512) > budget.left:
+            return f"unhashed-{size}-{info.st_mtime_ns}"
+        if size > BLOCKWISE:
+            return _blockwise_digest(descriptor, size, budget)
+        data = _pread_all(descriptor, 0, size)
+        budget.left -= len(data)
+        return hashlib.md5(data).hexdigest()
+    finally:
+        os.close(descriptor)
+
+
+def _data_ranges(descriptor: int, size: int) -> list[tuple[int, int]]:
+    """The [start, end) ranges of `descriptor` that hold data (SEEK_DATA / SEEK_HOLE); all of it
+    where the filesystem cannot tell."""
+    ranges, position = [], 0
+    try:
+        while position < size:
+            try:
+                start = os.lseek(descriptor, position, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            end = min(os.lseek(descriptor, start, os.SEEK_HOLE), size)
+            ranges.append((start, end))
+            position = end
+    except OSError:
+        return [(0, size)]
+    return ranges
+
+
+def _blockwise_digest(descriptor: int, size: int, budget: _Budget) -> str:
     digest = hashlib.md5()
-    with os.fdopen(descriptor, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    ranges = _data_ranges(descriptor, size)
+    index = 0
+    for block in range(0, size, _BLOCK):
+        end = min(block + _BLOCK, size)
+        while index < len(ranges) and ranges[index][1] <= block:
+            index += 1
+        if index < len(ranges) and ranges[index][0] < end:
+            data = _pread_all(descriptor, block, end - block)
+            budget.left -= len(data)
+            digest.update(b"Z" if data == _ZERO_BLOCK[: len(data)] else b"D" + data)
+        else:
+            digest.update(b"Z")
+    digest.update(str(size).encode())
+    return "b" + digest.hexdigest()
 
 
 def parse_manifest(text: str, marker: str) -> dict[str, str]:
@@ -213,3 +409,22 @@ def parse_manifest(text: str, marker: str) -> dict[str, str]:
         if path in entries:
             entries[path] += f" {digest}"
     return entries
+
+
+def writes_outside(upper: str | os.PathLike, allowed: list[str], limit: int = 50) -> list[str]:
+    """Absolute paths an overlay's writable layer `upper` holds outside the `allowed` roots: files,
+    links and removals (whiteouts) a container's commands made there; directories only copied up
+    for a file below them are not listed. Sorted, at most `limit`."""
+    roots = frozenset(root.strip("/") for root in allowed if root.strip("/"))
+    found: list[str] = []
+    try:
+        with _opened(upper) as top:
+            for relative, _, info in _entries(top, None, skip=roots):
+                if relative in roots or stat.S_ISDIR(info.st_mode):
+                    continue
+                found.append("/" + relative)
+                if len(found) >= limit:
+                    break
+    except OSError:
+        return found
+    return sorted(found)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import cgroups
 from .cgroups import SandboxCgroup
+from .channel import Channel
 from .protocol import SandboxLimits
 from .runner import SERVER
 
@@ -35,6 +36,13 @@ def default_signals_argv() -> tuple[str, ...]:
     except (OSError, subprocess.TimeoutExpired):
         works = False
     return ("env", "--default-signal") if works else ()
+
+
+def host_environment() -> dict[str, str]:
+    """The environment of the host processes that start a sandbox (setpriv, prlimit, bwrap): PATH
+    only. bwrap stays the sandbox's PID 1, whose /proc/1/environ every command can read, so the
+    trainer's or server's variables (API keys, tokens) must never reach it."""
+    return {"PATH": os.environ.get("PATH", os.defpath)}
 
 
 def drop_privileges() -> list[str]:
@@ -70,7 +78,9 @@ def sandbox_cgroup(limits: SandboxLimits) -> SandboxCgroup | None:
 class BwrapServer:
     """A sandbox's bwrap process running the command server, and its channel directory."""
 
-    def __init__(self, process: subprocess.Popen, channel: Path, cgroup: SandboxCgroup | None = None) -> None:
+    def __init__(
+        self, process: subprocess.Popen, channel: Channel, cgroup: SandboxCgroup | None = None
+    ) -> None:
         self.process = process
         self.channel = channel
         self.cgroup = cgroup
@@ -113,7 +123,7 @@ class BwrapServer:
             self.process.wait()
         if self.cgroup is not None:
             self.cgroup.remove()
-        shutil.rmtree(self.channel, ignore_errors=True)
+        self.channel.close()
 
 
 def cmdline(pid: int) -> bytes:

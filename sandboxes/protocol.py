@@ -3,8 +3,10 @@
 A sandbox runs shell commands in an isolated filesystem and shell state. `run(command, timeout)`
 returns a CommandResult (exit code, output with ANSI sequences stripped and the middle cut when it
 is too long, whether the hard timeout fired, and the workspace's files after the command when
-asked), `snapshot()` freezes the current state, `fork(snapshot)` starts a new sandbox from a
-snapshot, and `close()` removes everything the sandbox made. The backends implementing it are
+asked; `clean=True` runs it in a fresh shell, for checks that decide a reward), `snapshot()`
+freezes the current state, `fork(snapshot)` starts a new sandbox from a snapshot,
+`system_writes()` lists what commands changed outside the writable roots, and `close()` removes
+everything the sandbox made. The backends implementing it are
 `pivot_envs.sandboxes.bwrap_backend` and `pivot_envs.sandboxes.docker_backend`; everything here
 is light.
 """
@@ -131,7 +133,19 @@ class Sandbox(Protocol):
     backend: str
     workdir: str
 
-    def run(self, command: str, timeout: float | None = None, files: bool = False) -> CommandResult: ...
+    def run(
+        self, command: str, timeout: float | None = None, files: bool = False, clean: bool = False
+    ) -> CommandResult:
+        """Run `command` in the sandbox's shell state (exported variables and working directory of
+        the commands before it), or with `clean=True` in a fresh shell in the workspace: that state
+        neither loaded nor saved, the environment exactly the sandbox's defaults plus
+        PYTHONSAFEPATH=1 and PYTHONNOUSERSITE=1. `files`: list the workspace afterwards."""
+        ...
+
+    def system_writes(self) -> list[str]:
+        """Absolute paths outside the writable roots (the workspace, /root, /tmp, /.pivot) that
+        commands added, changed or removed since the sandbox was created or forked (at most 50)."""
+        ...
 
     def snapshot(self) -> Snapshot: ...
 

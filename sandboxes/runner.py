@@ -12,9 +12,10 @@ the head and tail of the output and, optionally, a manifest of the workspace's f
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import shutil
+import stat
 
-from .manifest import KnownDigests, inside, manifest, parse_manifest
+from .manifest import HASH_BUDGET, KnownDigests, manifest, open_beneath, parse_manifest, read_bounded
 from .output import join_cut, strip_ansi
 from .protocol import CommandRejected, CommandResult, SandboxError, SandboxLimits, command_problem
 
@@ -50,15 +51,27 @@ SAFE_ENV = {
 
 
 # The runner. Positional arguments: $1 command, $2 timeout (s; "host": the host enforces it by
-# killing the runner's process group, which then needs no `timeout` and no second bash), $3
-# output bytes kept (0: leave the output in /.pivot/out for the host to read, and exit with the
-# command's status), $4 file size limit (KB), $5 process limit (0: none), $6 address-space limit
-# (KB, 0: none), $7 CPU seconds, $8 marker, $9 workspace to list in the manifest ("" for none),
-# ${10} manifest entries.
+# killing the runner's process group, which then needs no `timeout` process), $3 output bytes kept
+# (0: leave the output in /.pivot/out for the host to read, and exit with the command's status),
+# $4 file size limit (KB), $5 process limit (0: none), $6 address-space limit (KB, 0: none), $7 CPU
+# seconds, $8 marker, $9 workspace to list in the manifest ("" for none), ${10} manifest entries,
+# ${11} "clean" for a command in a fresh shell (CLEAN_INNER) instead of the saved shell state.
+# The command itself runs under $PIVOT_DROP (see the server below): a process with fewer
+# capabilities than the server and the runner, so it cannot open their descriptors or read their
+# memory through /proc.
 # The shell state is saved with builtins only (export -p, printf): no extra process per command.
 _INNER = r"""
 [ -r /.pivot/env.sh ] && . /.pivot/env.sh >/dev/null 2>&1
 trap '__pivot_rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } >/.pivot/env.sh 2>/dev/null; exit $__pivot_rc' EXIT
+eval "$1"
+"""
+
+# A command in a fresh shell: the saved shell state is neither loaded nor saved, and Python does not
+# put the script's directory or the working directory first on sys.path (checks and test runs that
+# decide a reward: nothing a sample exported, defined or planted beside a script reaches them).
+_CLEAN_INNER = r"""
+unset PIVOT_INNER PIVOT_CLEAN_INNER PIVOT_RUNNER PIVOT_DROP PIVOT_WORKDIR
+export PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1
 eval "$1"
 """
 
@@ -69,16 +82,16 @@ ulimit -f "$4" 2>/dev/null
 [ "$5" -gt 0 ] && ulimit -u "$5" 2>/dev/null
 [ "$6" -gt 0 ] && ulimit -v "$6" 2>/dev/null
 ulimit -t "$7" 2>/dev/null
+if [ "${11}" = clean ]; then __pivot_inner=$PIVOT_CLEAN_INNER; else __pivot_inner=$PIVOT_INNER; fi
 if [ "$2" = host ]; then  # the host kills this process group at the time limit: no timeout process
   exec >/.pivot/out 2>&1 </dev/null
-  set -- "$1"
-  eval "$PIVOT_INNER"
-  exit
+  exec $PIVOT_DROP bash -c "$__pivot_inner" pivot "$1"
 fi
 if [ "$3" = 0 ]; then
-  exec timeout -s KILL "$2" bash -c "$PIVOT_INNER" pivot "$1" >/.pivot/out 2>&1 </dev/null
+  exec timeout -s KILL "$2" $PIVOT_DROP bash -c "$__pivot_inner" pivot "$1" >/.pivot/out 2>&1 </dev/null
 fi
-timeout -s KILL "$2" bash -c "$PIVOT_INNER" pivot "$1" >/.pivot/out 2>&1 </dev/null
+[ -f /.pivot/out ] && [ ! -L /.pivot/out ] || rm -rf /.pivot/out
+timeout -s KILL "$2" $PIVOT_DROP bash -c "$__pivot_inner" pivot "$1" >/.pivot/out 2>&1 </dev/null
 rc=$?
 size=$(stat -c %s /.pivot/out 2>/dev/null || echo 0)
 printf '%s %s %s\n' "$8" "$rc" "$size"
@@ -93,28 +106,41 @@ fi
 exit 0
 """
 
+# How a command drops below the server (the argv prefix the runner puts before its bash, in
+# PIVOT_DROP): the kernel lets a process open another's descriptors, environment or memory under
+# /proc only when its capabilities include the other's, so a command whose capabilities are a
+# strict subset of the server's cannot reach the channel's descriptors the server holds. bubblewrap:
+# the server alone holds CAP_SETPCAP (bwrap --cap-add) and commands hold none, as before; Docker:
+# commands hold root's usual capabilities but CAP_SETPCAP. Without setpriv in the image, commands
+# run as the server does, and the sandbox reports `channel_isolated = False`.
+DROP_ALL = "setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all --"
+DROP_SETPCAP = "setpriv --bounding-set=-setpcap --"
 
-# The command server both backends start once per sandbox: it waits for a line on the FIFO
-# /.pivot-chan/in, reads the request (the runner's arguments, NUL-separated) from the file
-# /.pivot-chan/request (see channel.py: a file is read in blocks, a FIFO a byte at a time), runs
-# the runner, and writes its report followed by a trailer line "<marker> exit <status>" to the
-# FIFO /.pivot-chan/out. A command then costs a bash fork in the sandbox instead of a `docker
-# exec` through the daemon or a new bwrap. The channel is mounted read-only, so commands cannot
-# remove it or change a request.
+# The command server both backends start once per sandbox. It opens the channel (see channel.py)
+# once: the FIFO `in` (a line GO per request), the reply FIFO `out` and the request file (the
+# runner's arguments, NUL-separated), says "ready" on `out` (with "drop" when commands run below
+# it), and the host then removes the three paths, so no command can open them. For each request it
+# re-reads the request file through its own descriptor, runs the runner in a subshell that closes
+# the channel's descriptors, and writes the report followed by a trailer line "<marker> exit
+# <status>" to `out`. A command then costs a fork and an exec in the sandbox instead of a `docker
+# exec` through the daemon or a new bwrap.
 # The server ignores SIGPIPE (the host may stop reading); commands get the default back. Job
 # control (set -m) runs each request in a process group of its own, which the host can kill.
 SERVER = r"""
 trap '' PIPE
 set -m
+exec 3<>/.pivot-chan/in 4>/.pivot-chan/out 5</.pivot-chan/request || exit 1
+if [ -n "$PIVOT_DROP" ] && ! command -v setpriv >/dev/null 2>&1; then PIVOT_DROP=; fi
+printf 'ready %s\n' "${PIVOT_DROP:+drop}" >&4
 while :; do
   go=
-  { IFS= read -r go || :; } </.pivot-chan/in || exit 1  # channel gone: stop
+  IFS= read -r go <&3 || exit 1
   [ "$go" = go ] || continue
   args=()
-  while IFS= read -r -d '' arg; do args+=("$arg"); done </.pivot-chan/request || exit 1
+  while IFS= read -r -d '' arg; do args+=("$arg"); done </proc/self/fd/5 || exit 1
   [ "${#args[@]}" -gt 7 ] || continue
-  { ( trap - PIPE; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg go; eval "$PIVOT_RUNNER" )
-    printf '\n%s exit %s\n' "${args[7]}" "$?"; } >/.pivot-chan/out
+  { ( trap - PIPE; exec 3<&- 5<&- 4>&-; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg go; eval "$PIVOT_RUNNER" )
+    printf '\n%s exit %s\n' "${args[7]}" "$?"; } >&4
 done
 """
 CHANNEL_DIR = "/.pivot-chan"
@@ -129,6 +155,7 @@ def runner_argv(
     nproc: int = 0,
     address_space_kb: int = 0,
     report: bool = True,
+    clean: bool = False,
 ) -> list[str]:
     """The argv that runs `command` through the runner inside a sandbox.
 
@@ -139,6 +166,8 @@ def runner_argv(
     readable container filesystem).
     report=False: it leaves the output in /.pivot/out and exits with the command's status, for
     backends that read the sandbox's files from the host (bubblewrap, local Docker).
+
+    clean=True: the command runs in a fresh shell (see `_CLEAN_INNER`), not in the saved shell state.
 
     Raises CommandRejected for a command that cannot cross into the sandbox intact (see
     `command_problem`): the arguments travel NUL-separated, so none may contain a NUL.
@@ -161,12 +190,20 @@ def runner_argv(
         marker,
         manifest_dir,
         str(limits.manifest_files),
+        "clean" if clean else "",
     ]
 
 
-def runner_env() -> dict[str, str]:
-    """The environment every command sees (SAFE_ENV plus the runner's scripts)."""
-    return {**SAFE_ENV, "PIVOT_INNER": _INNER, "PIVOT_RUNNER": RUNNER}
+def runner_env(drop: str = "") -> dict[str, str]:
+    """The environment the server and runner start with: SAFE_ENV, the runner's scripts and `drop`
+    (the argv prefix that puts commands below the server, DROP_ALL or DROP_SETPCAP; "" for none)."""
+    return {
+        **SAFE_ENV,
+        "PIVOT_INNER": _INNER,
+        "PIVOT_CLEAN_INNER": _CLEAN_INNER,
+        "PIVOT_RUNNER": RUNNER,
+        "PIVOT_DROP": drop,
+    }
 
 
 def parse_runner_output(
@@ -192,44 +229,55 @@ def parse_runner_output(
     return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
 
 
+def clear_output(root: str | os.PathLike, state: str) -> None:
+    """Remove the output path in the state directory `state` under `root` unless it is a regular
+    file: a FIFO, link or directory a command left there would hold or misdirect the next
+    command's output (the runner opens it for writing). Links are never followed."""
+    try:
+        directory = open_beneath(root, state)
+    except OSError:
+        return
+    try:
+        info = os.stat("out", dir_fd=directory, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree("out", dir_fd=directory, ignore_errors=True)
+        elif not stat.S_ISREG(info.st_mode):
+            os.unlink("out", dir_fd=directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
+
+
 def result_from_files(
-    state_dir: str | os.PathLike,
-    workspace: str | os.PathLike | None,
+    root: str | os.PathLike,
+    state: str,
+    workspace: str | None,
     command: str,
     exit_code: int,
     limits: SandboxLimits,
     timeout: float,
     seconds: float,
-    within: str | os.PathLike | None = None,
     known: KnownDigests | None = None,
 ) -> CommandResult:
     """A CommandResult read from the host side of a sandbox (the runner ran with report=False).
 
-    `within` is the sandbox's tree on the host: a state directory, output file or workspace the
-    command replaced by a link pointing out of it is not read (the link would be followed on the
-    host), and the output file itself is opened without following a link. `known`: digests the
-    workspace manifest may reuse for files left alone (see manifest.KnownDigests).
+    `root` is the sandbox's tree on the host; `state` (the state directory) and `workspace` are
+    paths under it, opened from `root` one component at a time without following a link, so a
+    command that swapped one for a link out of its tree is not read through it. The output file
+    is read only when it is a regular file, without blocking and at most `limits.output_bytes`
+    of it. `known`: digests the workspace manifest may reuse for files left alone (see
+    manifest.KnownDigests).
     """
-    out = Path(state_dir) / "out"
-    size, body = 0, b""
-    try:
-        descriptor = os.open(out, os.O_RDONLY | os.O_NOFOLLOW) if inside(out, within) else None
-    except OSError:
-        descriptor = None
-    if descriptor is not None:
-        with os.fdopen(descriptor, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > limits.output_bytes:
-                half = limits.output_bytes // 2
-                body = handle.read(half)
-                handle.seek(size - half)
-                body += handle.read(half)
-            else:
-                body = handle.read()
+    size, body, problem = read_bounded(root, os.path.join(state, "out"), limits.output_bytes)
     kept = min(size, limits.output_bytes)
     output = join_cut(body, size - kept, limits.output_bytes)
+    if problem:
+        output += f"\n[{problem}]\n"
     files = None
     if workspace is not None:
-        files = manifest(workspace, limits.manifest_files, known) if inside(workspace, within) else {}
+        files = manifest(
+            os.path.join(root, workspace), limits.manifest_files, known, beneath=root, budget=HASH_BUDGET
+        )
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
     return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)

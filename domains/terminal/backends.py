@@ -9,7 +9,7 @@ import warnings
 
 from pivot_envs.sandboxes.available import INSTALL_HELP, bwrap_available, docker_available
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend, BwrapSandbox
-from pivot_envs.sandboxes.channel import CHECK_EVERY, LimitExceeded, ServerDown, ServerTimeout, call_server
+from pivot_envs.sandboxes.channel import CHECK_EVERY, Channel, LimitExceeded, ServerDown, ServerTimeout
 from pivot_envs.sandboxes.cleanup import (
     BWRAP_PREFIX,
     DOCKER_PREFIX,
@@ -39,7 +39,7 @@ __all__ = [
     "ServerDown",
     "ServerTimeout",
     "bwrap_available",
-    "call_server",
+    "Channel",
     "docker_available",
     "gc",
     "hard_limits",

@@ -12,7 +12,7 @@ import pivot_envs.sandboxes.manifest as manifest_module
 import pytest
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes.background import QuietGate
-from pivot_envs.sandboxes.channel import GO, REQUEST, call_server, fifo_channel
+from pivot_envs.sandboxes.channel import GO, REQUEST, Channel
 from pivot_envs.sandboxes.docker_backend import DockerBackend
 from pivot_envs.sandboxes.manifest import manifest
 from sandbox_fixtures import FAST_LIMITS
@@ -22,24 +22,33 @@ BIG = 100_000
 
 
 def test_a_request_crosses_as_a_file_and_only_a_short_line_goes_through_the_fifo(tmp_path):
-    channel = fifo_channel(tmp_path)
+    channel = Channel(tmp_path)
     args = ["c" * BIG, "host", "0", "1", "0", "0", "60", "MARK", "", "5000"]
     seen: dict[str, bytes] = {}
 
     def server() -> None:
-        with open(channel / "in", "rb") as fifo:
-            seen["fifo"] = fifo.read()
-        seen["request"] = (channel / REQUEST).read_bytes()
-        with open(channel / "out", "wb") as reply:
-            reply.write(b"output\nMARK exit 3\n")
+        # As runner.SERVER: the three paths opened once, "ready", then a request read through its descriptor.
+        go = os.open(channel.directory / "in", os.O_RDWR)
+        reply = os.open(channel.directory / "out", os.O_WRONLY)
+        request = os.open(channel.directory / REQUEST, os.O_RDONLY)
+        os.write(reply, b"ready drop\n")
+        seen["fifo"] = os.read(go, 64)
+        seen["request"] = os.pread(request, 2 * BIG, 0)
+        os.write(reply, b"output\nMARK exit 3\n")
+        for descriptor in (go, reply, request):
+            os.close(descriptor)
 
     thread = threading.Thread(target=server, daemon=True)
     thread.start()
-    reply, status = call_server(channel, args, time.monotonic() + 60, "a test server")
+    reply, status = channel.call(args, time.monotonic() + 60, "a test server")
     thread.join(timeout=60)
     assert (reply, status) == (b"output", 3)
     assert seen["fifo"] == GO
     assert seen["request"] == b"".join(arg.encode() + b"\0" for arg in args)
+    # Once connected, the channel's paths are gone: nothing in the sandbox can open them.
+    assert channel.isolated is True
+    assert sorted(os.listdir(channel.directory)) == []
+    channel.close()
 
 
 def test_a_command_bigger_than_a_pipe_runs_intact_and_a_shorter_one_after_it_too(sandbox):
@@ -119,7 +128,11 @@ def test_a_docker_forks_manifest_reuses_the_snapshots_digests_and_sees_every_cha
     assert set(left_alone.known.files) == {"pkg/mod.py", "notes"}
     reads = []
     real = manifest_module._digest
-    monkeypatch.setattr(manifest_module, "_digest", lambda path: reads.append(path) or real(path))
+    monkeypatch.setattr(
+        manifest_module,
+        "_digest",
+        lambda directory, name, *rest: reads.append(name) or real(directory, name, *rest),
+    )
     before = left_alone.run("cat notes", files=True).files
     assert reads == []  # nothing it left alone is read again
     assert before == manifest(left_alone.workspace())

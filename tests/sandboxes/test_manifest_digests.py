@@ -40,9 +40,9 @@ def counted_reads(monkeypatch):
     reads = []
     real = manifest_module._digest
 
-    def spy(path):
-        reads.append(os.path.basename(path))
-        return real(path)
+    def spy(directory, name, *rest):
+        reads.append(name)
+        return real(directory, name, *rest)
 
     monkeypatch.setattr(manifest_module, "_digest", spy)
     return reads

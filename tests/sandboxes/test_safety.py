@@ -15,7 +15,7 @@ import pytest
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
 from pivot_envs.sandboxes import CommandRejected, SandboxLimits, cgroups
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-from pivot_envs.sandboxes.channel import call_server
+from pivot_envs.sandboxes.channel import Channel
 from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, DOCKER_PREFIX, LABEL, OWNER_LABEL, gc
 from pivot_envs.sandboxes.processes import NOBODY
 from pivot_envs.sandboxes.runner import runner_argv
@@ -369,7 +369,7 @@ def test_the_runner_refuses_a_command_that_would_not_cross_intact():
 def test_the_command_channel_refuses_a_request_holding_a_nul(tmp_path):
     # Checked before the channel is opened: nothing is written to the server.
     with pytest.raises(CommandRejected, match="NUL"):
-        call_server(tmp_path, ["x\x00y", *["0"] * 9], time.monotonic() + 1, "a test sandbox")
+        Channel(tmp_path).call(["x\x00y", *["0"] * 9], time.monotonic() + 1, "a test sandbox")
 
 
 def test_a_bubblewrap_sandbox_cgroup_is_gone_once_the_sandbox_is(has_bwrap):
