@@ -163,6 +163,23 @@ class Pivot:
         return {"messages": self.messages, "tools": self.tools}
 
 
+def domain_mismatch(pivots: Iterable[Pivot], domain: str) -> str | None:
+    """'N of M pivots are of domain 'x', not 'y' (first: ID)' when some of `pivots` name a domain
+    other than `domain` (an env of `domain` would score them with its own parser and verifier),
+    else None. Pivots without a domain, and an empty `domain`, never differ."""
+    if not domain:
+        return None
+    pivots = list(pivots)
+    others = [pivot for pivot in pivots if pivot.domain and pivot.domain != domain]
+    if not others:
+        return None
+    names = ", ".join(repr(name) for name in sorted({pivot.domain for pivot in others}))
+    return (
+        f"{len(others)} of {len(pivots)} pivots are of domain {names}, not {domain!r} "
+        f"(first: {others[0].id}): an env of {domain!r} scores them with its own parser and verifier"
+    )
+
+
 def iter_pivots(path: str | os.PathLike[str]) -> Iterator[Pivot]:
     """Stream pivots from a JSONL file (or .jsonl.gz); a bad line raises PivotFormatError with its line number."""
     for number, record in iter_records(path, "pivot", PivotFormatError):
@@ -205,29 +222,71 @@ def write_pivots(
     return count
 
 
+class PivotWriteError(PivotEnvsError, OSError):
+    """A pivot file that cannot be written (a full disk, no permission); the message names the file."""
+
+
 class PivotWriter:
-    """Appends pivots to a JSONL file, each line flushed and fsynced at once (nothing lost on a crash)."""
+    """Appends pivots to a JSONL file, each line flushed and fsynced at once (nothing lost on a crash).
+
+    A write that fails (a full disk) raises PivotWriteError naming the file, after cutting the file
+    back to its last whole line: it holds every record written before the failure and no partial
+    one. A string holding a lone surrogate (not text: no UTF-8 form) is written as its JSON
+    ``\\uXXXX`` escape, which reads back to the same string.
+    """
 
     def __init__(self, path: str | os.PathLike[str], append: bool = True, fsync: bool = True) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        self._handle = self.path.open("a" if append else "w", encoding="utf-8")
+        self.written = 0  # records written by this writer
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Unbuffered, appending: no bytes wait in a buffer that a failed write would leave behind.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+            self._fd = os.open(self.path, flags, 0o666)
+        except OSError as error:
+            raise PivotWriteError(f"{self.path}: cannot write it: {error.strerror or error}") from error
+        self._end = os.fstat(self._fd).st_size  # the end of the last whole line
 
     def write(self, pivot: Pivot | dict[str, Any]) -> None:
         record = pivot.to_dict() if isinstance(pivot, Pivot) else pivot
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
-        if self.fsync:
-            os.fsync(self._handle.fileno())
+        try:
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: its escape keeps it, in valid UTF-8
+            line = (json.dumps(record) + "\n").encode("ascii")
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError as error:
+            self._cut_back()
+            raise PivotWriteError(
+                f"{self.path}: cannot write it: {error.strerror or error}; it holds the "
+                f"{self.written} records written before (no partial line)"
+            ) from error
+        self._end += len(line)
+        self.written += 1
+
+    def _cut_back(self) -> None:
+        """Drop a partly written line (a full disk took only part of it)."""
+        try:
+            os.ftruncate(self._fd, self._end)
+        except OSError:  # the file stays as it is; a resumed profile drops a partial last line itself
+            pass
 
     def sync(self) -> None:
-        """Flush what was written and fsync it (for a writer opened with fsync=False)."""
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        """Flush what was written to the disk (for a writer opened with fsync=False)."""
+        try:
+            os.fsync(self._fd)
+        except OSError as error:
+            raise PivotWriteError(f"{self.path}: cannot write it: {error.strerror or error}") from error
 
     def close(self) -> None:
-        self._handle.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> PivotWriter:
         return self

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.config import at_least, between, json_object, option
+from pivot_envs.env import json_safe
 from pivot_envs.errors import PivotEnvsError, PivotSetError
-from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile, iter_pivots
+from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriteError, PivotWriter, Profile, iter_pivots
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
 from pivot_envs.scoring import EnvPool, resolve_env
 
@@ -222,17 +223,25 @@ def _read_output(
 
 
 def _drop_lines(path: str | os.PathLike[str], numbers: list[int]) -> None:
-    """Rewrite `path` without the given (1-based) lines, atomically (a kill leaves the old file or the new)."""
+    """Rewrite `path` without the given (1-based) lines, atomically (a kill leaves the old file or the
+    new; a full disk leaves the old one and raises PivotWriteError naming it)."""
     path = Path(path)
     dropped = set(numbers)
     lines = path.read_bytes().split(b"\n")[:-1]
     kept = [line + b"\n" for number, line in enumerate(lines, start=1) if number not in dropped]
     staging = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with staging.open("wb") as handle:
-        handle.writelines(kept)
-        handle.flush()
-        os.fsync(handle.fileno())
-    staging.replace(path)
+    try:
+        with staging.open("wb") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        staging.replace(path)
+    except OSError as error:
+        staging.unlink(missing_ok=True)
+        raise PivotWriteError(
+            f"{path}: cannot rewrite it without the {len(dropped)} rows to profile again: "
+            f"{error.strerror or error}; it is unchanged"
+        ) from error
 
 
 def check_settings(
@@ -291,9 +300,14 @@ def _sample_result(future: Future) -> dict[str, Any]:
 
 
 def _action_text(completion: Completion) -> str:
+    """A sampled action as the profile stores it: its text, or its message as JSON; a lone
+    surrogate (a policy's broken decoding) becomes U+FFFD, so the row stays valid text for every
+    reader (the env scored the action as sampled)."""
     if completion.message is not None:
-        return json.dumps(completion.message, ensure_ascii=False, sort_keys=True)
-    return completion.text
+        text = json.dumps(completion.message, ensure_ascii=False, sort_keys=True)
+    else:
+        text = completion.text
+    return json_safe(text)
 
 
 def _batches(pivots: Iterable[Pivot], size: int) -> Iterator[list[Pivot]]:
@@ -457,7 +471,7 @@ class _Recorder:
             actions=[_action_text(c) for c in group] if self.config.keep_actions else None,
             settings=self.settings,
             # Each invalid sample's cause ('' for a valid one; none when every sample is valid).
-            errors=[r["error"] for r in results] if not all(r["valid"] for r in results) else [],
+            errors=[json_safe(r["error"]) for r in results] if not all(r["valid"] for r in results) else [],
         )
         record = replace(pivot, profile=profiled).to_dict()
         self.writer.write(record)

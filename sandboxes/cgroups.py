@@ -32,6 +32,9 @@ PREFIX = "pivot-envs-"
 # What a sandbox's cgroup also holds besides the commands: bwrap's init, the command server and
 # the runner's shells. The process limit counts them on top of `processes`.
 INFRASTRUCTURE_PROCESSES = 8
+# Set when the process exits (remove_parent): a sandbox cgroup removed after that (by a backend's
+# finalizer, which may run after the atexit hook) removes its parent too once that is empty.
+_exiting = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class SandboxCgroup:
         if not isinstance(found, Hierarchy):
             raise OSError(found)
         name = uuid.uuid4().hex[:12]
+        self.parents = found.parents
         self.paths = tuple(parent / name for parent in found.parents)
         for path in self.paths:
             path.mkdir()
@@ -183,18 +187,28 @@ class SandboxCgroup:
                     if time.monotonic() > deadline:
                         break  # left for remove_stale: a zombie nobody reaps can hold it
                     time.sleep(0.01)
+        if _exiting:
+            _remove_empty(self.parents)
 
 
 def remove_parent() -> None:
-    """Delete this process's (empty) parent directories (at the end of a backend's life)."""
+    """Delete this process's parent directories when empty (at exit). Sandboxes whose backends
+    close later (their finalizers may run after this atexit hook) delete them with their own
+    cgroup then."""
+    global _exiting
+    _exiting = True
     found = hierarchy()
     if isinstance(found, Hierarchy):
-        for parent in found.parents:
-            try:
-                parent.rmdir()
-            except OSError:
-                continue
+        _remove_empty(found.parents)
         hierarchy.cache_clear()
+
+
+def _remove_empty(parents: tuple[Path, ...]) -> None:
+    for parent in parents:
+        try:
+            parent.rmdir()
+        except OSError:  # gone already, or a sandbox cgroup still in it (that removes it later)
+            continue
 
 
 def remove_stale() -> int:

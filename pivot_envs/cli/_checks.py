@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pivot_envs.config import ConfigError
 from pivot_envs.errors import MissingExtraError, PivotEnvsError, UnknownNameError
-from pivot_envs.pivot import Pivot, PivotFormatError
+from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriteError, domain_mismatch
 
 if TYPE_CHECKING:
     from pivot_envs.formats import ReadReport
@@ -38,6 +38,8 @@ def file_errors(path: str | os.PathLike[str], flag: str = "") -> Iterator[None]:
         yield
     except FileAccessError:
         raise
+    except PivotWriteError as error:  # its message names the file already
+        raise FileAccessError(f"{flag} {error}" if flag else str(error)) from error
     except OSError as error:
         where = f"{flag} {path}" if flag else str(path)
         raise FileAccessError(f"{where}: {error.strerror or error}") from error
@@ -103,11 +105,10 @@ def check_env_id(env: str) -> str:
     return env
 
 
-def verifier_names(env: str) -> list[str] | None:
-    """The verifier names a registered pivot env accepts (its class's `verifiers` table), or None
-    when `env` is not one of the installed domains' ids (then the env alone can tell).
+def _domain_spec(env: str) -> object | None:
+    """The DomainSpec of an installed domain whose env id is `env`, or None (another env).
 
-    Imports the domain's module (its DomainSpec); builds no env, which could start sandboxes.
+    Imports the domain's module; builds no env, which could start sandboxes.
     """
     from importlib.metadata import EntryPoint
 
@@ -115,19 +116,33 @@ def verifier_names(env: str) -> list[str] | None:
 
     for name, value in known_domains().items():
         if env_id(name) == env:
-            spec = load_domain(EntryPoint(name=name, value=value, group=GROUP))
-            table = getattr(spec.env_class, "verifiers", None)
-            return sorted(table) if isinstance(table, dict) else sorted(spec.verifiers)
+            return load_domain(EntryPoint(name=name, value=value, group=GROUP))
     return None
+
+
+def verifier_names(env: str) -> list[str] | None:
+    """The verifier names a registered pivot env accepts (its class's `verifiers` table), or None
+    when `env` is not one of the installed domains' ids (then the env alone can tell)."""
+    spec = _domain_spec(env)
+    if spec is None:
+        return None
+    table = getattr(spec.env_class, "verifiers", None)
+    return sorted(table) if isinstance(table, dict) else sorted(spec.verifiers)
 
 
 def check_scoring(pivots: Iterable[Pivot], env: str | None = None, verifier: str | None = None) -> list[str]:
     """Check the envs that will score `pivots` (`env`, else pivot/<domain>-v0 of each pivot's
-    domain) and that each accepts `verifier`; returns the env ids. Raises UnknownNameError."""
+    domain) and that each accepts `verifier`; returns the env ids. Raises UnknownNameError.
+    Pivots of another domain than `env`'s are scored by it all the same, with a warning."""
     from pivot_envs.registry import env_id
 
+    pivots = list(pivots)
     if env:
         envs = [check_env_id(env)]
+        spec = _domain_spec(env)
+        mismatch = domain_mismatch(pivots, getattr(getattr(spec, "env_class", None), "domain", ""))
+        if mismatch:
+            log.warning("--env %s: %s", env, mismatch)
     else:
         domains = sorted({pivot.domain for pivot in pivots})
         if "" in domains:
@@ -187,15 +202,17 @@ def read_input(
 
 
 def no_pivot_error(where: str, report: ReadReport) -> PivotFormatError:
-    """The error of an input that gave no pivot, saying why: empty, every record malformed (the
-    first problem named, with its line or byte), or no assistant turn to make a candidate of."""
+    """The error of an input that gave no pivot, saying why: empty, unreadable or every record
+    malformed (the first problem named, with its line or byte), or no assistant turn to make a
+    candidate of."""
+    from pivot_envs.formats.records import CUT_OFF
+
+    if report.skipped_total:
+        malformed = report.skipped_total - report.skipped.get(CUT_OFF, 0)
+        counted = f"{malformed} of {report.records} records malformed; " if report.records else ""
+        return PivotFormatError(f"{where}: no pivot could be read ({counted}first: {report.problems[0]})")
     if not report.records:
         return PivotFormatError(f"{where}: the input is empty (no records)")
-    if report.skipped_total:
-        return PivotFormatError(
-            f"{where}: no pivot could be read ({report.skipped_total} of {report.records} records malformed; "
-            f"first: {report.problems[0]})"
-        )
     return PivotFormatError(
         f"{where}: no pivot in {report.records} records (no assistant turn, or all filtered out)"
     )

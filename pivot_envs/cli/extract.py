@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     report = ReadReport()
     pivots, seen, empty = [], set(), []
     for path in progress_bar(args.inputs, desc="reading", unit=" files", terminal_only=True):
-        records = report.records
+        records, problems = report.records, len(report.problems)
         with file_errors(path):
             read = read_as_pivots(path, report=report, config=config, id_prefix=args.id_prefix)
         for pivot in read:
@@ -49,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
                 continue
             seen.add(pivot.id)
             pivots.append(pivot)
-        if report.records == records:
+        # Empty: no record and no problem (a .gz cut off before its first record is not empty).
+        if report.records == records and len(report.problems) == problems:
             empty.append(path)
     for problem in report.problems:
         log.warning("%s", problem)

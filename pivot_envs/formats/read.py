@@ -21,7 +21,7 @@ from pivot_envs.formats.openai_chat import read_openai_chat
 from pivot_envs.formats.pivots import read_pivot_record
 from pivot_envs.formats.records import MalformedRecord, record_kind, records
 from pivot_envs.formats.sharegpt import read_sharegpt
-from pivot_envs.pivot import Pivot, PivotFormatError
+from pivot_envs.pivot import Pivot, PivotFormatError, domain_mismatch
 from pivot_envs.trajectory import ReadReport, Trajectory
 
 
@@ -116,9 +116,10 @@ def read_as_pivots(
     """Pivots from a file: our pivot JSONL (.gz) as is, NeMo-Gym pivot rows one pivot per row, and
     any trajectory format through `extract_pivots` (by default every assistant turn a candidate).
 
-    `domain` (or `config.domain`) fills in pivots that have none. The `config`'s turn and reward
-    rules apply to ready-made pivots too. Without a `report`, skipped records are announced with a
-    warning naming the first problem.
+    `domain` (or `config.domain`) fills in pivots that have none; pivots that name another domain
+    keep it, with a warning (an env of `domain` would score them with its own parser and verifier).
+    The `config`'s turn and reward rules apply to ready-made pivots too. Without a `report`, skipped
+    records are announced with a warning naming the first problem.
     """
     config = config or ExtractConfig(domain=domain)
     domain = config.domain or domain
@@ -144,6 +145,9 @@ def read_as_pivots(
             trajectories.append(item)
     if trajectories:
         pivots.extend(extract_pivots(trajectories, replace(config, domain=domain), report=own))
+    mismatch = domain_mismatch(pivots, domain)
+    if mismatch:
+        warnings.warn(f"{path}: {mismatch}", stacklevel=2)
     if report is None and own.skipped_total:
         warnings.warn(
             f"{path}: skipped {own.skipped_total} malformed record(s); first: {own.problems[0]}", stacklevel=2

@@ -1,25 +1,27 @@
 """Raw records of a trajectory file, and its format detected from their content.
 
 A file is a JSON list of records (tau-bench results), one JSON object, or JSONL, possibly
-gzip-compressed (recognised by its magic bytes, whatever its name). What does not parse is
-reported in a `ReadReport` as ``file:line: reason`` (``file:[i]: reason`` for the i-th element of
-a JSON list) and skipped.
+gzip-compressed (recognised by its magic bytes, whatever its name) and possibly starting with a
+UTF-8 BOM (ignored). What does not parse, and a record holding a lone surrogate (valid JSON, not
+text), is reported in a `ReadReport` as ``file:line: reason`` (``file:[i]: reason`` for the i-th
+element of a JSON list) and skipped; a gzip stream cut off is reported, and the records before
+the cut are read.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pivot_envs.errors import PivotEnvsError
+from pivot_envs.jsonl import may_hold_surrogate, read_text_bytes, surrogate_problem
 from pivot_envs.trajectory import ReadReport
 
 FORMATS = ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
+CUT_OFF = "cut-off file"  # the reported reason of a gzip stream that ends early (not a record)
 # How many leading records detect_format looks at before giving up.
 _DETECT_RECORDS = 50
 
@@ -37,14 +39,12 @@ class MalformedRecord(FormatError):
         self.detail = detail
 
 
-def _load_bytes(path: Path, report: ReadReport) -> bytes | None:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":  # gzip magic, whatever the file is called
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as error:
-            report.skip(str(path), "unreadable file", f"not a valid gzip stream ({error})")
-            return None
+def _load_bytes(path: Path, report: ReadReport) -> bytes:
+    """The file's bytes (gunzipped, without a UTF-8 BOM); a gzip stream cut off or corrupt is
+    reported, and what came before the cut is kept."""
+    data, problem = read_text_bytes(path)
+    if problem:
+        report.skip(str(path), CUT_OFF, f"{problem}; the lines before it were read")
     return data
 
 
@@ -56,8 +56,6 @@ def records(path: str | os.PathLike[str], report: ReadReport) -> Iterator[tuple[
     """
     path = Path(path)
     data = _load_bytes(path, report)
-    if data is None:
-        return
     if data.lstrip()[:1] == b"[":  # a JSON list of records (tau-bench results)
         report.records += 1
         try:
@@ -70,12 +68,15 @@ def records(path: str | os.PathLike[str], report: ReadReport) -> Iterator[tuple[
                 f"{path}:{error.lineno}", "invalid JSON", f"the JSON list does not parse ({error.msg})"
             )
             return
+        check = may_hold_surrogate(data)
         if isinstance(whole, list):
             report.records += len(whole) - 1
             for index, record in enumerate(whole):
-                yield f"{path}:[{index}]", record
+                if not (check and _holds_surrogate(f"{path}:[{index}]", record, report)):
+                    yield f"{path}:[{index}]", record
             return
-        yield f"{path}:1", whole
+        if not (check and _holds_surrogate(f"{path}:1", whole, report)):
+            yield f"{path}:1", whole
         return
     lines = data.split(b"\n")
     for number, raw in enumerate(lines, start=1):
@@ -84,15 +85,30 @@ def records(path: str | os.PathLike[str], report: ReadReport) -> Iterator[tuple[
         report.records += 1
         where = f"{path}:{number}"
         try:
-            yield where, json.loads(raw.decode("utf-8"))
+            record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as error:
             report.skip(where, "invalid JSON", f"not UTF-8 at byte {error.start}")
+            continue
         except json.JSONDecodeError as error:
             if number == 1 and _single_document(data, report):
                 # One pretty-printed JSON object, not JSONL.
-                yield f"{path}:1", json.loads(data.decode("utf-8"))
+                whole = json.loads(data.decode("utf-8"))
+                if not (may_hold_surrogate(data) and _holds_surrogate(f"{path}:1", whole, report)):
+                    yield f"{path}:1", whole
                 return
             report.skip(where, "invalid JSON", f"{error.msg} at column {error.colno}")
+            continue
+        if not (may_hold_surrogate(raw) and _holds_surrogate(where, record, report)):
+            yield where, record
+
+
+def _holds_surrogate(where: str, record: Any, report: ReadReport) -> bool:
+    """Whether a record holds a lone surrogate; if so it is reported as invalid text (to be skipped:
+    no UTF-8 writer, tokenizer or sandbox could take it)."""
+    problem = surrogate_problem(record)
+    if problem:
+        report.skip(where, "invalid text", problem)
+    return problem is not None
 
 
 def _single_document(data: bytes, report: ReadReport) -> bool:

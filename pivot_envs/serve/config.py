@@ -29,6 +29,9 @@ class ServeConfig:
     )
     session_ttl: float = option(600.0, "seconds a session may stay unused before it is closed")
     max_batch: int = option(64, "actions in one /steps request at most (a larger batch is a 413)")
+    body_timeout: float = option(
+        60.0, "seconds a client may take to send a request's body once its headers arrived (then a 408)"
+    )
     pivots: str | None = option(None, "pivot file the env holds (default: the domain's bundled pivots)")
     env_kwargs: dict[str, Any] | str = option(
         factory=dict, help="keyword arguments of gym.make, as a JSON object"
@@ -38,7 +41,7 @@ class ServeConfig:
         self.env_kwargs = json_object(self.env_kwargs, "ServeConfig.env_kwargs")
         at_least(self, 1, "max_sessions", "max_batch")
         at_least(self, 0, "port", "queue_timeout")
-        at_least(self, 0.001, "session_ttl")
+        at_least(self, 0.001, "session_ttl", "body_timeout")
         if self.port > 65535:
             raise ConfigError(f"ServeConfig.port = {self.port}: must be in [0, 65535]")
 

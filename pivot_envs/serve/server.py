@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import signal
 import socket
@@ -32,7 +33,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.requests import ClientDisconnect
 
 from pivot_envs.env import json_safe
 from pivot_envs.errors import PivotEnvsError
@@ -44,6 +46,8 @@ from pivot_envs.serve.state import HTTPError, ServerState, json_bytes, json_resp
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a batch of 64 actions with long completions fits many times over
+CLOSE = {"Connection": "close"}  # a refused body is not read on: the connection closes after the answer
+CLIENT_CLOSED = 499  # the status a request is counted under when its client disconnected (nginx's)
 SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval of a `pivotrl serve` process (see serve)
 
 
@@ -56,7 +60,7 @@ class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pivot: str | None = None
     index: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)  # gymnasium seeds are non-negative integers
 
     @model_validator(mode="after")
     def _one_place(self) -> ResetBody:
@@ -211,7 +215,17 @@ async def parsed(request: Request, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate_json(body) if body else model()
     except ValidationError as error:
-        raise HTTPError(422, validation_message(error.errors())) from None
+        errors = error.errors()
+    if all(error["type"] == "json_invalid" for error in errors):
+        # pydantic's parser refuses a lone surrogate escape ("\ud800"), which JSON allows; the
+        # stdlib's takes it, so such an action is scored (0, with its category) as in process.
+        try:
+            return model.model_validate(json.loads(body))
+        except ValueError:  # not JSON for the stdlib either (pydantic's message says where)
+            pass
+        except ValidationError as error:
+            errors = error.errors()
+    raise HTTPError(422, validation_message(errors))
 
 
 def validation_message(errors: list[dict]) -> str:
@@ -350,13 +364,14 @@ def _env_failure(session_id: str, what: str, error: Exception) -> HTTPError:
 
 
 class Guard:
-    """ASGI middleware: the bearer token (everything but /health), the body size bound, and the
-    request counts by route and status."""
+    """ASGI middleware: the bearer token (everything but /health), the body's size and time bounds,
+    and the request counts by route and status."""
 
     def __init__(self, app: Callable, state: ServerState) -> None:
         self.app = app
         self.state = state
         self.expected = f"Bearer {state.token}".encode() if state.token else None
+        self.body_timeout = state.config.body_timeout
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -374,7 +389,19 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, counted)
         else:
-            await self.app(scope, receive, counted)
+            body = BoundedBody(receive, MAX_BODY_BYTES, self.body_timeout)
+            try:
+                await self.app(scope, body.receive, counted)
+            except ClientDisconnect:
+                # A client that gave up (its own timeout, a killed trainer) is routine: one line, no traceback.
+                status[0] = CLIENT_CLOSED
+                client = scope.get("client") or ("?", 0)
+                log.info(
+                    "%s %s: the client %s:%s disconnected before its body arrived",
+                    scope["method"],
+                    scope["path"],
+                    *client[:2],
+                )
         route = scope.get("route")
         self.state.metrics.count_request(scope["method"], getattr(route, "path", "unmatched"), status[0])
 
@@ -393,8 +420,60 @@ class Guard:
             return JSONResponse(
                 {"detail": f"body: {length.decode(errors='replace')} bytes; at most {MAX_BODY_BYTES}"},
                 status_code=413,
+                headers=CLOSE,
             )
         return None
+
+
+class BoundedBody:
+    """A request's ASGI `receive`, bounded: the body may hold at most `limit` bytes however it is
+    sent (Content-Length or chunked), and must arrive within `timeout` seconds of the request's
+    start. Past either bound, reading the body raises HTTPError 413 or 408 (the connection is
+    then closed); once the body is complete, `receive` passes through unbounded (a disconnect)."""
+
+    def __init__(self, receive: Callable, limit: int, timeout: float) -> None:
+        self._receive = receive
+        self.limit = limit
+        self.timeout = timeout
+        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.size = 0
+        self.complete = False
+        self.late = False
+
+    async def receive(self) -> dict:
+        if self.complete:
+            return await self._receive()
+        loop = asyncio.get_running_loop()
+        # A timer that cancels this task, not asyncio.wait_for: that wraps each read in a task of its own.
+        timer = loop.call_at(self.deadline, self._too_late, asyncio.current_task())
+        try:
+            message = await self._receive()
+        except asyncio.CancelledError:
+            if not self.late:
+                raise
+            task = asyncio.current_task()
+            if hasattr(task, "uncancel"):  # Python >= 3.11: this cancellation is handled here
+                task.uncancel()
+            raise HTTPError(
+                408,
+                f"body: not received within {self.timeout:g} s of the request (--body-timeout)",
+                CLOSE,
+            ) from None
+        finally:
+            timer.cancel()
+        if message["type"] != "http.request":
+            self.complete = True
+            return message
+        self.size += len(message.get("body", b""))
+        if self.size > self.limit:
+            raise HTTPError(413, f"body: more than {self.limit} bytes (at most {self.limit})", CLOSE)
+        self.complete = not message.get("more_body", False)
+        return message
+
+    def _too_late(self, task: asyncio.Task | None) -> None:
+        self.late = True
+        if task is not None:
+            task.cancel()
 
 
 # -- running it --------------------------------------------------------------------------------------
