@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import reprlib
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,7 +19,7 @@ from gymnasium.vector import AutoresetMode
 
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.observations import ObservationCopies
-from pivot_envs.pivot import Pivot
+from pivot_envs.pivot import Pivot, domain_mismatch
 from pivot_envs.spaces import Chat, Completion
 from pivot_envs.verifiers import StrictVerifier, Verdict, Verifier
 
@@ -280,7 +281,11 @@ class PivotEnv(gym.Env):
             return list(self.default_pivots())
         if isinstance(pivots, (str, os.PathLike)):
             return load_pivot_file(pivots, domain=self.domain)
-        return [p if isinstance(p, Pivot) else Pivot.from_dict(p) for p in pivots]
+        loaded = [p if isinstance(p, Pivot) else Pivot.from_dict(p) for p in pivots]
+        mismatch = domain_mismatch(loaded, self.domain)
+        if mismatch:
+            warnings.warn(f"{type(self).__name__}: {mismatch}", stacklevel=3)
+        return loaded
 
     def _make_verifier(self, verifier: str | Verifier, config: dict[str, Any]) -> Verifier:
         if not isinstance(verifier, str):

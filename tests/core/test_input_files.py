@@ -14,6 +14,7 @@ import resource
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -308,3 +309,12 @@ def test_profile_with_an_env_of_another_domain_warns_before_scoring(tmp_path, ca
     assert (
         "pivotrl: warning: --env pivot/search-v0: 2 of 2 pivots are of domain 'tool-use', not 'search'" in err
     )
+
+
+def test_pivots_of_another_domain_given_in_memory_are_warned_about():
+    from pivot_envs.domains.tool_use.env import ToolUseEnv
+
+    env = ToolUseEnv()
+    foreign = [replace(env.pivots[0], domain="search", id="elsewhere/1")]
+    with pytest.warns(UserWarning, match="domain 'search'"):
+        ToolUseEnv(pivots=foreign)
