@@ -68,6 +68,14 @@ POOLED_CONNECTIONS = 8  # idle connections an engine keeps (a query uses one at 
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 QUERY_CATEGORIES = ("empty_query", "query_too_long", "bad_argument")
 _WORD = re.compile(r"\w+")
+# Words a search engine gains nothing from: the question's frame, not its content.
+STOPWORDS = frozenset(
+    """
+a an the of in on at to for from by with and or but nor is was were are be been being am which what who
+whom whose when where how why that this these those it its his her their he she they him them did does
+do has have had as into than then also after before during about over under between first one s
+""".split()
+)
 
 
 class QueryError(PivotEnvsError, ValueError):
@@ -133,6 +141,14 @@ def query_terms(query: Any) -> list[str]:
             "query_too_long", f"the query has {len(terms)} distinct words; at most {MAX_TERMS} are allowed"
         )
     return terms
+
+
+def counted_terms(engine: SearchEngine, query: str) -> tuple[str, ...]:
+    """The words of a valid `query` that shape its results: those `engine` scores when it says
+    (`FtsEngine.scored_terms`), else its words without STOPWORDS (an HTTP endpoint does not say)."""
+    terms = query_terms(query)
+    scored = getattr(engine, "scored_terms", None)
+    return tuple(scored(terms) if callable(scored) else (term for term in terms if term not in STOPWORDS))
 
 
 def check_k(k: Any) -> int:

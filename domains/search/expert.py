@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivot_envs.domains.search.corpus import Document
-from pivot_envs.domains.search.engine import SearchEngine
+from pivot_envs.domains.search.engine import STOPWORDS, SearchEngine
 from pivot_envs.domains.search.tasks import SearchTask, TaskError, answer_in_evidence, resolve_evidence
 from pivot_envs.domains.search.tools import BrowseState, CallResult, bundled_tools, run_call
 
@@ -43,14 +43,6 @@ SYSTEM_PROMPT = (
     "get_document(docid) returns a document's text.\n"
     "Search, read the documents that answer the question, and when you know the answer reply with "
     "one line: 'Answer: <the answer>' (a name, a number, a year or a place)."
-)
-# Words a search engine gains nothing from: the question's frame, not its content.
-STOPWORDS = frozenset(
-    """
-a an the of in on at to for from by with and or but nor is was were are be been being am which what who
-whom whose when where how why that this these those it its his her their he she they him them did does
-do has have had as into than then also after before during about over under between first one s
-""".split()
 )
 MAX_QUERY_WORDS = 16
 _WORD = re.compile(r"\w+")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivot_envs.domains.search.corpus import Document
-from pivot_envs.domains.search.engine import Hit, QueryError, SearchEngine
+from pivot_envs.domains.search.engine import Hit, QueryError, SearchEngine, counted_terms
 
 MAX_QUERIES = 5
 MAX_URLS = 5
@@ -62,12 +62,18 @@ class BrowseState:
 @dataclass(frozen=True)
 class CallResult:
     """One tool call's outcome: the tool message text, the kind of call, the documents it reached
-    (a search's hits, the documents opened) and an error category when the call was bad."""
+    (a search's hits, the documents opened) and an error category when the call was bad.
+
+    requests: what the call asked for: a search's queries, an open's document references, 1 otherwise.
+    terms:    a search's queries, each as the words its results were ranked by (`engine.counted_terms`).
+    """
 
     text: str
     kind: str
     docids: tuple[str, ...]
     error: str | None = None
+    requests: int = 1
+    terms: tuple[tuple[str, ...], ...] = ()
 
 
 class _BadCall(Exception):
@@ -113,10 +119,11 @@ def _hit_text(number: int, hit: Hit) -> str:
 
 def _search(engine: SearchEngine, arguments: dict[str, Any], state: BrowseState, k: int) -> CallResult:
     queries = _strings(arguments, "query", "queries", MAX_QUERIES)
-    blocks, reached = [], []
+    blocks, reached, terms = [], [], []
     for query in queries:
         try:
             hits = engine.search(query, k)
+            terms.append(counted_terms(engine, query))
         except QueryError as error:
             raise _BadCall(error.category, f"{error} (query {query[:100]!r})") from None
         header = f"Results for {query!r}:" if hits else f"No results for {query!r}."
@@ -126,7 +133,13 @@ def _search(engine: SearchEngine, arguments: dict[str, Any], state: BrowseState,
         reached.extend(hit.docid for hit in hits)
     state.results = reached
     state.saw(reached)
-    return CallResult("\n\n".join(blocks), "search", tuple(dict.fromkeys(reached)))
+    return CallResult(
+        "\n\n".join(blocks),
+        "search",
+        tuple(dict.fromkeys(reached)),
+        requests=len(queries),
+        terms=tuple(terms),
+    )
 
 
 def _document_text(document: Document, limit: int) -> str:
@@ -178,7 +191,9 @@ def _open(
         state.opened.extend(docid for docid in dict.fromkeys(opened) if docid not in state.opened)
         state.current = opened[-1]
     # Some documents found: the call worked (the missing ones are said in its text).
-    return CallResult("\n\n".join(blocks), "open", tuple(opened), None if opened else "unknown_docid")
+    return CallResult(
+        "\n\n".join(blocks), "open", tuple(opened), None if opened else "unknown_docid", requests=len(refs)
+    )
 
 
 def _find(engine: SearchEngine, arguments: dict[str, Any], state: BrowseState) -> CallResult:

@@ -10,18 +10,25 @@ scores 1 only when the answer it gives (`answer.extract_answer`) equals the gold
 after normalisation (`answer.normalize_answer`), never for being a message.
 
 - `retrieval` (default): the sampled turn must be of the expert's kind (a search where the expert
-  answered cannot be equivalent to the answer, nor an answer to a search: "wrong_kind"). Then
-  - a search scores 1 when its top-k results reach an evidence document not yet seen anywhere in
-    the prefix (in a result or opened). When the expert's own search reached no such document, what
-    it reached also counts: the evidence among its results, or, when it reached no evidence at all,
-    its top hit (so the expert's action always scores 1, and re-finding a document already seen
-    scores only where the expert did the same);
-  - an open (get_document, browse, open) scores 1 for the document the expert opened, or an
-    evidence document not yet opened in the prefix (re-reading an opened one adds nothing);
-  - a find scores 1 when it finds the passages the expert's find found, in the same document
-    (the same lines of output after its header: "Verdi" and "verdi" find the same), and some;
-  - a turn whose calls all failed (empty query, unknown document, unknown tool, ...) scores 0 with
-    the failure's category.
+  answered cannot be equivalent to the answer, nor an answer to a search: "wrong_kind"), and every
+  call of it must work (a failed call scores 0 with its category). As tool-use matches parallel
+  calls as a multiset, a turn's extra calls cost the reward: it may ask for no more queries,
+  documents or finds than the expert's turn did ("extra_queries", "extra_documents", "extra_finds").
+  Then, for each kind in the turn:
+  - a search scores 1 when its results reach an evidence document not yet seen anywhere in the
+    prefix (in a result or opened). When the expert's own search reached no such document, it
+    found again what the prefix had shown: then the evidence among its results not yet read, or,
+    when it reached none, its top hit, counts too, at a rank no lower than the expert's search gives
+    it ("ranked_lower"). Its queries are ranked by at most EXTRA_QUERY_WORDS more words than the
+    expert's longest ("query_stuffed"), and its results show at most EXTRA_KNOWN_RESULTS more
+    documents seen before than the expert's, and a new one where the expert's did ("known_results").
+    So a paraphrase that finds the evidence scores 1, the expert always scores 1, and neither a
+    query stuffed with the question or with candidates, nor a repeat of an earlier search, does;
+  - an open (get_document, browse, open) scores 1 when every document it asks for is the one the
+    expert opened or an evidence document not yet opened in the prefix, each once (re-reading an
+    opened one adds nothing);
+  - a find scores 1 when each find finds passages the expert's finds found, in the same document
+    (the same lines of output after its header: "Verdi" and "verdi" find the same), and some.
   At a pivot recorded on another corpus (`info["replay"] == "recorded"`) calls cannot be run, so
   tool turns are judged at the `args` level (the category says so).
 - `args`: the same tool names and the same arguments after normalisation (key order, case and
@@ -40,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivot_envs.domains.search.answer import answer_matches, extract_answer
+from pivot_envs.domains.search.engine import MAX_TERMS
 from pivot_envs.domains.search.tools import TOOL_NAMES, BrowseState, CallResult
 
 from pivot_envs.chat import calls_of, text_of
@@ -57,6 +65,12 @@ _DOING = {
     "find": "searched in a document",
 }
 _SPACE = re.compile(r"\s+")
+# A query may be ranked by this many more words than the expert's longest (the engine's counted
+# words): room for a paraphrase's qualifier ("born", a place, a date), not for a second question.
+EXTRA_QUERY_WORDS = 3
+# A search may show this many more documents the prefix had already shown than the expert's did: a
+# query naming what the agent has read, for context, brings that document back.
+EXTRA_KNOWN_RESULTS = 1
 
 
 @dataclass(frozen=True)
@@ -171,39 +185,112 @@ def _by_arguments(pivot: Pivot, action: dict[str, Any], unexecuted: bool) -> Ver
 
 
 def _by_retrieval(reach: Reach, kind: str, expert_kind: str) -> Verdict:
-    worked = [result for result in reach.sample if result.error is None]
-    if not worked:
-        failed = reach.sample[0] if reach.sample else None
-        category = failed.error if failed is not None else "no_call"
-        return Verdict(0.0, category, failed.text[:300] if failed is not None else "the turn made no call")
-    if kind != expert_kind:
+    if not reach.sample:
+        return Verdict(0.0, "no_call", "the turn made no call")
+    failed = next((result for result in reach.sample if result.error is not None), None)
+    if failed is not None:
+        # A failed call is never part of the expert's turn: it costs the turn, as an unmatched call does.
+        return Verdict(0.0, failed.error, failed.text[:300])
+    kinds = sorted({result.kind for result in reach.expert})
+    if kind != expert_kind or {result.kind for result in reach.sample} != set(kinds):
+        return Verdict(0.0, "wrong_kind", f"the turn {_doing(kind)} where the expert {_doing(expert_kind)}")
+    verdict = Verdict(0.0, "no_call", "the expert's turn made no call")
+    for part in kinds:
+        sample = [result for result in reach.sample if result.kind == part]
+        expert = [result for result in reach.expert if result.kind == part and result.error is None]
+        asked, allowed = sum(result.requests for result in sample), sum(result.requests for result in expert)
+        if asked > allowed:
+            what = _REQUESTS[part]
+            return Verdict(
+                0.0,
+                f"extra_{what}",
+                f"the turn asks for {asked} {what}, the expert's for {allowed}: each one more costs the reward",
+            )
+        verdict = _RULES[part](sample, expert, reach)
+        if not verdict.reward:
+            return verdict
+    return verdict
+
+
+def _search_verdict(sample: list[CallResult], expert: list[CallResult], reach: Reach) -> Verdict:
+    """A search: within the expert's query words, reaching a target, re-showing no more than it did."""
+    words = max((len(terms) for result in expert for terms in result.terms), default=MAX_TERMS)
+    longest = max((terms for result in sample for terms in result.terms), key=len, default=())
+    if len(longest) > words + EXTRA_QUERY_WORDS:
         return Verdict(
             0.0,
-            "wrong_kind",
-            f"the turn {_doing(kind)} where the expert {_doing(expert_kind)}",
+            "query_stuffed",
+            f"a query is ranked by {len(longest)} words ({' '.join(longest)[:200]}), the expert's by {words}: "
+            f"at most {EXTRA_QUERY_WORDS} more are a paraphrase",
         )
-    reached = _docids(worked)
-    expert = [result for result in reach.expert if result.error is None]
-    if kind == "find":
-        if {_passages(result) for result in worked} & {_passages(result) for result in expert} - {()}:
-            return Verdict(1.0, "same_passages")
-        return Verdict(0.0, "other_passages", "the find found other passages than the expert's")
-    if kind == "search":
-        targets = reach.evidence - set(reach.prefix.seen)
-        if not _docids(expert) & targets:
-            # The expert's search found nothing new: equivalence is reaching what it reached.
-            targets |= (_docids(expert) & reach.evidence) or {
+    seen, reached, reached_by_expert = set(reach.prefix.seen), _docids(sample), _docids(expert)
+    targets = reach.evidence - seen
+    if not reached & targets:
+        if not reached_by_expert & targets:
+            # The expert's search found nothing new: it found again a document seen before (never one
+            # already read), or its top hit, and brought it to the top: equivalence is doing the same.
+            targets = (reached_by_expert & (reach.evidence - set(reach.prefix.opened))) or {
                 result.docids[0] for result in expert if result.docids
             }
-        if reached & targets:
-            return Verdict(1.0, "evidence_reached", f"reached {sorted(reached & targets)[:5]}")
+        rank, rank_by_expert = _rank(sample, targets), _rank(expert, targets)
+        if rank is None:
+            return Verdict(
+                0.0,
+                "evidence_missed",
+                f"the results {sorted(reached)[:10]} hold none of {sorted(targets)[:10]}",
+            )
+        if rank_by_expert is not None and rank > rank_by_expert:
+            return Verdict(
+                0.0,
+                "ranked_lower",
+                f"the results hold {sorted(targets)[:5]} at rank {rank}; the expert's search, which finds no "
+                f"evidence not seen before, brings it to rank {rank_by_expert}",
+            )
+    known, new = reached & seen, reached - seen
+    known_by_expert, new_by_expert = reached_by_expert & seen, reached_by_expert - seen
+    if len(known) > len(known_by_expert) + EXTRA_KNOWN_RESULTS or (new_by_expert and not new):
         return Verdict(
-            0.0, "evidence_missed", f"the results {sorted(reached)[:10]} hold none of {sorted(targets)[:10]}"
+            0.0,
+            "known_results",
+            f"the results show {len(known)} documents seen before and {len(new)} new ones, the expert's "
+            f"{len(known_by_expert)} and {len(new_by_expert)}",
         )
+    return Verdict(1.0, "evidence_reached", f"reached {sorted(reached & targets)[:5]}")
+
+
+def _open_verdict(sample: list[CallResult], expert: list[CallResult], reach: Reach) -> Verdict:
+    """An open: every document asked for is the expert's or evidence not yet opened, each once."""
     targets = _docids(expert) | (reach.evidence - set(reach.prefix.opened))
-    if reached & targets:
-        return Verdict(1.0, "evidence_opened", f"opened {sorted(reached & targets)[:5]}")
-    return Verdict(0.0, "other_document", f"opened {sorted(reached)[:5]}, none of {sorted(targets)[:10]}")
+    opened = [docid for result in sample for docid in result.docids]
+    useful = set(opened) & targets
+    asked = sum(result.requests for result in sample)
+    if len(useful) < asked:
+        return Verdict(
+            0.0,
+            "other_document",
+            f"opened {opened[:5]} of {asked} asked for; each must be one of {sorted(targets)[:10]}, once",
+        )
+    return Verdict(1.0, "evidence_opened", f"opened {sorted(useful)[:5]}")
+
+
+def _find_verdict(sample: list[CallResult], expert: list[CallResult], reach: Reach) -> Verdict:
+    """A find: each one finds passages the expert's finds found, in the same document, none twice."""
+    found = [_passages(result) for result in sample]
+    wanted = {_passages(result) for result in expert} - {()}
+    if found and len(set(found)) == len(found) and set(found) <= wanted:
+        return Verdict(1.0, "same_passages")
+    return Verdict(0.0, "other_passages", "the find found other passages than the expert's")
+
+
+_RULES = {"search": _search_verdict, "open": _open_verdict, "find": _find_verdict}
+# What each kind's calls ask for, counted against the expert's turn (and its category: extra_<what>).
+_REQUESTS = {"search": "queries", "open": "documents", "find": "finds"}
+
+
+def _rank(results: Iterable[CallResult], targets: set[str] | frozenset[str]) -> int | None:
+    """The position (from 1) of the first target among a turn's search results, in order; None if none."""
+    ranked = list(dict.fromkeys(docid for result in results for docid in result.docids))
+    return next((n for n, docid in enumerate(ranked, 1) if docid in targets), None)
 
 
 def _passages(result: CallResult) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-from pivot_envs.domains.search.engine import EngineError, QueryError, open_engine
+from pivot_envs.domains.search.engine import EngineError, QueryError, counted_terms, open_engine, query_terms
 from pivot_envs.domains.search.http_engine import MAX_REQUEST_BYTES, HttpEngine, serve_engine
 
 QUERIES = ["physicist who came up with relativity", "Jupiter", "the largest planet in the solar system",
@@ -82,6 +82,14 @@ def test_the_http_engine_gives_the_fts_engines_results(fts, endpoint):
     assert remote.corpus_id == fts.corpus_id
     assert open_engine(endpoint).search("Jupiter") == fts.search("Jupiter")
     assert open_engine({"engine": "http", "url": endpoint, "timeout_s": 5}).corpus_id == fts.corpus_id
+
+
+def test_a_querys_counted_words_are_the_ftss_scored_ones_or_over_http_its_words_without_stopwords(
+    fts, endpoint
+):
+    query = "who is the physicist Albert Einstein"
+    assert counted_terms(fts, query) == tuple(fts.scored_terms(query_terms(query)))
+    assert counted_terms(HttpEngine(endpoint), query) == ("physicist", "albert", "einstein")
 
 
 def test_the_server_answers_concurrent_clients(fts, endpoint):

@@ -66,6 +66,15 @@ def test_search_lists_numbered_hits_with_docid_url_and_snippet(engine):
     assert state.opened == [] and state.current is None
 
 
+def test_a_call_says_how_many_queries_or_documents_it_asked_for_and_the_words_that_ranked_each_query(engine):
+    search = run_call(engine, "search", {"queries": ["the Albert Einstein", "Jupiter planet"]}, BrowseState())
+    assert search.requests == 2
+    # "the" is in nearly every summary: the engine does not rank by it, so it is not counted.
+    assert search.terms == (("albert", "einstein"), ("jupiter", "planet"))
+    browse = run_call(engine, "browse", {"urls": [EINSTEIN_URL, "no such page", EINSTEIN_URL]}, BrowseState())
+    assert (browse.requests, browse.docids, browse.terms) == (3, ("Albert_Einstein", "Albert_Einstein"), ())
+
+
 def test_the_same_call_on_the_same_state_gives_the_same_text(engine):
     first = run_call(engine, "search", {"query": "French painter pointillism"}, BrowseState())
     assert run_call(engine, "search", '{"query": "French painter pointillism"}', BrowseState()) == first

@@ -19,6 +19,7 @@ from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.env import bundled_pivots
 from pivot_envs.domains.search.verifier import SearchVerifier, turn_kind
 
+from pivot_envs.chat import calls_of
 from pivot_envs.errors import UnknownNameError
 
 
@@ -198,3 +199,145 @@ def test_a_find_scores_one_when_it_finds_the_experts_passages_whatever_the_case(
     reward, info = score(env, pivot.id, call("find", pattern="Busseto"))
     assert (reward, info["category"]) == (0.0, "other_passages") and info["output"].startswith("No match")
     env.close()
+
+
+# -- a turn's extra calls, documents and words cost the reward (issue 35, R7) ---------------------------
+
+
+def calls(*pairs: tuple[str, dict]) -> dict:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": f"call_{n}", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for n, (name, arguments) in enumerate(pairs)
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def bundled_env():
+    env = gym.make("pivot/search-v0")
+    yield env
+    env.close()
+
+
+def test_opening_every_seen_document_scores_zero_though_the_experts_is_among_them(envs):
+    envs["retrieval"].reset(options={"pivot": "verdi/t1"})
+    seen = list(envs["retrieval"].unwrapped.replay.state.seen)
+    assert "La_traviata" in seen and len(seen) == 5
+    reward, info = score(envs["retrieval"], "verdi/t1", call("browse", urls=seen, goal="read them all"))
+    assert (reward, info["category"], info["valid"]) == (0.0, "extra_documents", True)
+    shotgun = calls(*(("get_document", {"docid": docid}) for docid in seen[:4]))
+    assert score(envs["retrieval"], "verdi/t1", shotgun)[1]["category"] == "extra_documents"
+
+
+def test_the_experts_document_with_one_more_or_twice_scores_zero(envs):
+    for extra in ("Opera", "La_traviata"):
+        turn = calls(("get_document", {"docid": "La_traviata"}), ("get_document", {"docid": extra}))
+        reward, info = score(envs["retrieval"], "verdi/t1", turn)
+        assert (reward, info["category"]) == (0.0, "extra_documents"), extra
+
+
+def test_several_queries_in_one_turn_score_zero_where_the_expert_asked_one(envs):
+    for turn in (
+        call("search", queries=["Giuseppe Verdi", "Verdi"]),
+        calls(("search", {"query": "Giuseppe Verdi"}), ("search", {"query": "Busseto"})),
+    ):
+        reward, info = score(envs["retrieval"], "verdi/t2", turn)
+        assert (reward, info["category"]) == (0.0, "extra_queries")
+        assert "asks for 2 queries, the expert's for 1" in info["detail"]
+
+
+def test_a_query_stuffed_with_the_question_scores_zero_and_a_name_with_a_qualifier_scores_one(envs):
+    question = "The composer of the opera La traviata was born near which small town?"
+    reward, info = score(envs["retrieval"], "verdi/t2", call("search", query=f"Giuseppe Verdi {question}"))
+    assert (reward, info["category"]) == (0.0, "query_stuffed")
+    assert "ranked by 10 words" in info["detail"] and "the expert's by 2" in info["detail"]
+    for reworded in ("who was Giuseppe Verdi", "Giuseppe Verdi born", "Verdi composer Italy"):
+        assert score(envs["retrieval"], "verdi/t2", call("search", query=reworded))[0] == 1.0, reworded
+
+
+def test_a_search_that_shows_again_what_was_seen_scores_zero(envs):
+    # Verdi is new, but the other names bring back three documents the first search showed.
+    reward, info = score(
+        envs["retrieval"], "verdi/t2", call("search", query="Giuseppe Verdi Puccini Berlioz")
+    )
+    assert (reward, info["category"]) == (0.0, "known_results")
+    assert "show 4 documents seen before and 1 new ones, the expert's 1 and 4" in info["detail"]
+
+
+def test_finding_a_document_already_read_again_scores_zero(bundled_env):
+    # search-001/t2: La_traviata was found and read; the expert now searches Giuseppe Verdi, whom the
+    # first search also showed.
+    reward, info = score(bundled_env, "search-001/t2", call("search", query="La traviata"))
+    assert (reward, info["category"]) == (0.0, "evidence_missed")
+    assert score(bundled_env, "search-001/t2", call("search", query="Verdi"))[0] == 1.0
+
+
+def test_where_the_expert_finds_a_seen_document_again_a_search_must_rank_it_as_high(bundled_env):
+    # search-004/t2: the first search showed Sergei_Eisenstein; the expert's search by name brings it first.
+    reward, info = score(bundled_env, "search-004/t2", call("search", query="Battleship Potemkin"))
+    assert (reward, info["category"]) == (0.0, "ranked_lower")
+    assert (
+        "at rank 2; the expert's search, which finds no evidence not seen before, brings it to rank 1"
+        in (info["detail"])
+    )
+    assert score(bundled_env, "search-004/t2", call("search", query="Eisenstein film director"))[0] == 1.0
+    # search-030/t2: the previous query again shows the document where it was, under the expert's.
+    reward, info = score(bundled_env, "search-030/t2", call("search", query="Planck units"))
+    assert (reward, info["category"]) == (0.0, "ranked_lower")
+
+
+def test_a_failed_call_beside_a_working_one_costs_the_turn(by_id):
+    expert = calls(("search", {"query": "Giuseppe Verdi"}), ("search", {"query": "Busseto"}))
+    pivot = dataclasses.replace(by_id["verdi/t2"], expert=expert)
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    assert score(env, pivot.id, expert)[0] == 1.0
+    reward, info = score(
+        env, pivot.id, calls(("search", {"query": "Giuseppe Verdi"}), ("search", {"query": " "}))
+    )
+    assert (reward, info["category"], info["valid"]) == (0.0, "empty_query", True)
+    env.close()
+
+
+def test_a_find_repeated_in_one_turn_scores_zero(by_id):
+    pivot = dataclasses.replace(by_id["verdi/t2"], expert=call("find", pattern="Verdi"))
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    reward, info = score(env, pivot.id, calls(("find", {"pattern": "Verdi"}), ("find", {"pattern": "verdi"})))
+    assert (reward, info["category"]) == (0.0, "extra_finds")
+    env.close()
+
+
+def test_reworded_and_respelled_expert_steps_still_score_one_on_every_bundled_pivot(bundled_env):
+    """What is right stays right: the expert's query lowercased, reversed or asked as "who is", in the
+    NeMo-Gym list form or another spelling of the tool; its document by url, title or result number."""
+    base = bundled_env.unwrapped
+    missed = []
+    for pivot in bundled_pivots():
+        kind = turn_kind(pivot.expert)
+        (name, arguments), *_ = calls_of(pivot.expert) or [(None, None)]
+        base.reset(options={"pivot": pivot.id})
+        if kind == "search":
+            query = arguments["query"]
+            variants = [
+                call("search", query=query.lower()),
+                call("search", query=" ".join(reversed(query.split()))),
+                call("search", query=f"who is {query}"),
+                call("search", queries=[query]),
+                call("web_search", query=query),
+            ]
+        elif kind == "open":
+            document = base.engine.get(arguments["docid"])
+            number = base.replay.state.results.index(document.docid) + 1
+            variants = [
+                call("browse", urls=[document.url], goal="read it"),
+                call("open", title=document.title),
+                call("open", id=number),
+            ]
+        else:
+            continue
+        for variant in variants:
+            if score(bundled_env, pivot.id, variant)[0] != 1.0:
+                missed.append((pivot.id, variant["tool_calls"][0]["function"]))
+    assert missed == []
