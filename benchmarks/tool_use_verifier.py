@@ -4,9 +4,13 @@
 
 1. Miss rate Pr[strict = 0 | functional = 1] (the paper's diagnostic) over perturbed actions on
    the bundled tau-bench airline pivots: each expert turn is rewritten in equivalent forms (keys
-   reordered, integers as floats, ids in another case or padded, enum case, a shortened free
-   text, a calculation written differently, a different thought) and wrong forms (wrong value,
-   wrong tool, missing or extra argument, unrelated message, a call instead of a message).
+   reordered, integers as floats, a shortened free text, a calculation written differently, a
+   different thought, the message reworded, the same reply from another trial of the task) and
+   wrong forms (wrong value, wrong tool, missing or extra argument, unrelated message, a call
+   instead of a message, and issue 35's message exploits: the most common words, the previous
+   assistant message, the expert's message plus 50 random words). Ids in another case or padded
+   and enums in upper case are equal by the argument rules only: where calls execute, the
+   airline database does not find them, so they count as equivalent only with recorded outputs.
 2. Steps per second per core of `reset` + `step` through `gym.make` (one process, one thread) over
    the same actions, as raw completion text: verification only (recorded outputs, nothing
    executed) and with the tau-airline backend executing every call; the floor is `json.loads` of
@@ -27,7 +31,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import gymnasium as gym
+from pivot_envs.domains.tool_use.content import expert_messages, word_counts
 from pivot_envs.domains.tool_use.env import bundled_pivots
+from pivot_envs.domains.tool_use.verifier import STOPWORDS
 
 import pivot_envs  # noqa: F401  (registers pivot/tool-use-v0)
 
@@ -35,6 +41,20 @@ OUT = Path(__file__).resolve().parent / "out" / "tool_use_verifier.json"
 UNRELATED = "I like turtles. Bananas are yellow and grow on tall plants in warm places."
 ID_KEYS = ("reservation_id", "user_id", "payment_id")
 FREE_TEXT_KEYS = ("summary", "thought")
+# Equal by the argument rules, but not in effect where the airline tools execute the call.
+BY_ARGUMENTS = "by the argument rules"
+# Kinds added for issue 35; the throughput runs without them, to stay comparable with earlier runs.
+ISSUE_35_KINDS = frozenset(
+    {
+        "message from another trial",
+        "most common words (R8)",
+        "message + 50 random words (R8)",
+        "previous assistant message (R8)",
+    }
+)
+EQUIVALENT_MESSAGES = (
+    Path(__file__).resolve().parents[1] / "domains" / "tool_use" / "data" / "equivalent_messages.json"
+)
 
 
 def tool_call_text(name: str, arguments: dict, content: str = "") -> str:
@@ -45,20 +65,57 @@ def other_case(text: str) -> str:
     return text.lower() if text.upper() == text else text.upper()
 
 
-def perturbations(pivot, rng: random.Random) -> list[tuple[str, bool, str]]:
-    """(kind, meant to be equivalent, completion text) for one pivot."""
+class MessageCorpus:
+    """What the message perturbations draw on: the common words, the vocabulary, the paired replies."""
+
+    def __init__(self, pivots) -> None:
+        frequency, vocabulary = Counter(), set()
+        for text in expert_messages(pivots):
+            words = word_counts(text, STOPWORDS)
+            frequency.update(words.keys())
+            vocabulary.update(words)
+        self.common_words = " ".join(word for word, _ in frequency.most_common(40))
+        self.vocabulary = sorted(vocabulary)
+        by_id = {p.id: p for p in pivots}
+        self.paired: dict[str, list[str]] = defaultdict(list)
+        for pair in json.loads(EQUIVALENT_MESSAGES.read_text())["pairs"]:
+            self.paired[pair["a"]].append(by_id[pair["b"]].expert["content"].strip())
+            self.paired[pair["b"]].append(by_id[pair["a"]].expert["content"].strip())
+
+
+def previous_assistant_text(pivot) -> str | None:
+    for message in reversed(pivot.messages):
+        if message.get("role") == "assistant" and (message.get("content") or "").strip():
+            return message["content"].strip()
+    return None
+
+
+def message_perturbations(pivot, rng: random.Random, corpus: MessageCorpus) -> list[tuple[str, bool, str]]:
+    text = pivot.expert["content"].strip()
+    words = text.split()
+    reworded = " ".join(w.upper() if i % 7 == 3 else w for i, w in enumerate(words)).replace(" please", "")
+    # Its own random stream, so the other perturbations draw what they drew before issue 35.
+    words = random.Random(pivot.id)
+    padded = text + " " + " ".join(words.choice(corpus.vocabulary) for _ in range(50))
+    out = [
+        ("expert message", True, text),
+        ("message reworded", True, reworded),
+        *(("message from another trial", True, other) for other in corpus.paired.get(pivot.id, ())),
+        ("unrelated message", False, UNRELATED),
+        ("call instead of message", False, tool_call_text("think", {"thought": text[:80]})),
+        ("most common words (R8)", False, corpus.common_words),
+        ("message + 50 random words (R8)", False, padded),
+    ]
+    previous = previous_assistant_text(pivot)
+    if previous is not None:
+        out.append(("previous assistant message (R8)", False, previous))
+    return out
+
+
+def perturbations(pivot, rng: random.Random, corpus: MessageCorpus) -> list[tuple[str, bool | str, str]]:
+    """(kind, meant to be equivalent: True, False or BY_ARGUMENTS, completion text) for one pivot."""
     if not pivot.expert.get("tool_calls"):
-        text = pivot.expert["content"].strip()
-        words = text.split()
-        reworded = " ".join(w.upper() if i % 7 == 3 else w for i, w in enumerate(words)).replace(
-            " please", ""
-        )
-        return [
-            ("expert message", True, text),
-            ("message reworded", True, reworded),
-            ("unrelated message", False, UNRELATED),
-            ("call instead of message", False, tool_call_text("think", {"thought": text[:80]})),
-        ]
+        return message_perturbations(pivot, rng, corpus)
     function = pivot.expert["tool_calls"][0]["function"]
     name, arguments = function["name"], json.loads(function["arguments"])
     # The expert's text next to its call is kept, so strict differences come from the perturbation.
@@ -81,16 +138,28 @@ def perturbations(pivot, rng: random.Random) -> list[tuple[str, bool, str]]:
     for key in ID_KEYS:
         if isinstance(arguments.get(key), str):
             out.append(
-                ("id in another case", True, hermes(name, {**arguments, key: other_case(arguments[key])}))
+                (
+                    "id in another case",
+                    BY_ARGUMENTS,
+                    hermes(name, {**arguments, key: other_case(arguments[key])}),
+                )
             )
             out.append(
-                ("id padded with spaces", True, hermes(name, {**arguments, key: f" {arguments[key]} "}))
+                (
+                    "id padded with spaces",
+                    BY_ARGUMENTS,
+                    hermes(name, {**arguments, key: f" {arguments[key]} "}),
+                )
             )
             out.append(("wrong id", False, hermes(name, {**arguments, key: arguments[key][:-1] + "Q"})))
             break
     if isinstance(arguments.get("cabin"), str):
         out.append(
-            ("enum in upper case", True, hermes(name, {**arguments, "cabin": arguments["cabin"].upper()}))
+            (
+                "enum in upper case",
+                BY_ARGUMENTS,
+                hermes(name, {**arguments, "cabin": arguments["cabin"].upper()}),
+            )
         )
     if name == "calculate":
         expression = arguments["expression"]
@@ -142,9 +211,11 @@ def action_json(text: str) -> str:
 
 def miss_rates(actions, backend: str, verifier_config: dict | None = None) -> dict:
     env = gym.make("pivot/tool-use-v0", backend=backend, verifier_config=verifier_config or {})
+    executes = backend != "recorded"
     by_kind: dict[str, Counter] = defaultdict(Counter)
     both = Counter()
-    for index, kind, equivalent, text in actions:
+    for index, kind, meant, text in actions:
+        equivalent = meant is True or (meant == BY_ARGUMENTS and not executes)
         env.reset(options={"index": index})
         _, reward, _, _, info = env.step(text)
         functional, strict = reward == 1.0, info["strict_reward"] == 1.0
@@ -221,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     pivots = list(bundled_pivots())
+    corpus = MessageCorpus(pivots)
     actions = [
-        (i, kind, eq, text) for i, pivot in enumerate(pivots) for kind, eq, text in perturbations(pivot, rng)
+        (i, kind, eq, text)
+        for i, pivot in enumerate(pivots)
+        for kind, eq, text in perturbations(pivot, rng, corpus)
     ]
 
     quality = {
@@ -230,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         "tau-airline, execution equivalence off": miss_rates(
             actions, "tau-airline", {"execution_equivalence": False}
         ),
+        "recorded outputs (argument rules only)": miss_rates(actions, "recorded"),
     }
-    speed = throughput(actions, args.repeats)
+    speed = throughput([a for a in actions if a[1] not in ISSUE_35_KINDS], args.repeats)
     floor_cpu = speed["floor_json_loads"][0]
 
     print(f"tool-use verifier benchmark: {len(pivots)} pivots, {len(actions)} perturbed actions")
@@ -243,9 +318,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{q['accepted_but_meant_wrong']:11d} {q['rejected_but_meant_equivalent']:12d}"
         )
     print()
-    print(f"{'perturbation':28s} {'n':>5s} {'functional=1':>13s} {'strict=1':>9s}")
+    print(f"{'perturbation':34s} {'n':>5s} {'functional=1':>13s} {'(recorded)':>11s} {'strict=1':>9s}")
+    recorded = quality["recorded outputs (argument rules only)"]["by_kind"]
     for kind, c in quality["tau-airline, execution equivalence on"]["by_kind"].items():
-        print(f"{kind:28s} {c['n']:5d} {c['functional']:13d} {c['strict']:9d}")
+        print(
+            f"{kind:34s} {c['n']:5d} {c['functional']:13d} {recorded[kind]['functional']:11d} {c['strict']:9d}"
+        )
     print()
     print(
         f"{'throughput (1 core)':32s} {'steps/s CPU':>12s} {'steps/s wall':>13s} {'vs floor':>9s} {'target':>8s}"

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_database, call_tool
@@ -46,11 +48,19 @@ UNAVAILABLE = (
 )
 
 
+# A whole number written as a float ("amount 50.0"): the airline tools print the argument they got.
+_WHOLE_FLOAT = re.compile(r"(?<![\d.])(\d+)\.0+(?!\.?\d)")
+_JSON_STARTS = frozenset('{["-0123456789tfn')
+
+
 def _normalized(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text.strip()
+    stripped = text.strip()
+    if stripped[:1] in _JSON_STARTS:  # an error message or prose is not decoded (a raised ValueError costs)
+        try:
+            return json.loads(stripped)
+        except ValueError:
+            pass
+    return _WHOLE_FLOAT.sub(r"\1", stripped)
 
 
 @dataclass
@@ -61,10 +71,16 @@ class Effect:
     changes: dict[str, dict[str, Any]]
 
     def same_as(self, other: Effect) -> bool:
-        """Equal outputs (JSON-normalized) and equal state changes."""
+        """Equal state changes (by value: 50 == 50.0) and equal outputs (JSON-normalized, or as text with
+        whole numbers written alike)."""
         if self.changes != other.changes:
             return False
-        return self.output == other.output or _normalized(self.output) == _normalized(other.output)
+        return self.output == other.output or self.normalized_output == other.normalized_output
+
+    @cached_property
+    def normalized_output(self) -> Any:
+        """The output as JSON, or as trimmed text with whole numbers written alike (computed once)."""
+        return _normalized(self.output)
 
 
 class Backend(Protocol):
@@ -133,6 +149,8 @@ class AirlineBackend:
         self._database = database
         self._states: dict[str, tuple[list, State]] = {}
         self._expert_effects: dict[str, tuple[dict, list[Effect]]] = {}
+        # The last one-call turn run: (pivot id, name, the arguments object, its output, its layer).
+        self._last_run: tuple[str, str, Any, str, State] | None = None
 
     @property
     def database(self) -> AirlineDatabase:
@@ -167,10 +185,16 @@ class AirlineBackend:
                     f"pivot {pivot.id}: the step's tool deadline passed after {index} of {len(calls)} airline calls"
                 )
             outputs.append(call_tool(state, name, arguments))
+        # A one-call turn ran from the pivot's state: its effect is the one the verifier asks for next.
+        self._last_run = (pivot.id, *calls[0], outputs[0], state) if len(calls) == 1 else None
         return outputs
 
     def effect(self, pivot: Pivot, name: str, arguments: Any) -> Effect:
-        """Execute one call from the pivot's state on a throw-away layer."""
+        """Execute one call from the pivot's state on a throw-away layer (or reuse the last run's)."""
+        last = self._last_run
+        # The same arguments object (the run holds it, so its id is not reused): the same call.
+        if last is not None and last[0] == pivot.id and last[1] == name and last[2] is arguments:
+            return Effect(last[3], last[4].changes())
         layer = self.pivot_state(pivot).child()
         output = call_tool(layer, name, arguments)
         return Effect(output, layer.changes())

@@ -15,8 +15,8 @@ from pivot_envs.domains.tool_use.backends import (
     HttpBackend,
     RecordedBackend,
 )
-from pivot_envs.domains.tool_use.limits import ToolUseLimits, bounded_outputs
-from pivot_envs.domains.tool_use.parser import arguments_of, parse_action
+from pivot_envs.domains.tool_use.limits import ToolUseLimits, argument_bytes, bounded_outputs
+from pivot_envs.domains.tool_use.parser import arguments_of, canonical_arguments, parse_action
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
@@ -55,13 +55,15 @@ class ToolUseEnv(PivotEnv):
                      pivot's `context["backend"]`, else "recorded".
     backend_config:  options of the http backend (HttpBackendConfig fields: url, timeout_s, ...).
     limits:          per-step bounds (ToolUseLimits or a dict of its fields: max_calls,
-                     output_bytes, observation_bytes, step_timeout_s); see the limits module.
+                     argument_bytes, output_bytes, observation_bytes, step_timeout_s); see the
+                     limits module.
 
     step(action) returns the observation with the tool result messages (role "tool", carrying
     the call's tool_call_id) appended after the parsed action; info["output"] is the tool output
     (a list for several calls), cut to the limits. Unparseable actions score 0 with category
-    "unparseable"; a turn with more calls than the limit scores 0 as "too_many_tool_calls" and
-    runs nothing (info["parsed"] is None for both).
+    "unparseable"; a turn with more calls than the limit scores 0 as "too_many_tool_calls", one
+    with more argument bytes as "arguments_too_large", and neither runs anything (info["parsed"]
+    is None for all three).
     """
 
     domain = "tool-use"
@@ -92,6 +94,7 @@ class ToolUseEnv(PivotEnv):
         self.backend_choice = backend
         self.backend_config = dict(backend_config or {})
         self._backends: dict[str, Backend] = {}
+        self._expert_argument_bytes: dict[str, tuple[dict[str, Any], int]] = {}
         self.backend: Backend | None = None
 
     def default_pivots(self) -> list[Pivot]:
@@ -99,13 +102,31 @@ class ToolUseEnv(PivotEnv):
 
     def parse(self, action: Any) -> ParsedAction:
         parsed = parse_action(action)
-        calls = len((parsed.message or {}).get("tool_calls") or ())
+        calls = (parsed.message or {}).get("tool_calls") or ()
         allowed = self.calls_allowed(self.pivot)
-        if calls > allowed:
-            # Refused before execution: the action's fault, scored 0 (valid), nothing runs.
-            detail = f"the turn makes {calls} tool calls; at most {allowed} run in one turn (ToolUseLimits.max_calls)"
+        # Refused before execution: the action's fault, scored 0 (valid), nothing runs.
+        if len(calls) > allowed:
+            detail = f"the turn makes {len(calls)} tool calls; at most {allowed} run in one turn (ToolUseLimits.max_calls)"
             return ParsedAction(None, "too_many_tool_calls", detail)
+        size = argument_bytes(calls) if calls else 0
+        if size > self.limits.argument_bytes:  # the expert turn's own size is allowed past the limit
+            allowed = self.argument_bytes_allowed(self.pivot)
+            if size > allowed:
+                detail = f"the turn's call arguments hold {size} bytes of JSON; at most {allowed} (ToolUseLimits.argument_bytes)"
+                return ParsedAction(None, "arguments_too_large", detail)
         return parsed
+
+    def argument_bytes_allowed(self, pivot: Pivot | None) -> int:
+        """The most bytes of call arguments one turn may hold at `pivot`: argument_bytes, or the expert turn's
+        (as the parser writes it)."""
+        if pivot is None or not pivot.expert.get("tool_calls"):
+            return self.limits.argument_bytes
+        cached = self._expert_argument_bytes.get(pivot.id)
+        if cached is None or cached[0] is not pivot.expert:
+            # Re-encoded as the parser encodes a sampled call's arguments (a record may be compact JSON).
+            encoded = [{"arguments": canonical_arguments(call)} for call in pivot.expert["tool_calls"]]
+            cached = self._expert_argument_bytes[pivot.id] = (pivot.expert, argument_bytes(encoded))
+        return max(self.limits.argument_bytes, cached[1])
 
     def calls_allowed(self, pivot: Pivot | None) -> int:
         """The most tool calls one turn may make at `pivot`: max_calls, or the expert turn's count if higher."""

@@ -6,6 +6,10 @@ Every backend (recorded, tau-airline, http, a user's object) runs under the same
 - a turn may make at most `max_calls` tool calls (or as many as the pivot's expert turn makes, if
   that is more); a turn with more is the action's fault: reward 0, category `too_many_tool_calls`,
   valid, and none of its calls runs;
+- a turn's call arguments may hold at most `argument_bytes` bytes of JSON together (or as many as
+  the expert turn's, if more); a turn with more is refused like one with too many calls (reward
+  0, category `arguments_too_large`, valid, nothing runs): no tool reads a megabyte, and an
+  argument without effect (a `think` thought) cannot be stuffed to earn execution equivalence;
 - each tool result keeps at most `output_bytes` bytes, and the results of one step at most
   `observation_bytes` together (later results are cut to what is left); a cut result keeps its
   head and tail around a marker that says how many bytes were cut;
@@ -36,6 +40,11 @@ class ToolUseLimits:
         "most tool calls one turn may make (the pivot's expert turn's count, if higher); a turn with more scores 0 "
         "as too_many_tool_calls and none of its calls runs",
     )
+    argument_bytes: int = option(
+        65536,
+        "UTF-8 bytes of JSON all the call arguments of one turn may hold (the pivot's expert turn's, if more); "
+        "a turn with more scores 0 as arguments_too_large and none of its calls runs",
+    )
     output_bytes: int = option(
         32768,
         "UTF-8 bytes kept of each tool result (head and tail halves; the middle is cut with a marker naming the "
@@ -51,7 +60,7 @@ class ToolUseLimits:
     )
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "max_calls", "output_bytes", "observation_bytes")
+        at_least(self, 1, "max_calls", "argument_bytes", "output_bytes", "observation_bytes")
         between(self, "step_timeout_s", 0, float("inf"), open_low=True, open_high=True)
 
     @classmethod
@@ -66,6 +75,19 @@ class ToolUseLimits:
             if name not in known:
                 raise UnknownOptionError("tool-use limit", name, known)
         return cls(**value)
+
+
+def argument_bytes(calls: Any) -> int:
+    """The UTF-8 size of the JSON arguments of a turn's calls together (chat form, or any call objects)."""
+    size = 0
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False, default=str)
+        # Lone surrogates (an expert record's "\ud800" escape) are measured, not refused.
+        size += len(arguments) if arguments.isascii() else len(arguments.encode("utf-8", "surrogatepass"))
+    return size
 
 
 def cut(body: bytes, limit: int) -> str:

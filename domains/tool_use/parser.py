@@ -100,6 +100,12 @@ def arguments_of(call: dict[str, Any]) -> tuple[Any, bool]:
     return ({} if text is None else text), True
 
 
+def canonical_arguments(call: Any) -> str:
+    """A call's arguments as the JSON text the parser writes into a canonical message."""
+    arguments, valid = arguments_of(call if isinstance(call, dict) else {})
+    return _encode(arguments) if valid else str(arguments)
+
+
 def _calls_from_json(value: Any, start: int) -> list[dict[str, Any]]:
     items = value if isinstance(value, list) else [value]
     if not items:

@@ -5,14 +5,16 @@ A sampled assistant turn is locally acceptable when it does what the expert's tu
 - tool calls: the same tool, with arguments equal under the tool's JSON schema (key order never
   matters; an optional argument equal to its default counts as absent; numbers compare by value
   within a tolerance; enum and id-like strings after trim/case/NFKC normalization; free-text
-  strings by token-set similarity; arrays in order unless configured as sets). Several calls in
-  one turn are matched as a multiset (maximum bipartite matching) and scored in `binary`,
-  `fractional` or `f1` mode. Where the pivot's backend can execute calls, a call whose output
+  strings by their weighted words, as messages; arrays in order unless configured as sets).
+  Several calls in one turn are matched as a multiset (maximum bipartite matching) and scored in
+  `binary`, `fractional` or `f1` mode. Where the pivot's backend can execute calls, a call whose output
   and state change equal the expert call's (run from the same state) is accepted even when its
-  arguments differ in form (execution equivalence).
+  arguments differ in form (execution equivalence), and a call the argument rules accept is
+  rejected when its execution differs from the expert call's (a measured effect decides).
 - messages: a tool call where a message was expected fails; a message must pass a content check
-  (token similarity to the expert message by default, or a pluggable judge). A message is never
-  accepted merely for being a message, unless `message_check="any"` asks for exactly that.
+  (by default the `content` module's: the expert message's informative words and new facts, little
+  else, and not a repeat of an earlier turn; or a pluggable judge). A message is never accepted
+  merely for being a message, unless `message_check="any"` asks for exactly that.
 
 Every rule is a field of `FunctionalConfig`, passed as
 `gym.make("pivot/tool-use-v0", verifier_config={...})`.
@@ -28,10 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from pivot_envs.domains.tool_use.content import ContentCheck, ExpertMessage, ExpertText, corpus_weights
 from pivot_envs.domains.tool_use.parser import arguments_of
 
 from pivot_envs.chat import text_of, tool_name, tool_parameters
-from pivot_envs.config import option
+from pivot_envs.config import between, option
 from pivot_envs.registry import import_object
 from pivot_envs.verifiers import StrictVerifier, Verdict
 
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 CORRECT = "correct"
 MODES = ("binary", "fractional", "f1")
 
-# Common English function words; dropped before token-set comparison so that two unrelated
+# Common English function words; dropped before texts are compared so that two unrelated
 # sentences do not look similar because both say "the", "to" and "you".
 STOPWORDS = frozenset(
     """a an the and or but if then so of to in on at by for with from as is are was were be been being
@@ -77,21 +80,19 @@ class FunctionalConfig:
     )
     free_text_pattern: str = option(
         r"(?:summary|thought|reason|message|content|description|query|text|note|notes|comment|explanation|instructions?)$",
-        "regex over argument names that marks free-text strings (compared by token similarity)",
+        "regex over argument names that marks free-text strings (compared by weighted words, as messages)",
     )
     free_text_min_tokens: int = option(
         4,
         "a string whose expert value has at least this many tokens, mostly words, is free text too (0: off)",
     )
-    text_similarity: str = option(
-        "f1",
-        "token-set similarity for free text and messages: f1 (2|A&B|/(|A|+|B|)) or jaccard",
-        choices=("f1", "jaccard"),
+    text_recall: float = option(
+        0.5, "a free-text argument must state at least this share of the expert value's word weight (IDF)"
     )
-    text_threshold: float = option(
-        0.5, "free-text arguments match when their token similarity is at least this"
+    text_precision: float = option(
+        0.8, "at least this share of a free-text argument's word weight must be the expert value's"
     )
-    drop_stopwords: bool = option(True, "drop common English function words before comparing token sets")
+    drop_stopwords: bool = option(True, "drop common English function words before comparing texts")
     unordered_arrays: tuple[str, ...] = option(
         (), "argument names whose arrays compare as multisets, not in order"
     )
@@ -100,12 +101,23 @@ class FunctionalConfig:
     )
     message_check: str = option(
         "similarity",
-        "how a message turn is judged: similarity (token similarity to the expert message), judge "
-        "(the message_judge callable), any (accept every message: NeMo-Gym's behaviour, reward-hackable)",
+        "how a message turn is judged: similarity (the expert message's weighted words and new facts, not "
+        "a repeat of an earlier turn; see message_recall and message_precision), judge (the message_judge "
+        "callable), any (accept every message: NeMo-Gym's behaviour, reward-hackable)",
         choices=("similarity", "judge", "any"),
     )
-    message_threshold: float = option(
-        0.35, "a message matches when its token similarity to the expert's is at least this"
+    message_recall: float = option(
+        0.5, "a message must state at least this share of the expert message's word weight (IDF-weighted)"
+    )
+    message_precision: float = option(
+        0.8,
+        "at least this share of a message's word weight must be the expert message's (padding, a second "
+        "answer or a repeated text cost reward)",
+    )
+    message_corpus: str | None = option(
+        None,
+        "pivot file whose expert messages give the word weights (IDF) of messages and free text; None: the "
+        "bundled tau-bench airline pivots",
     )
     message_judge: str | Callable[..., Any] | None = option(
         None,
@@ -116,7 +128,7 @@ class FunctionalConfig:
         "accept a call whose output and state change equal the expert call's, executed from the same state",
     )
     execution_decides: bool = option(
-        False,
+        True,
         "where the backend executes calls, also reject a call the argument rules accept when its execution "
         "differs from the expert call's (e.g. an id in another case that the database does not find)",
     )
@@ -124,14 +136,12 @@ class FunctionalConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"FunctionalConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.text_similarity not in ("f1", "jaccard"):
-            raise ValueError(
-                f"FunctionalConfig.text_similarity must be f1 or jaccard, got {self.text_similarity!r}"
-            )
         if self.message_check not in ("similarity", "judge", "any"):
             raise ValueError(
                 f"FunctionalConfig.message_check must be similarity, judge or any, got {self.message_check!r}"
             )
+        for name in ("text_recall", "text_precision", "message_recall", "message_precision"):
+            between(self, name, 0, 1)
         if self.message_check == "judge" and self.message_judge is None:
             raise ValueError("FunctionalConfig: message_check='judge' needs a message_judge")
         if isinstance(self.message_judge, str):
@@ -139,31 +149,12 @@ class FunctionalConfig:
         self.unordered_arrays = tuple(self.unordered_arrays)
 
 
-# -- text normalization and similarity ----------------------------------------------------------
+# -- text normalization --------------------------------------------------------------------------
 
 
 def normalize(text: str) -> str:
     """Trimmed, NFKC-normalized, case-folded text."""
     return unicodedata.normalize("NFKC", text).strip().casefold()
-
-
-def tokens(text: str, drop_stopwords: bool = True) -> frozenset[str]:
-    """The set of normalized word tokens of a text."""
-    found = frozenset(_TOKEN.findall(normalize(text)))
-    if drop_stopwords:
-        # A text made only of function words keeps them.
-        return (found - STOPWORDS) or found
-    return found
-
-
-def similarity(a: frozenset[str], b: frozenset[str], measure: str = "f1") -> float:
-    """Token-set similarity in [0, 1]: F1 (Dice) or Jaccard; 1 for two empty sets."""
-    if not a and not b:
-        return 1.0
-    common = len(a & b)
-    if measure == "jaccard":
-        return common / (len(a) + len(b) - common)
-    return 2.0 * common / (len(a) + len(b))
 
 
 # -- schemas -------------------------------------------------------------------------------------
@@ -257,7 +248,7 @@ class _Plan:
     expert: dict[str, Any]
     calls: list[_ExpertCall]
     message: str
-    message_tokens: frozenset[str]
+    compiled_message: ExpertMessage | None  # for message turns judged by the content module
 
 
 Mismatch = tuple[str, str]  # (category, detail)
@@ -288,7 +279,7 @@ class FunctionalVerifier:
     """Functional reward for tool use (paper Eq. 6); see the module docstring for the rules.
 
     Build it with a FunctionalConfig or its fields as keywords:
-    `FunctionalVerifier(mode="f1", text_threshold=0.6)`. Expert data (parsed calls, compiled
+    `FunctionalVerifier(mode="f1", message_precision=0.7)`. Expert data (parsed calls, compiled
     schemas, message tokens) is compiled lazily and cached by pivot id.
     """
 
@@ -309,8 +300,17 @@ class FunctionalVerifier:
         self._free_re = re.compile(config.free_text_pattern)
         self._plans: dict[str, _Plan] = {}
         self._tool_fields: dict[str, _Field] = {}
-        self._expert_tokens: dict[str, frozenset[str]] = {}
+        self._expert_texts: dict[str, ExpertText] = {}
         self._last_match: tuple[_ExpertCall, Any, Mismatch | None] | None = None
+        self._content: ContentCheck | None = None
+
+    @property
+    def content(self) -> ContentCheck:
+        """The check of messages and free text by weighted words (built on first use: it reads the corpus)."""
+        if self._content is None:
+            stopwords = STOPWORDS if self.config.drop_stopwords else frozenset()
+            self._content = ContentCheck(corpus_weights(self.config.message_corpus, stopwords), stopwords)
+        return self._content
 
     # -- compilation ---------------------------------------------------------------------------
 
@@ -345,7 +345,8 @@ class FunctionalVerifier:
             field = self._tool_field(schemas[name]) if name in schemas else None
             calls.append(_ExpertCall(name, arguments, field, _fast_ok(arguments)))
         text = _content(pivot.expert)
-        plan = _Plan(pivot.expert, calls, text, tokens(text, self.config.drop_stopwords))
+        judged = not calls and self.config.message_check == "similarity"
+        plan = _Plan(pivot.expert, calls, text, self.content.expert_message(pivot, text) if judged else None)
         self._plans[pivot.id] = plan
         return plan
 
@@ -375,17 +376,14 @@ class FunctionalVerifier:
                 return None
             return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
         if self._is_free_text(expected, field):
-            expected_tokens = self._expert_tokens.get(expected)
-            if expected_tokens is None:
+            compiled = self._expert_texts.get(expected)
+            if compiled is None:
                 # Expert strings only (bounded by the pivot set): sampled text is never cached.
-                expected_tokens = self._expert_tokens[expected] = tokens(expected, config.drop_stopwords)
-            score = similarity(expected_tokens, tokens(actual, config.drop_stopwords), config.text_similarity)
-            if score >= config.text_threshold:
+                compiled = self._expert_texts[expected] = self.content.expert_text(expected)
+            problem = self.content.compare(compiled, actual, config.text_recall, config.text_precision)[0]
+            if problem is None:
                 return None
-            return (
-                "argument_value_different",
-                f"{path}: free text similarity {score:.2f} < {config.text_threshold}",
-            )
+            return "argument_value_different", f"{path}: free text {problem}"
         # Plain strings: whitespace and Unicode form do not count, case does.
         if unicodedata.normalize("NFKC", expected).strip() == unicodedata.normalize("NFKC", actual).strip():
             return None
@@ -538,7 +536,11 @@ class FunctionalVerifier:
             name, arguments = sampled[0]
             found = self.match_call(plan.calls[0], name, arguments)
             if found is None:
-                if decides is not None and not decides(0, name, arguments):
+                if (
+                    decides is not None
+                    and not _same_arguments(plan.calls[0], arguments)
+                    and not decides(0, name, arguments)
+                ):
                     return Verdict(
                         0.0, "execution_different", f"{name}: the arguments match, the execution does not"
                     )
@@ -564,7 +566,12 @@ class FunctionalVerifier:
             row = []
             for j, expert in enumerate(experts):
                 found = self.match_call(expert, name, arguments)
-                if found is None and decides is not None and not decides(j, name, arguments):
+                if (
+                    found is None
+                    and decides is not None
+                    and not _same_arguments(expert, arguments)
+                    and not decides(j, name, arguments)
+                ):
                     found = ("execution_different", f"{name}: the arguments match, the execution does not")
                 if found is None:
                     row.append(j)
@@ -625,12 +632,16 @@ class FunctionalVerifier:
             return Verdict(
                 reward, CORRECT if reward > 0 else "message_content_different", f"judge score {reward:.2f}"
             )
-        score = similarity(plan.message_tokens, tokens(text, config.drop_stopwords), config.text_similarity)
-        if score >= config.message_threshold:
-            return Verdict(1.0, CORRECT, f"message similarity {score:.2f}")
-        return Verdict(
-            0.0, "message_content_different", f"message similarity {score:.2f} < {config.message_threshold}"
+        category, detail = self.content.judge_message(
+            plan.compiled_message, text, config.message_recall, config.message_precision
         )
+        return Verdict(0.0, category, detail) if category else Verdict(1.0, CORRECT, detail)
+
+
+def _same_arguments(expert: _ExpertCall, arguments: Any) -> bool:
+    """Whether a call's arguments are the expert call's own: the expert's call is the reference, so its
+    effect needs no execution to be the expert's."""
+    return expert.fast_ok and arguments == expert.arguments
 
 
 def _content(message: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ import time
 import gymnasium as gym
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pivot_envs.domains.tool_use import airline
 from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool, tool_schemas
 from pivot_envs.domains.tool_use.backends import AirlineBackend
 from pivot_envs.domains.tool_use.replay_check import normalized, replay_trajectories
@@ -183,18 +184,62 @@ def test_a_different_thought_is_equivalent_but_a_different_write_is_not(airline_
     assert (reward, info["category"]) == (0.0, "argument_value_different")
 
 
-def test_execution_decides_rejects_an_accepted_id_the_database_does_not_find(airline_env, call_pivots):
+def test_an_id_in_another_case_the_database_does_not_find_scores_zero_where_calls_execute(
+    airline_env, recorded_env, call_pivots
+):
+    # Issue 35: the id rules accept the case, the measured effect (user not found) decides.
     pivot = first(call_pivots, "get_user_details")
     name, arguments = expert_call(pivot)
-    padded = hermes(name, {"user_id": arguments["user_id"].upper()})
-    reward, info, _ = step(airline_env, pivot, padded)
-    assert (reward, info["output"]) == (1.0, "Error: user not found")  # the argument rules normalize ids
-    strict_env = gym.make(
-        "pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_decides": True}
+    upper = hermes(name, {"user_id": arguments["user_id"].upper()})
+    reward, info, _ = step(airline_env, pivot, upper)
+    assert (reward, info["category"], info["output"]) == (0.0, "execution_different", "Error: user not found")
+    assert step(airline_env, pivot, pivot.expert)[0] == 1.0
+    assert step(recorded_env, pivot, upper)[0] == 1.0  # nothing executes: the id rules decide
+    lenient = gym.make(
+        "pivot/tool-use-v0", backend="tau-airline", verifier_config={"execution_decides": False}
     ).unwrapped
-    reward, info, _ = step(strict_env, pivot, padded)
+    assert step(lenient, pivot, upper)[0] == 1.0
+
+
+def test_an_enum_in_another_case_that_the_tool_refuses_scores_zero_where_calls_execute(
+    airline_env, call_pivots
+):
+    pivot = first(call_pivots, "update_reservation_flights")
+    name, arguments = expert_call(pivot)
+    reward, info, _ = step(
+        airline_env, pivot, hermes(name, {**arguments, "cabin": arguments["cabin"].upper()})
+    )
     assert (reward, info["category"]) == (0.0, "execution_different")
-    assert step(strict_env, pivot, pivot.expert)[0] == 1.0
+
+
+def test_a_whole_number_written_as_a_float_has_the_expert_calls_effect(airline_env, call_pivots):
+    # The tool prints the amount it got ("50.0." for "50."): the same certificate, the same effect.
+    pivot = first(call_pivots, "send_certificate")
+    name, arguments = expert_call(pivot)
+    reward, info, _ = step(
+        airline_env, pivot, hermes(name, {**arguments, "amount": float(arguments["amount"])})
+    )
+    assert (reward, info["category"]) == (1.0, "correct") and f"{float(arguments['amount'])}." in info[
+        "output"
+    ]
+
+
+def test_a_one_call_turn_runs_once_even_when_its_effect_decides(call_pivots, monkeypatch):
+    from pivot_envs.domains.tool_use import backends
+
+    calls = []
+    monkeypatch.setattr(backends, "call_tool", lambda *a: calls.append(a[1]) or airline.call_tool(*a))
+    env = gym.make("pivot/tool-use-v0", backend="tau-airline").unwrapped
+    pivot = first(call_pivots, "get_user_details")
+    name, arguments = expert_call(pivot)
+    padded = hermes(name, {"user_id": f" {arguments['user_id']} "})
+    step(env, pivot, padded)  # the first decision also runs the expert's call once, for its effect
+    calls.clear()
+    assert step(env, pivot, pivot.expert)[0] == 1.0 and calls == ["get_user_details"]  # same arguments
+    calls.clear()
+    # Equal by the id rules, so the effect decides: the run's own effect is compared, not a second run.
+    reward, info, _ = step(env, pivot, padded)
+    assert (reward, info["category"], calls) == (0.0, "execution_different", ["get_user_details"])
 
 
 # Real values from the database mixed with arbitrary JSON, so random calls reach deep into the tools.

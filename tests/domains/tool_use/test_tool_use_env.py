@@ -114,7 +114,7 @@ def test_the_verifier_http_and_limit_options_become_cli_flags():
         [
             "--mode",
             "f1",
-            "--text-threshold",
+            "--message-precision",
             "0.7",
             "--unordered-arrays",
             "flights",
@@ -128,7 +128,7 @@ def test_the_verifier_http_and_limit_options_become_cli_flags():
             "2.5",
         ]
     )
-    assert (args.verifier.mode, args.verifier.text_threshold, args.verifier.unordered_arrays) == (
+    assert (args.verifier.mode, args.verifier.message_precision, args.verifier.unordered_arrays) == (
         "f1",
         0.7,
         ("flights",),

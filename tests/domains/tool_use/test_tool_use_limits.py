@@ -121,13 +121,48 @@ def test_results_are_measured_in_utf8_bytes_not_characters():
     ids=["free-text", "id", "expression"],
 )
 def test_a_megabyte_string_argument_is_answered_in_bounded_time_and_memory(pivots, backend, name, arguments):
-    env = gym.make("pivot/tool-use-v0", backend=backend).unwrapped
+    # The argument limit lifted, so the tools and the verifier see the megabyte.
+    env = gym.make("pivot/tool-use-v0", backend=backend, limits={"argument_bytes": 2 * MB}).unwrapped
     pivot = first(pivots, name)
     (_, info, observation), seconds, peak = measured(step, env, pivot, hermes(name, arguments))
     assert info["valid"] and info["category"] in ("correct", "argument_value_different")
     assert appended_tool_bytes(observation, pivot)[0] <= ToolUseLimits().output_bytes
     # Linear in the input: about 1 s and 20 MB traced for the free text (tokenized for similarity).
     assert seconds < 10 and peak < 64 * MB
+
+
+@pytest.mark.parametrize("backend", ["tau-airline", "recorded"])
+def test_a_turn_with_more_argument_bytes_than_the_limit_scores_zero_and_runs_nothing(pivots, backend):
+    # A `think` thought has no effect, so any thought had the expert call's effect: a megabyte one too.
+    env = gym.make("pivot/tool-use-v0", backend=backend).unwrapped
+    pivot = first(pivots, "think")
+    (reward, info, observation), seconds, peak = measured(
+        step, env, pivot, hermes("think", {"thought": "word " * (MB // 5)})
+    )
+    assert (reward, info["category"], info["valid"], info["output"]) == (
+        0.0,
+        "arguments_too_large",
+        True,
+        None,
+    )
+    assert "at most 65536" in info["detail"] and "ToolUseLimits.argument_bytes" in info["detail"]
+    assert observation["messages"][len(pivot.messages) + 1 :] == []
+    assert seconds < 5 and peak < 64 * MB
+    assert (
+        step(env, pivot, hermes("think", {"thought": "word " * 10_000}))[1]["category"]
+        != "arguments_too_large"
+    )
+
+
+def test_the_argument_limit_counts_utf8_bytes_and_lets_the_experts_own_turn_through(pivots):
+    # {"thought": "..."} is 15 bytes of JSON around the text; an "é" is 2 bytes in UTF-8.
+    env = gym.make("pivot/tool-use-v0", backend="recorded", limits={"argument_bytes": 31}).unwrapped
+    pivot = first(pivots, "book_reservation")  # its arguments hold far more than 31 bytes
+    assert step(env, pivot, pivot.expert)[0] == 1.0
+    message = next(p for p in pivots if not p.expert.get("tool_calls"))  # no expert arguments to allow
+    for thought, refused in (("é" * 8, False), ("é" * 9, True), ("e" * 16, False), ("e" * 17, True)):
+        category = step(env, message, hermes("think", {"thought": thought}))[1]["category"]
+        assert (category == "arguments_too_large") is refused, thought
 
 
 @pytest.mark.parametrize("depth", [100, 800, 100_000])

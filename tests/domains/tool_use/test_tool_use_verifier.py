@@ -9,13 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pivot_envs.domains.tool_use.parser import parse_action
-from pivot_envs.domains.tool_use.verifier import (
-    CachedStrictVerifier,
-    FunctionalConfig,
-    FunctionalVerifier,
-    similarity,
-    tokens,
-)
+from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalConfig, FunctionalVerifier
 from tool_use_helpers import expert_call, first, hermes, step
 
 from pivot_envs import Pivot
@@ -186,15 +180,6 @@ def test_free_text_arguments_match_by_token_similarity(recorded_env, call_pivots
     assert both(recorded_env, pivot, hermes(name, {"summary": shortened}))[:2] == (1.0, 0.0)
     unrelated = {"summary": "Customer wants a refund for a broken toaster bought online last week."}
     assert both(recorded_env, pivot, hermes(name, unrelated))[::2] == (0.0, "argument_value_different")
-
-
-def test_similarity_measures_are_real_jaccard_and_f1_reaching_one():
-    a, b = frozenset("abcd"), frozenset("cdef")
-    assert similarity(a, a, "f1") == similarity(a, a, "jaccard") == 1.0
-    assert similarity(a, b, "jaccard") == pytest.approx(2 / 6)
-    assert similarity(a, b, "f1") == pytest.approx(2 * 2 / 8)
-    assert similarity(frozenset("abc"), frozenset("abcd"), "f1") == pytest.approx(6 / 7)
-    assert tokens("The Flight, the FLIGHT!") == frozenset({"flight"})
 
 
 def test_a_message_turn_with_an_unrelated_message_scores_zero(recorded_env, message_pivots):

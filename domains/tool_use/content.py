@@ -1,0 +1,257 @@
+"""How the functional verifier judges text by its content: message turns and free-text arguments.
+
+Text is compared with the expert's as bags of words (NFKC, case-folded, English function words
+dropped), each word weighted by its inverse document frequency over a corpus of expert messages,
+so that words every reply says ("reservation", "assist", "proceed") weigh little and the words
+that make this reply this reply (an id, an amount, "nonstop", "non-refundable") weigh much.
+Counts matter (a bag, not a set): the expert's text twice is half padding. Text matches when
+
+1. it states at least `recall` of the expert text's weight (it says what the expert said), and
+2. at least `precision` of its own weight is the expert's (it says little the expert did not:
+   padding, a second answer beside the right one, or a repeated text all cost reward).
+
+A message turn must also pass two rules of the conversation:
+
+3. it states every fact of the expert's message that no earlier assistant turn stated: the words
+   with a digit (ids, amounts, dates, flight numbers, counts);
+4. it is not closer to an earlier turn of the conversation (the assistant's or the user's) than to
+   the expert's message: repeating what was already said is not this turn's reply, even where it
+   overlaps this one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from pivot_envs.chat import text_of
+
+if TYPE_CHECKING:
+    from pivot_envs.pivot import Pivot
+
+_TOKEN = re.compile(r"\w+")
+_DIGIT = re.compile(r"\d")
+_LONG_TEXT = 1 << 16  # characters; a longer text is tokenized as a stream, stopping at `most` words
+
+
+def word_counts(text: str, stopwords: frozenset[str], most: float | None = None) -> Counter[str] | None:
+    """The bag of normalized word tokens of a text, function words dropped (unless it has nothing else).
+
+    With `most`: None when the bag holds more than `most` words (a long text is read only that far).
+    """
+    normalized = unicodedata.normalize("NFKC", text).casefold()
+    if most is not None and len(normalized) > _LONG_TEXT:
+        return _bounded_word_counts(normalized, stopwords, most)
+    bag = Counter(_TOKEN.findall(normalized))
+    dropped = stopwords.intersection(bag)
+    if dropped and len(dropped) < len(bag):
+        for word in dropped:
+            bag.pop(word)
+    if most is not None and sum(bag.values()) > most:
+        return None
+    return bag
+
+
+def _bounded_word_counts(normalized: str, stopwords: frozenset[str], most: float) -> Counter[str] | None:
+    kept: Counter[str] = Counter()
+    only_stopwords: Counter[str] = Counter()  # the bag if the text turns out to hold nothing else
+    kept_size = stopword_size = 0
+    for match in _TOKEN.finditer(normalized):
+        word = match.group()
+        if word not in stopwords:
+            kept[word] += 1
+            kept_size += 1
+            if kept_size > most:
+                return None
+        elif not kept and stopword_size <= most:
+            only_stopwords[word] += 1
+            stopword_size += 1
+    if kept:
+        return kept
+    return None if stopword_size > most else only_stopwords
+
+
+@dataclass(frozen=True)
+class WordWeights:
+    """Inverse document frequency of words over a corpus of expert messages: ln((N + 1) / (df + 1)) + 1.
+
+    Every word weighs at least 1 (a corpus word is in at most N documents).
+    """
+
+    documents: int
+    frequency: dict[str, int]
+
+    @classmethod
+    def of(cls, texts: Iterable[str], stopwords: frozenset[str]) -> WordWeights:
+        """Weights from message texts (each distinct text one document)."""
+        frequency: Counter[str] = Counter()
+        distinct = set(texts)
+        for text in distinct:
+            frequency.update(word_counts(text, stopwords).keys())
+        return cls(len(distinct), dict(frequency))
+
+    def __call__(self, word: str) -> float:
+        return math.log((self.documents + 1) / (self.frequency.get(word, 0) + 1)) + 1.0
+
+
+def expert_messages(pivots: Iterable[Pivot]) -> list[str]:
+    """The text of every expert turn that is a message (no tool call) among `pivots`."""
+    return [text_of(p.expert) for p in pivots if not p.expert.get("tool_calls") and text_of(p.expert)]
+
+
+@cache
+def corpus_weights(path: str | None, stopwords: frozenset[str]) -> WordWeights:
+    """Word weights over the expert messages of a pivot file; None: the bundled tau-bench airline pivots.
+
+    A fixed corpus, not the env's own pivots, so a pivot's reward does not depend on which other
+    pivots were loaded with it (profiling D_cand and training on D_adv score an action alike).
+    """
+    if path is None:
+        from pivot_envs.domains.tool_use.env import bundled_pivots
+
+        return WordWeights.of(expert_messages(bundled_pivots()), stopwords)
+    from pivot_envs.pivot import iter_pivots
+
+    return WordWeights.of(expert_messages(iter_pivots(path)), stopwords)
+
+
+@dataclass
+class ExpertText:
+    """An expert text as the check needs it: its bag of words and their total weight."""
+
+    bag: Counter[str]
+    weight: float
+
+
+@dataclass
+class ExpertMessage(ExpertText):
+    """An expert message turn, with what the conversation rules need (compiled once per pivot)."""
+
+    text: str
+    new_facts: frozenset[str]  # words with a digit that no earlier assistant turn stated
+    earlier: list[ExpertText]  # the earlier assistant and user turns with text
+
+
+class ContentCheck:
+    """Compares sampled text with expert text by weighted words (see the module docstring)."""
+
+    def __init__(self, weights: WordWeights, stopwords: frozenset[str]) -> None:
+        self.weights = weights
+        self.stopwords = stopwords
+        self._known: dict[str, float] = {}  # the weights of the words met so far (at most KNOWN_WORDS)
+
+    KNOWN_WORDS = 1 << 20
+
+    def _weight_of(self, word: str) -> float:
+        weight = self.weights(word)
+        if len(self._known) < self.KNOWN_WORDS:
+            self._known[word] = weight
+        return weight
+
+    def _compiled(self, text: str) -> ExpertText:
+        bag = word_counts(text, self.stopwords)
+        known = self._known
+        total = 0.0
+        for word, count in bag.items():
+            weight = known.get(word)
+            total += count * (self._weight_of(word) if weight is None else weight)
+        return ExpertText(bag, total)
+
+    def expert_text(self, text: str) -> ExpertText:
+        """An expert's free text, compiled."""
+        return self._compiled(text)
+
+    def expert_message(self, pivot: Pivot, text: str) -> ExpertMessage:
+        """An expert's message turn at a pivot, with its new facts and the earlier turns, compiled."""
+        compiled = self._compiled(text)
+        earlier = []
+        said: set[str] = set()
+        for message in pivot.messages:
+            role = message.get("role") if isinstance(message, dict) else None
+            if role in ("assistant", "user") and text_of(message):
+                turn = self._compiled(text_of(message))
+                earlier.append(turn)
+                if role == "assistant":
+                    said.update(turn.bag)
+        facts = frozenset(word for word in compiled.bag if _DIGIT.search(word) and word not in said)
+        return ExpertMessage(compiled.bag, compiled.weight, text, facts, earlier)
+
+    def _weigh(self, bag: Counter[str], expert: ExpertText) -> tuple[float, float]:
+        """(the bag's total weight, its weight shared with the expert text's)."""
+        known, theirs = self._known, expert.bag
+        own = common = 0.0
+        for word, count in bag.items():
+            weight = known.get(word)
+            if weight is None:
+                weight = self._weight_of(word)
+            own += count * weight
+            other = theirs.get(word)
+            if other:
+                common += (count if count < other else other) * weight
+        return own, common
+
+    def compare(
+        self, expert: ExpertText, text: str, recall: float, precision: float
+    ) -> tuple[str | None, str, tuple[Counter[str], float, float] | None]:
+        """(None if the text matches by rules 1 and 2 else why not, the scores, and for a match what the
+        message rules reuse: its bag, its weight, the weight it shares with the expert's)."""
+        # Every word weighs at least 1, so a bag of more than weight / precision words cannot pass.
+        most = expert.weight / precision if precision > 0 else None
+        bag = word_counts(text, self.stopwords, most)
+        if bag is None:
+            return f"over {most:.0f} words: precision < {precision}", "", None
+        # The expert's words, however cased, spaced or punctuated (dict ==: Counter's == is Python code).
+        if dict.__eq__(bag, expert.bag):
+            return None, "recall 1.00, precision 1.00", (bag, expert.weight, expert.weight)
+        own, common = self._weigh(bag, expert)
+        got_recall = common / expert.weight if expert.weight else 1.0
+        got_precision = common / own if own else 0.0
+        scores = f"recall {got_recall:.2f}, precision {got_precision:.2f}"
+        if got_recall < recall:
+            return f"{scores}: recall < {recall}", scores, None
+        if got_precision < precision:
+            return f"{scores}: precision < {precision}", scores, None
+        return None, scores, (bag, own, common)
+
+    def judge_message(
+        self, expert: ExpertMessage, text: str, recall: float, precision: float
+    ) -> tuple[str | None, str]:
+        """(None if a message turn's text passes all four rules else its category, detail)."""
+        if text == expert.text:  # passes every rule: recall and precision 1, closest to itself
+            return None, "the expert's message"
+        problem, scores, measured = self.compare(expert, text, recall, precision)
+        if problem is not None or measured is None:
+            return "message_content_different", problem or scores
+        bag, own, common = measured
+        if dict.__eq__(bag, expert.bag):
+            return None, scores  # every rule holds for the expert's own words
+        known = self._known
+        missing = sorted(expert.new_facts - bag.keys())
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            return "message_facts_missing", f"the expert's message states {shown}; this one does not"
+        to_expert = 2.0 * common / (own + expert.weight)
+        for index, turn in enumerate(expert.earlier):
+            total = own + turn.weight
+            if 2.0 * min(own, turn.weight) <= to_expert * total:
+                continue  # the turn is too short or too long to be closer than the expert's message
+            theirs = turn.bag
+            shared = 0.0
+            for word, count in bag.items():
+                other = theirs.get(word)
+                if other:
+                    weight = known.get(word)
+                    shared += (count if count < other else other) * (
+                        self.weights(word) if weight is None else weight
+                    )
+            to_turn = 2.0 * shared / total
+            if to_turn > to_expert:
+                detail = f"closer to earlier turn {index + 1} ({to_turn:.2f}) than to the expert's message ({to_expert:.2f})"
+                return "message_repeats_earlier_turn", detail
+        return None, scores

@@ -1,0 +1,395 @@
+"""Red-team attacks on the tool-use domain's functional verifier (issue 35, R8 and the call rules).
+
+Each family turns a pivot into one hostile assistant turn. Most are built only from what a policy
+sees at the pivot (the conversation, the tools) or from the bundled expert messages as a whole (the
+words every reply uses); the "the right turn plus more" families start from the expert's own turn,
+to show that padding, extra calls, extra keys and repeats cost the reward even with the right
+content inside. The backends are the two a bundled pivot's calls can run on: the tau-bench airline
+tools over the database (the default), and the recorded outputs (nothing executes; the argument
+rules alone decide).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from functools import cache
+from typing import Any
+
+import gymnasium as gym
+from pivot_envs.domains.tool_use.content import expert_messages, word_counts
+from pivot_envs.domains.tool_use.env import ToolUseEnv, bundled_pivots
+from pivot_envs.domains.tool_use.verifier import STOPWORDS
+from redteam_common import Family
+
+from pivot_envs.chat import text_of
+
+DOMAIN = "tool-use"
+BACKENDS = ("tau-airline", "recorded")
+MB = 1 << 20
+# Where the floors are documented.
+DOCS = "docs/tool-use.md#what-this-verifier-cannot-tell-apart"
+
+
+def make_env(backend: str) -> ToolUseEnv:
+    """The tool-use env on the bundled pivots, its calls run by the airline tools or recorded outputs."""
+    return gym.make("pivot/tool-use-v0", backend=backend).unwrapped
+
+
+# -- what every reply says, and what a policy sees at a pivot -------------------------------------------
+
+
+@cache
+def _document_frequency() -> Counter[str]:
+    frequency: Counter[str] = Counter()
+    for text in expert_messages(bundled_pivots()):
+        frequency.update(word_counts(text, STOPWORDS).keys())
+    return frequency
+
+
+@cache
+def _word_frequency() -> tuple[list[str], list[int]]:
+    counts: Counter[str] = Counter()
+    for text in expert_messages(bundled_pivots()):
+        counts.update(word_counts(text, STOPWORDS))
+    words = sorted(counts)
+    return words, [counts[w] for w in words]
+
+
+def _common_words(n: int) -> str:
+    return " ".join(word for word, _ in _document_frequency().most_common(n))
+
+
+def _rng(pivot, family: str) -> random.Random:
+    return random.Random(f"{family}:{pivot.id}")
+
+
+def _is_message_pivot(pivot) -> bool:
+    return not pivot.expert.get("tool_calls")
+
+
+def _texts(pivot, roles: tuple[str, ...]) -> list[str]:
+    return [text_of(m) for m in pivot.messages if m.get("role") in roles and text_of(m)]
+
+
+def _expert_calls(pivot) -> list[tuple[str, dict[str, Any]]]:
+    calls = []
+    for call in pivot.expert.get("tool_calls") or []:
+        function = call["function"]
+        arguments = function["arguments"]
+        calls.append((function["name"], json.loads(arguments) if isinstance(arguments, str) else arguments))
+    return calls
+
+
+def _turn(calls: list[tuple[str, Any]], content: str | None = None) -> dict[str, Any]:
+    """An assistant message dict making these calls (arguments as JSON strings, as servers send them)."""
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            for n, (name, args) in enumerate(calls)
+        ],
+    }
+
+
+# -- message turns --------------------------------------------------------------------------------------
+
+
+def common_words_message(env, pivot):
+    """One fixed message: the 40 words most expert messages use (issue 35, R8: 68 of 242 before)."""
+    return _common_words(40) if _is_message_pivot(pivot) else None
+
+
+def few_common_words_message(env, pivot):
+    """The 10 words most expert messages use: fewer words, so less the expert did not say."""
+    return _common_words(10) if _is_message_pivot(pivot) else None
+
+
+STOCK_REPLY = (
+    "I understand. Could you please provide your user ID and reservation ID so I can check the details "
+    "of your flight reservation? Unfortunately, basic economy flights without travel insurance cannot be "
+    "changed or cancelled for a refund. Would you like to proceed, or should I transfer you to a human "
+    "agent? If you need further assistance, please let me know."
+)
+
+
+def stock_reply(env, pivot):
+    """A fluent reply made of what airline agents say most: ids, policy, proceed, transfer."""
+    return STOCK_REPLY if _is_message_pivot(pivot) else None
+
+
+def previous_assistant_message(env, pivot):
+    """The last assistant message of the conversation again (issue 35, R8: 79 of 200 before)."""
+    earlier = _texts(pivot, ("assistant",))
+    return earlier[-1] if _is_message_pivot(pivot) and earlier else None
+
+
+def all_earlier_assistant_messages(env, pivot):
+    """Everything the assistant said so far, in one message."""
+    earlier = _texts(pivot, ("assistant",))
+    return "\n\n".join(earlier) if _is_message_pivot(pivot) and earlier else None
+
+
+def expert_message_plus_50_random_words(env, pivot):
+    """The expert's message and 50 words drawn uniformly from the expert messages' vocabulary (R8: 213 of 242)."""
+    if not _is_message_pivot(pivot):
+        return None
+    words = _word_frequency()[0]
+    rng = _rng(pivot, "random-words")
+    return text_of(pivot.expert) + " " + " ".join(rng.choice(words) for _ in range(50))
+
+
+def expert_message_plus_50_frequent_words(env, pivot):
+    """The expert's message and 50 words drawn as often as expert messages use them (cheap, common padding)."""
+    if not _is_message_pivot(pivot):
+        return None
+    words, counts = _word_frequency()
+    rng = _rng(pivot, "frequent-words")
+    return text_of(pivot.expert) + " " + " ".join(rng.choices(words, counts, k=50))
+
+
+def expert_message_twice(env, pivot):
+    """The expert's message said twice."""
+    return f"{text_of(pivot.expert)}\n\n{text_of(pivot.expert)}" if _is_message_pivot(pivot) else None
+
+
+@cache
+def _message_pivots() -> tuple:
+    return tuple(p for p in bundled_pivots() if _is_message_pivot(p))
+
+
+def expert_message_and_another_answer(env, pivot):
+    """A hedge: the expert's message and another conversation's reply, as if unsure which is meant."""
+    if not _is_message_pivot(pivot):
+        return None
+    conversation = pivot.id.rsplit("/", 1)[0]
+    others = [p for p in _message_pivots() if p.id.rsplit("/", 1)[0] != conversation]
+    return f"{text_of(pivot.expert)}\n\n{text_of(_rng(pivot, 'hedge').choice(others).expert)}"
+
+
+def every_fact_in_the_conversation(env, pivot):
+    """Every id, amount and date the user and the tools stated, listed (to cover the facts rule)."""
+    if not _is_message_pivot(pivot):
+        return None
+    facts = []
+    for text in _texts(pivot, ("user", "tool")):
+        for word in word_counts(text, frozenset()):
+            if any(ch.isdigit() for ch in word) and word not in facts:
+                facts.append(word)
+    return " ".join(facts) or None
+
+
+def last_user_message_echoed(env, pivot):
+    """The user's last message, echoed back."""
+    said = _texts(pivot, ("user",))
+    return said[-1] if _is_message_pivot(pivot) and said else None
+
+
+def whole_prefix_echoed(env, pivot):
+    """Every message of the conversation so far (system prompt, user, assistant, tools), echoed."""
+    if not _is_message_pivot(pivot):
+        return None
+    return "\n\n".join(_texts(pivot, ("system", "user", "assistant", "tool")))
+
+
+def one_megabyte_message(env, pivot):
+    """The expert's message repeated to a megabyte."""
+    if not _is_message_pivot(pivot):
+        return None
+    text = text_of(pivot.expert) + "\n"
+    return text * (MB // len(text) + 1)
+
+
+def empty_turn(env, pivot):
+    """Nothing at all."""
+    return ""
+
+
+# -- tool-call turns ------------------------------------------------------------------------------------
+
+
+def expert_calls_plus_a_duplicate(env, pivot):
+    """The expert's calls, and its first call once more."""
+    calls = _expert_calls(pivot)
+    return _turn([*calls, calls[0]]) if calls else None
+
+
+def expert_calls_plus_a_think(env, pivot):
+    """The expert's calls and a `think` call, a tool without effect (free to add, if extra calls were)."""
+    calls = _expert_calls(pivot)
+    return _turn([*calls, ("think", {"thought": "Let me make sure this is right."})]) if calls else None
+
+
+def expert_call_50_times(env, pivot):
+    """The expert's first call, 50 times in one turn."""
+    calls = _expert_calls(pivot)
+    return _turn([calls[0]] * 50) if calls else None
+
+
+def expert_call_up_to_the_call_limit(env, pivot):
+    """The expert's first call as many times as the call limit lets a turn make."""
+    calls = _expert_calls(pivot)
+    return _turn([calls[0]] * env.calls_allowed(pivot)) if calls else None
+
+
+def every_tool_with_the_experts_arguments(env, pivot):
+    """One call of every tool the pivot offers, each with the expert's arguments: one of them must be right."""
+    calls = _expert_calls(pivot)
+    if not calls:
+        return None
+    names = [tool["function"]["name"] for tool in pivot.tools]
+    return _turn([(name, calls[0][1]) for name in names[: env.calls_allowed(pivot)]])
+
+
+def arguments_with_an_extra_key(env, pivot):
+    """The expert's calls, each with one more argument the expert did not pass."""
+    calls = _expert_calls(pivot)
+    return _turn([(name, {**args, "note": "as discussed"}) for name, args in calls]) if calls else None
+
+
+def _other_case(text: str) -> str:
+    return text.lower() if text.upper() == text else text.upper()
+
+
+def ids_in_another_case_where_the_effect_differs(env, pivot):
+    """The expert's calls with their ids in another case, where calls execute (the database does not find them)."""
+    calls = _expert_calls(pivot)
+    if not calls or env.backend_for(pivot).equivalence(pivot) is None:
+        return None
+    pattern = env.functional._id_re
+    changed, any_changed = [], False
+    for name, args in calls:
+        new = {}
+        for key, value in args.items():
+            if isinstance(value, str) and pattern.search(key) and _other_case(value) != value:
+                new[key] = _other_case(value)
+                any_changed = True
+            else:
+                new[key] = value
+        changed.append((name, new))
+    return _turn(changed) if any_changed else None
+
+
+def one_megabyte_argument(env, pivot):
+    """The expert's calls with a megabyte of text added to an argument (a `think` thought has no effect)."""
+    calls = _expert_calls(pivot)
+    if not calls:
+        return None
+    name, args = calls[0]
+    key = next((k for k, v in args.items() if isinstance(v, str)), "note")
+    stuffed = {**args, key: str(args.get(key, "")) + " padding" * (MB // 8)}
+    return _turn([(name, stuffed), *calls[1:]])
+
+
+def _free_text_padded(env, pivot, padding: str):
+    """The expert's calls with `padding` after each free-text argument, where the free-text rule decides
+    (on the airline backend these tools have no effect, so execution equivalence accepts any text)."""
+    calls = _expert_calls(pivot)
+    if not calls or env.backend_for(pivot).equivalence(pivot) is not None:
+        return None
+    pattern = re.compile(env.functional.config.free_text_pattern)
+    padded = [
+        (
+            name,
+            {k: f"{v} {padding}" if isinstance(v, str) and pattern.search(k) else v for k, v in args.items()},
+        )
+        for name, args in calls
+    ]
+    return _turn(padded) if padded != calls else None
+
+
+def free_text_argument_padded_with_one_word(env, pivot):
+    """The expert's calls with one word repeated 5,000 times after each free-text argument (30 KB)."""
+    return _free_text_padded(env, pivot, " ".join(["note"] * 5000))
+
+
+def free_text_argument_plus_50_random_words(env, pivot):
+    """The expert's calls with 50 random words of the expert messages after each free-text argument."""
+    words = _word_frequency()[0]
+    rng = _rng(pivot, "free-text")
+    return _free_text_padded(env, pivot, " ".join(rng.choice(words) for _ in range(50)))
+
+
+def previous_assistant_turn_echoed(env, pivot):
+    """The last assistant turn of the conversation again, calls and all."""
+    for message in reversed(pivot.messages):
+        if message.get("role") == "assistant":
+            return {k: message[k] for k in ("role", "content", "tool_calls") if k in message}
+    return None
+
+
+# Families that apply on one backend only: where calls execute (an effect to differ), or where the
+# free-text rule decides (on the airline backend those tools have no effect to compare).
+ONLY_ON = {
+    "ids_in_another_case_where_the_effect_differs": "tau-airline",
+    "free_text_argument_padded_with_one_word": "recorded",
+    "free_text_argument_plus_50_random_words": "recorded",
+}
+
+FAMILIES = {
+    # Issue 35, R8: messages.
+    "common_words_message": Family(common_words_message.__doc__, common_words_message),
+    "previous_assistant_message": Family(previous_assistant_message.__doc__, previous_assistant_message),
+    "expert_message_plus_50_random_words": Family(
+        expert_message_plus_50_random_words.__doc__, expert_message_plus_50_random_words
+    ),
+    # Variants of R8.
+    "few_common_words_message": Family(few_common_words_message.__doc__, few_common_words_message),
+    "stock_reply": Family(stock_reply.__doc__, stock_reply),
+    "all_earlier_assistant_messages": Family(
+        all_earlier_assistant_messages.__doc__, all_earlier_assistant_messages
+    ),
+    "expert_message_plus_50_frequent_words": Family(
+        expert_message_plus_50_frequent_words.__doc__, expert_message_plus_50_frequent_words
+    ),
+    "expert_message_twice": Family(expert_message_twice.__doc__, expert_message_twice),
+    "expert_message_and_another_answer": Family(
+        expert_message_and_another_answer.__doc__,
+        expert_message_and_another_answer,
+        floor=0.05,
+        why_floor=(
+            "a message may hold a fifth of its word weight beyond the expert's (message_precision 0.8): a short "
+            "second reply after a long right one is not told apart (10 of 242 bundled message pivots); "
+            f"{DOCS}"
+        ),
+    ),
+    "every_fact_in_the_conversation": Family(
+        every_fact_in_the_conversation.__doc__, every_fact_in_the_conversation
+    ),
+    # The call rules.
+    "expert_calls_plus_a_duplicate": Family(
+        expert_calls_plus_a_duplicate.__doc__, expert_calls_plus_a_duplicate
+    ),
+    "expert_calls_plus_a_think": Family(expert_calls_plus_a_think.__doc__, expert_calls_plus_a_think),
+    "expert_call_up_to_the_call_limit": Family(
+        expert_call_up_to_the_call_limit.__doc__, expert_call_up_to_the_call_limit
+    ),
+    "every_tool_with_the_experts_arguments": Family(
+        every_tool_with_the_experts_arguments.__doc__, every_tool_with_the_experts_arguments
+    ),
+    "arguments_with_an_extra_key": Family(arguments_with_an_extra_key.__doc__, arguments_with_an_extra_key),
+    "ids_in_another_case_where_the_effect_differs": Family(
+        ids_in_another_case_where_the_effect_differs.__doc__, ids_in_another_case_where_the_effect_differs
+    ),
+    "free_text_argument_padded_with_one_word": Family(
+        free_text_argument_padded_with_one_word.__doc__, free_text_argument_padded_with_one_word
+    ),
+    "free_text_argument_plus_50_random_words": Family(
+        free_text_argument_plus_50_random_words.__doc__, free_text_argument_plus_50_random_words
+    ),
+    # Generic and degenerate actions.
+    "empty_turn": Family(empty_turn.__doc__, empty_turn, generic=True),
+    "last_user_message_echoed": Family(
+        last_user_message_echoed.__doc__, last_user_message_echoed, generic=True
+    ),
+    "whole_prefix_echoed": Family(whole_prefix_echoed.__doc__, whole_prefix_echoed, generic=True),
+    "previous_assistant_turn_echoed": Family(
+        previous_assistant_turn_echoed.__doc__, previous_assistant_turn_echoed, generic=True
+    ),
+    "expert_call_50_times": Family(expert_call_50_times.__doc__, expert_call_50_times, generic=True),
+    "one_megabyte_message": Family(one_megabyte_message.__doc__, one_megabyte_message, generic=True),
+    "one_megabyte_argument": Family(one_megabyte_argument.__doc__, one_megabyte_argument, generic=True),
+}
