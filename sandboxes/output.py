@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import secrets
 
-# Re-exported: the runner and the `pivot_envs.sandbox` alias import them from here.
+# Re-exported: the runner imports them from here.
 from pivot_envs.text import cut_marker, join_cut
 
 __all__ = ["cut_marker", "join_cut", "new_marker", "strip_ansi"]
