@@ -185,8 +185,6 @@ class RunConfig:
         return 2 if self.policy in EMBEDDED else 0
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(parser, RunConfig, "run")
 
