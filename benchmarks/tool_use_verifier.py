@@ -5,10 +5,13 @@
 1. Miss rate Pr[strict = 0 | functional = 1] (the paper's diagnostic) over perturbed actions on
    the bundled tau-bench airline pivots: each expert turn is rewritten in equivalent forms (keys
    reordered, integers as floats, a shortened free text, a calculation written differently, a
-   different thought, the message reworded, the same reply from another trial of the task) and
-   wrong forms (wrong value, wrong tool, missing or extra argument, unrelated message, a call
-   instead of a message, and issue 35's message exploits: the most common words, the previous
-   assistant message, the expert's message plus 50 random words). Ids in another case or padded
+   different thought, the message reworded or with a closing line added, the same reply from
+   another trial of the task: the tuning and held-out replies of data/equivalent_messages.json)
+   and wrong forms (wrong value, wrong tool, missing or extra argument, unrelated message, a call
+   instead of a message, the next turn's reply, a failed trial's wrong reply at the same step,
+   and issue 35's message exploits: the most common words, the previous assistant message, the
+   expert's message plus 50 random words). Apart: how often another conversation's expert
+   message is accepted (all pairs of message pivots). Ids in another case or padded
    and enums in upper case are equal by the argument rules only: where calls execute, the
    airline database does not find them, so they count as equivalent only with recorded outputs.
 2. Steps per second per core of `reset` + `step` through `gym.make` (one process, one thread) over
@@ -33,9 +36,10 @@ from pathlib import Path
 import gymnasium as gym
 from pivot_envs.domains.tool_use.content import expert_messages, word_counts
 from pivot_envs.domains.tool_use.env import bundled_pivots
-from pivot_envs.domains.tool_use.verifier import STOPWORDS
+from pivot_envs.domains.tool_use.verifier import STOPWORDS, FunctionalVerifier
 
 import pivot_envs  # noqa: F401  (registers pivot/tool-use-v0)
+from pivot_envs.chat import text_of
 
 OUT = Path(__file__).resolve().parent / "out" / "tool_use_verifier.json"
 UNRELATED = "I like turtles. Bananas are yellow and grow on tall plants in warm places."
@@ -43,10 +47,16 @@ ID_KEYS = ("reservation_id", "user_id", "payment_id")
 FREE_TEXT_KEYS = ("summary", "thought")
 # Equal by the argument rules, but not in effect where the airline tools execute the call.
 BY_ARGUMENTS = "by the argument rules"
+TUNING, HELD_OUT = "message from another trial (tuning)", "message from another trial (held out)"
+CLOSING = "If you have any other questions or need further assistance, feel free to ask!"
 # Kinds added for issue 35; the throughput runs without them, to stay comparable with earlier runs.
 ISSUE_35_KINDS = frozenset(
     {
-        "message from another trial",
+        TUNING,
+        HELD_OUT,
+        "wrong reply of a failed trial",
+        "neighbouring reply (next turn's)",
+        "message + a closing line",
         "most common words (R8)",
         "message + 50 random words (R8)",
         "previous assistant message (R8)",
@@ -66,7 +76,8 @@ def other_case(text: str) -> str:
 
 
 class MessageCorpus:
-    """What the message perturbations draw on: the common words, the vocabulary, the paired replies."""
+    """What the message perturbations draw on: the common words, the vocabulary, the paired replies
+    (equivalent, by split) and wrong replies of data/equivalent_messages.json, the next turn's reply."""
 
     def __init__(self, pivots) -> None:
         frequency, vocabulary = Counter(), set()
@@ -77,10 +88,24 @@ class MessageCorpus:
         self.common_words = " ".join(word for word, _ in frequency.most_common(40))
         self.vocabulary = sorted(vocabulary)
         by_id = {p.id: p for p in pivots}
-        self.paired: dict[str, list[str]] = defaultdict(list)
-        for pair in json.loads(EQUIVALENT_MESSAGES.read_text())["pairs"]:
-            self.paired[pair["a"]].append(by_id[pair["b"]].expert["content"].strip())
-            self.paired[pair["b"]].append(by_id[pair["a"]].expert["content"].strip())
+        data = json.loads(EQUIVALENT_MESSAGES.read_text())
+        self.paired: dict[str, list[tuple[str, str]]] = defaultdict(list)  # pivot id -> (kind, reply)
+        for pair in data["pairs"]:
+            kind = TUNING if pair["split"] == "tuning" else HELD_OUT
+            self.paired[pair["a"]].append((kind, by_id[pair["b"]].expert["content"].strip()))
+            self.paired[pair["b"]].append((kind, by_id[pair["a"]].expert["content"].strip()))
+        for reply in data["one_way"]:
+            kind = TUNING if reply["split"] == "tuning" else HELD_OUT
+            self.paired[reply["pivot"]].append((kind, reply["message"]))
+        self.wrong: dict[str, list[str]] = defaultdict(list)
+        for reply in data["wrong"]:
+            self.wrong[reply["pivot"]].append(reply["message"])
+        messages = [p for p in pivots if not p.expert.get("tool_calls")]
+        self.following = {
+            a.id: b.expert["content"].strip()
+            for a, b in zip(messages, messages[1:])
+            if a.id.rsplit("/", 1)[0] == b.id.rsplit("/", 1)[0]
+        }
 
 
 def previous_assistant_text(pivot) -> str | None:
@@ -100,7 +125,9 @@ def message_perturbations(pivot, rng: random.Random, corpus: MessageCorpus) -> l
     out = [
         ("expert message", True, text),
         ("message reworded", True, reworded),
-        *(("message from another trial", True, other) for other in corpus.paired.get(pivot.id, ())),
+        *((kind, True, other) for kind, other in corpus.paired.get(pivot.id, ())),
+        ("message + a closing line", True, f"{text} {CLOSING}"),
+        *(("wrong reply of a failed trial", False, other) for other in corpus.wrong.get(pivot.id, ())),
         ("unrelated message", False, UNRELATED),
         ("call instead of message", False, tool_call_text("think", {"thought": text[:80]})),
         ("most common words (R8)", False, corpus.common_words),
@@ -109,6 +136,8 @@ def message_perturbations(pivot, rng: random.Random, corpus: MessageCorpus) -> l
     previous = previous_assistant_text(pivot)
     if previous is not None:
         out.append(("previous assistant message (R8)", False, previous))
+    if pivot.id in corpus.following:
+        out.append(("neighbouring reply (next turn's)", False, corpus.following[pivot.id]))
     return out
 
 
@@ -240,6 +269,24 @@ def miss_rates(actions, backend: str, verifier_config: dict | None = None) -> di
     }
 
 
+def other_conversations(pivots) -> dict:
+    """How often an expert message of another conversation is accepted at a message pivot (all pairs):
+    wrong but fluent replies, many of them the same stock question in other words."""
+    verifier = FunctionalVerifier()
+    messages = [p for p in pivots if not p.expert.get("tool_calls")]
+    accepted = total = 0
+    for pivot in messages:
+        conversation = pivot.id.rsplit("/", 1)[0]
+        for other in messages:
+            if other.id.rsplit("/", 1)[0] != conversation:
+                total += 1
+                accepted += (
+                    verifier.verify(pivot, {"role": "assistant", "content": text_of(other.expert)}).reward
+                    == 1.0
+                )
+    return {"accepted": accepted, "pairs": total, "share": accepted / total}
+
+
 def cpu_rate(run, n: int, repeats: int) -> tuple[float, float]:
     """(best steps/s by CPU time, wall steps/s of that run) over `repeats` runs of n steps."""
     best_cpu, best_wall = float("inf"), float("inf")
@@ -306,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "recorded outputs (argument rules only)": miss_rates(actions, "recorded"),
     }
+    crossed = other_conversations(pivots)
     speed = throughput([a for a in actions if a[1] not in ISSUE_35_KINDS], args.repeats)
     floor_cpu = speed["floor_json_loads"][0]
 
@@ -324,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{kind:34s} {c['n']:5d} {c['functional']:13d} {recorded[kind]['functional']:11d} {c['strict']:9d}"
         )
+    print(
+        f"\nanother conversation's expert message, all {crossed['pairs']:,} pairs: accepted "
+        f"{crossed['accepted']} ({100 * crossed['share']:.2f}%)"
+    )
     print()
     print(
         f"{'throughput (1 core)':32s} {'steps/s CPU':>12s} {'steps/s wall':>13s} {'vs floor':>9s} {'target':>8s}"
@@ -346,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pivots": len(pivots),
                 "actions": len(actions),
                 "quality": quality,
+                "another_conversations_message": crossed,
                 "throughput_steps_per_s": {
                     k: {"cpu": v[0], "wall": v[1], "ratio_to_floor": v[0] / floor_cpu}
                     for k, v in speed.items()

@@ -1,20 +1,29 @@
 """How the functional verifier judges text by its content: message turns and free-text arguments.
 
 Text is compared with the expert's as bags of words (NFKC, case-folded, English function words
-dropped), each word weighted by its inverse document frequency over a corpus of expert messages,
-so that words every reply says ("reservation", "assist", "proceed") weigh little and the words
-that make this reply this reply (an id, an amount, "nonstop", "non-refundable") weigh much.
+dropped, numbers written alike: "May 19" is "5-19" as in "2024-05-19", "1,194" is "1194"), each
+word weighted by its inverse document frequency over a corpus of expert messages, so that words
+every reply says ("reservation", "assist", "proceed") weigh little and the words that make this
+reply this reply (an id, an amount, "nonstop", "non-refundable") weigh much.
 Counts matter (a bag, not a set): the expert's text twice is half padding. Text matches when
 
 1. it states at least `recall` of the expert text's weight (it says what the expert said), and
 2. at least `precision` of its own weight is the expert's (it says little the expert did not:
-   padding, a second answer beside the right one, or a repeated text all cost reward).
+   padding, a second answer beside the right one, or a repeated text all cost reward). For a
+   message, the weight it says beyond the expert's (its surplus) may instead be up to an
+   `allowance` (two or three words: "Sure, I can help" for "I can help") when that is less than
+   the expert message's own weight, and is never more than a `ceiling`, however long the expert's.
 
-A message turn must also pass two rules of the conversation:
+A message turn must also pass the rules of the conversation:
 
 3. it states every fact of the expert's message that no earlier assistant turn stated: the words
-   with a digit (ids, amounts, dates, flight numbers, counts);
-4. it is not closer to an earlier turn of the conversation (the assistant's or the user's) than to
+   with a digit (ids, amounts, dates, flight numbers, counts; not the numbers of a numbered list);
+4. it states no fact that neither the expert's message nor the conversation (system prompt, user,
+   assistant and tool turns) states: no invented id, amount or date;
+5. the words it says beyond the expert's, facts aside, are not mostly (`ECHO_SHARE`) words the user
+   or the assistant already said, where they weigh more than `echo` (the user's last message
+   appended to the right reply is an echo; "for reservation 1N99U6" repeats a fact);
+6. it is not closer to an earlier turn of the conversation (the assistant's or the user's) than to
    the expert's message: repeating what was already said is not this turn's reply, even where it
    overlaps this one.
 """
@@ -25,7 +34,7 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -38,6 +47,70 @@ if TYPE_CHECKING:
 _TOKEN = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
 _LONG_TEXT = 1 << 16  # characters; a longer text is tokenized as a stream, stopping at `most` words
+_MONTHS = {
+    name: str(number)
+    for number, names in enumerate(
+        (
+            "jan january",
+            "feb february",
+            "mar march",
+            "apr april",
+            "may",
+            "jun june",
+            "jul july",
+            "aug august",
+            "sep sept september",
+            "oct october",
+            "nov november",
+            "dec december",
+        ),
+        start=1,
+    )
+    for name in names.split()
+}
+# A month name and a day ("May 19", "may 9th") is the ISO date's month and day ("05-19": "5", "19");
+# one pattern per month, each starting with its name, which a search finds fast.
+_DATES = {name: re.compile(rf"\b{name}\.?\s+(\d{{1,2}}(?:st|nd|rd|th)?)\b(?![.,]\d)") for name in _MONTHS}
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # "1,194" is "1194"
+_THREE_DIGITS_AFTER_A_COMMA = re.compile(r",\d{3}(?!\d)")  # found faster than _THOUSANDS (no lookbehind)
+_LIST_ITEM = re.compile(r"(?m)^[ \t]*0*(\d{1,3})[.)](?=\s)")  # "1. ..." numbers a list; it states no fact
+ECHO_SHARE = 0.9  # the talk a message adds, this much made of earlier turns' words, echoes them
+
+
+def _numbers_alike(normalized: str) -> Counter[str]:
+    """The bag of word tokens of a normalized text with its numbers written one way: no thousands
+    separators ("1,194" is "1194"), dates as ISO's ("May 9th" is "5", "9", as "2024-05-09" is "2024",
+    "5", "9"), no leading zeros ("05" is "5", "09:00" is "9:0")."""
+    if _THREE_DIGITS_AFTER_A_COMMA.search(normalized):
+        normalized = _THOUSANDS.sub("", normalized)
+    bag = Counter(_TOKEN.findall(normalized))
+    for name in _MONTHS.keys() & bag.keys():
+        for match in _DATES[name].finditer(normalized):
+            day = match.group(1)
+            for word, number in ((name, _MONTHS[name]), (day, day.rstrip("stndrh"))):
+                if bag[word] > 1:
+                    bag[word] -= 1
+                else:
+                    del bag[word]
+                bag[number] += 1
+    padded = [word for word in bag if word[0] == "0" and len(word) > 1 and word.isdigit()]
+    for word in padded:
+        bag[word.lstrip("0") or "0"] += bag.pop(word)
+    return bag
+
+
+def _chunked_words(normalized: str) -> Iterator[str]:
+    """The word tokens of a long normalized text, read in pieces cut at a space or line end (so that reading
+    can stop early); a date or number cut at a piece's end is read as its two parts."""
+    start, size = 0, len(normalized)
+    while start < size:
+        end = min(size, start + _LONG_TEXT)
+        if end < size:
+            cut = max(normalized.rfind(" ", start, end), normalized.rfind("\n", start, end))
+            end = cut + 1 if cut > start else end
+        piece = normalized[start:end]
+        yield from _numbers_alike(piece).elements() if _DIGIT.search(piece) else _TOKEN.findall(piece)
+        start = end
 
 
 def word_counts(text: str, stopwords: frozenset[str], most: float | None = None) -> Counter[str] | None:
@@ -48,7 +121,7 @@ def word_counts(text: str, stopwords: frozenset[str], most: float | None = None)
     normalized = unicodedata.normalize("NFKC", text).casefold()
     if most is not None and len(normalized) > _LONG_TEXT:
         return _bounded_word_counts(normalized, stopwords, most)
-    bag = Counter(_TOKEN.findall(normalized))
+    bag = _numbers_alike(normalized) if _DIGIT.search(normalized) else Counter(_TOKEN.findall(normalized))
     dropped = stopwords.intersection(bag)
     if dropped and len(dropped) < len(bag):
         for word in dropped:
@@ -58,12 +131,18 @@ def word_counts(text: str, stopwords: frozenset[str], most: float | None = None)
     return bag
 
 
+def facts_of(text: str) -> set[str]:
+    """The words with a digit of a text (ids, amounts, dates), normalized as in its bag of words."""
+    if not _DIGIT.search(text):
+        return set()
+    return {word for word in word_counts(text, frozenset()) if _DIGIT.search(word)}
+
+
 def _bounded_word_counts(normalized: str, stopwords: frozenset[str], most: float) -> Counter[str] | None:
     kept: Counter[str] = Counter()
     only_stopwords: Counter[str] = Counter()  # the bag if the text turns out to hold nothing else
     kept_size = stopword_size = 0
-    for match in _TOKEN.finditer(normalized):
-        word = match.group()
+    for word in _chunked_words(normalized):
         if word not in stopwords:
             kept[word] += 1
             kept_size += 1
@@ -135,7 +214,9 @@ class ExpertMessage(ExpertText):
 
     text: str
     new_facts: frozenset[str]  # words with a digit that no earlier assistant turn stated
+    known_facts: frozenset[str]  # words with a digit that the expert's message or the conversation states
     earlier: list[ExpertText]  # the earlier assistant and user turns with text
+    said: Counter[str]  # the earlier assistant and user turns' words, each as often as one turn says it
 
 
 class ContentCheck:
@@ -171,16 +252,31 @@ class ContentCheck:
         """An expert's message turn at a pivot, with its new facts and the earlier turns, compiled."""
         compiled = self._compiled(text)
         earlier = []
-        said: set[str] = set()
+        assistant_said: set[str] = set()
+        said: Counter[str] = Counter()
+        known = {word for word in compiled.bag if _DIGIT.search(word)}
         for message in pivot.messages:
-            role = message.get("role") if isinstance(message, dict) else None
-            if role in ("assistant", "user") and text_of(message):
-                turn = self._compiled(text_of(message))
+            if not isinstance(message, dict):
+                continue
+            role, content = message.get("role"), text_of(message)
+            known.update(facts_of(content))
+            for call in message.get("tool_calls") or ():
+                function = call.get("function", call) if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    known.update(facts_of(str(function.get("arguments", ""))))
+            if role in ("assistant", "user") and content:
+                turn = self._compiled(content)
                 earlier.append(turn)
+                said |= turn.bag
                 if role == "assistant":
-                    said.update(turn.bag)
-        facts = frozenset(word for word in compiled.bag if _DIGIT.search(word) and word not in said)
-        return ExpertMessage(compiled.bag, compiled.weight, text, facts, earlier)
+                    assistant_said.update(turn.bag)
+        listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
+        facts = frozenset(
+            word
+            for word, count in compiled.bag.items()
+            if _DIGIT.search(word) and word not in assistant_said and count > listed[word]
+        )
+        return ExpertMessage(compiled.bag, compiled.weight, text, facts, frozenset(known), earlier, said)
 
     def _weigh(self, bag: Counter[str], expert: ExpertText) -> tuple[float, float]:
         """(the bag's total weight, its weight shared with the expert text's)."""
@@ -197,35 +293,64 @@ class ContentCheck:
         return own, common
 
     def compare(
-        self, expert: ExpertText, text: str, recall: float, precision: float
+        self,
+        expert: ExpertText,
+        text: str,
+        recall: float,
+        precision: float,
+        allowance: float = 0.0,
+        ceiling: float = math.inf,
     ) -> tuple[str | None, str, tuple[Counter[str], float, float] | None]:
         """(None if the text matches by rules 1 and 2 else why not, the scores, and for a match what the
-        message rules reuse: its bag, its weight, the weight it shares with the expert's)."""
-        # Every word weighs at least 1, so a bag of more than weight / precision words cannot pass.
-        most = expert.weight / precision if precision > 0 else None
+        message rules reuse: its bag, its weight, the weight it shares with the expert text's).
+
+        The surplus (the text's weight beyond the expert's) may be up to `allowance` where precision
+        falls short, if less than the expert text's weight, and never more than `ceiling`."""
+        # Every word weighs at least 1, so a bag of more words than its greatest allowed weight cannot pass.
+        if precision > 0 or ceiling < math.inf:
+            most = expert.weight + min(
+                max(expert.weight / precision - expert.weight if precision > 0 else math.inf, allowance),
+                max(ceiling, allowance),
+            )
+        else:
+            most = None
         bag = word_counts(text, self.stopwords, most)
         if bag is None:
-            return f"over {most:.0f} words: precision < {precision}", "", None
+            return f"over {most:.0f} words: more than precision {precision} and the surplus allowed", "", None
         # The expert's words, however cased, spaced or punctuated (dict ==: Counter's == is Python code).
         if dict.__eq__(bag, expert.bag):
             return None, "recall 1.00, precision 1.00", (bag, expert.weight, expert.weight)
         own, common = self._weigh(bag, expert)
         got_recall = common / expert.weight if expert.weight else 1.0
         got_precision = common / own if own else 0.0
+        surplus = own - common
         scores = f"recall {got_recall:.2f}, precision {got_precision:.2f}"
         if got_recall < recall:
             return f"{scores}: recall < {recall}", scores, None
-        if got_precision < precision:
+        if got_precision < precision and not (surplus <= allowance and surplus < expert.weight):
             return f"{scores}: precision < {precision}", scores, None
+        if surplus > max(ceiling, allowance):
+            return (
+                f"{scores}: it says {surplus:.1f} of word weight beyond the expert's, over {ceiling}",
+                scores,
+                None,
+            )
         return None, scores, (bag, own, common)
 
     def judge_message(
-        self, expert: ExpertMessage, text: str, recall: float, precision: float
+        self,
+        expert: ExpertMessage,
+        text: str,
+        recall: float,
+        precision: float,
+        allowance: float = 0.0,
+        ceiling: float = math.inf,
+        echo: float = math.inf,
     ) -> tuple[str | None, str]:
-        """(None if a message turn's text passes all four rules else its category, detail)."""
+        """(None if a message turn's text passes all six rules else its category, detail)."""
         if text == expert.text:  # passes every rule: recall and precision 1, closest to itself
             return None, "the expert's message"
-        problem, scores, measured = self.compare(expert, text, recall, precision)
+        problem, scores, measured = self.compare(expert, text, recall, precision, allowance, ceiling)
         if problem is not None or measured is None:
             return "message_content_different", problem or scores
         bag, own, common = measured
@@ -234,8 +359,35 @@ class ContentCheck:
         known = self._known
         missing = sorted(expert.new_facts - bag.keys())
         if missing:
-            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            return "message_facts_missing", f"the expert's message states {shown}; this one does not"
+            return (
+                "message_facts_missing",
+                f"the expert's message states {_listed(missing)}; this one does not",
+            )
+        invented = sorted(
+            word
+            for word in bag.keys() - expert.bag.keys()
+            if word not in expert.known_facts and _DIGIT.search(word)
+        )
+        if invented:
+            return (
+                "message_facts_invented",
+                f"neither the expert's message nor the conversation states {_listed(invented)}",
+            )
+        if own - common > echo:
+            # The talk it adds: facts the conversation stated may be repeated (rule 4 bounds the rest).
+            theirs, said = expert.bag, expert.said
+            talk = echoed = 0.0
+            for word, count in bag.items():
+                extra = count - theirs.get(word, 0)
+                if extra > 0 and not _DIGIT.search(word):
+                    weight = known.get(word)
+                    weight = self.weights(word) if weight is None else weight
+                    talk += extra * weight
+                    if word in said:
+                        echoed += min(extra, said[word]) * weight
+            if talk > echo and echoed >= ECHO_SHARE * talk:
+                detail = f"{echoed:.1f} of the {talk:.1f} word weight it adds to the expert's was said before"
+                return "message_repeats_earlier_turn", detail
         to_expert = 2.0 * common / (own + expert.weight)
         for index, turn in enumerate(expert.earlier):
             total = own + turn.weight
@@ -255,3 +407,7 @@ class ContentCheck:
                 detail = f"closer to earlier turn {index + 1} ({to_turn:.2f}) than to the expert's message ({to_expert:.2f})"
                 return "message_repeats_earlier_turn", detail
         return None, scores
+
+
+def _listed(words: list[str]) -> str:
+    return ", ".join(words[:8]) + (f" and {len(words) - 8} more" if len(words) > 8 else "")

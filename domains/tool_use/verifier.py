@@ -13,7 +13,8 @@ A sampled assistant turn is locally acceptable when it does what the expert's tu
   rejected when its execution differs from the expert call's (a measured effect decides).
 - messages: a tool call where a message was expected fails; a message must pass a content check
   (by default the `content` module's: the expert message's informative words and new facts, little
-  else, and not a repeat of an earlier turn; or a pluggable judge). A message is never accepted
+  else, no fact the conversation never stated, and not a repeat of an earlier turn; or a pluggable
+  judge). A message is never accepted
   merely for being a message, unless `message_check="any"` asks for exactly that.
 
 Every rule is a field of `FunctionalConfig`, passed as
@@ -114,6 +115,22 @@ class FunctionalConfig:
         "at least this share of a message's word weight must be the expert message's (padding, a second "
         "answer or a repeated text cost reward)",
     )
+    message_surplus_allowance: float = option(
+        12.0,
+        "word weight (IDF) a message may say beyond the expert message's where message_precision falls "
+        "short, if less than the expert message's own: two or three words ('Sure, I can help' for "
+        "'I can help')",
+    )
+    message_surplus_ceiling: float = option(
+        40.0,
+        "word weight (IDF) a message may never say beyond the expert message's, however long that is "
+        "(about ten words: a second answer beside a long right one)",
+    )
+    message_echo: float = option(
+        6.0,
+        "where a message's words beyond the expert message's, facts aside, weigh more than this (IDF), "
+        "they may not be mostly words the user or the assistant already said",
+    )
     message_corpus: str | None = option(
         None,
         "pivot file whose expert messages give the word weights (IDF) of messages and free text; None: the "
@@ -142,6 +159,8 @@ class FunctionalConfig:
             )
         for name in ("text_recall", "text_precision", "message_recall", "message_precision"):
             between(self, name, 0, 1)
+        for name in ("message_surplus_allowance", "message_surplus_ceiling", "message_echo"):
+            between(self, name, 0, math.inf)
         if self.message_check == "judge" and self.message_judge is None:
             raise ValueError("FunctionalConfig: message_check='judge' needs a message_judge")
         if isinstance(self.message_judge, str):
@@ -633,7 +652,13 @@ class FunctionalVerifier:
                 reward, CORRECT if reward > 0 else "message_content_different", f"judge score {reward:.2f}"
             )
         category, detail = self.content.judge_message(
-            plan.compiled_message, text, config.message_recall, config.message_precision
+            plan.compiled_message,
+            text,
+            config.message_recall,
+            config.message_precision,
+            config.message_surplus_allowance,
+            config.message_surplus_ceiling,
+            config.message_echo,
         )
         return Verdict(0.0, category, detail) if category else Verdict(1.0, CORRECT, detail)
 

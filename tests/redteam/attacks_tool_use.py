@@ -7,10 +7,16 @@ to show that padding, extra calls, extra keys and repeats cost the reward even w
 content inside. The backends are the two a bundled pivot's calls can run on: the tau-bench airline
 tools over the database (the default), and the recorded outputs (nothing executes; the argument
 rules alone decide).
+
+Besides issue 35's message exploits, the families copy the conversation (the user's messages, the
+previous answer, words of the tool outputs) into or after the right reply, state a fact nobody
+gave, or hedge with a second answer woven in or one short sentence long: the attacks that the
+message rule's surplus allowance, echo and invented-facts rules answer (docs/tool-use.md#messages).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -29,6 +35,7 @@ from pivot_envs.chat import text_of
 DOMAIN = "tool-use"
 BACKENDS = ("tau-airline", "recorded")
 MB = 1 << 20
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 # Where the floors are documented.
 DOCS = "docs/tool-use.md#what-this-verifier-cannot-tell-apart"
 
@@ -195,6 +202,102 @@ def whole_prefix_echoed(env, pivot):
     return "\n\n".join(_texts(pivot, ("system", "user", "assistant", "tool")))
 
 
+def _last(pivot, role: str) -> str | None:
+    said = _texts(pivot, (role,))
+    return said[-1] if said else None
+
+
+def expert_message_and_the_users_last_message(env, pivot):
+    """The expert's message, and the user's last message echoed after it (padding from the conversation)."""
+    said = _last(pivot, "user")
+    return f"{text_of(pivot.expert)}\n\n{said}" if _is_message_pivot(pivot) and said else None
+
+
+def expert_message_and_every_user_message(env, pivot):
+    """The expert's message, and everything the user said so far after it."""
+    said = _texts(pivot, ("user",))
+    return "\n\n".join([text_of(pivot.expert), *said]) if _is_message_pivot(pivot) and said else None
+
+
+def expert_message_and_the_previous_assistant_message(env, pivot):
+    """The expert's message, and the assistant's previous message again (the old answer beside the new)."""
+    said = _last(pivot, "assistant")
+    return f"{text_of(pivot.expert)}\n\n{said}" if _is_message_pivot(pivot) and said else None
+
+
+def _conversation_words(pivot) -> list[str]:
+    """The words the user and the tools said (what a policy can copy without knowing the answer)."""
+    return [word for text in _texts(pivot, ("user", "tool")) for word in re.findall(r"\w+", text)]
+
+
+def expert_message_plus_30_words_of_the_conversation(env, pivot):
+    """The expert's message and 30 words drawn from what the user and the tools said."""
+    words = _conversation_words(pivot)
+    if not _is_message_pivot(pivot) or not words:
+        return None
+    rng = _rng(pivot, "conversation-words")
+    return text_of(pivot.expert) + " " + " ".join(rng.choice(words) for _ in range(30))
+
+
+def expert_message_with_conversation_words_spread_through_it(env, pivot):
+    """The expert's message with as many words of the conversation as it has, each put at a random place."""
+    words = _conversation_words(pivot)
+    if not _is_message_pivot(pivot) or not words:
+        return None
+    rng = _rng(pivot, "spread")
+    spread = text_of(pivot.expert).split()
+    for _ in range(len(spread)):
+        spread.insert(rng.randrange(len(spread) + 1), rng.choice(words))
+    return " ".join(spread)
+
+
+def the_users_last_message_with_the_experts_facts(env, pivot):
+    """The user's last message echoed, followed by the expert message's facts (its words with a digit)."""
+    said = _last(pivot, "user")
+    if not _is_message_pivot(pivot) or not said:
+        return None
+    facts = [word for word in re.findall(r"\S+", text_of(pivot.expert)) if any(c.isdigit() for c in word)]
+    return f"{said} {' '.join(facts)}"
+
+
+def expert_message_with_an_invented_fact(env, pivot):
+    """The expert's message and a confirmation number nobody gave: a fact the conversation never stated."""
+    return (
+        f"{text_of(pivot.expert)} Your confirmation number is QX7Z41." if _is_message_pivot(pivot) else None
+    )
+
+
+def expert_message_interleaved_with_another_answer(env, pivot):
+    """A hedge woven in: the expert's sentences and another conversation's reply's, one after the other."""
+    if not _is_message_pivot(pivot):
+        return None
+    conversation = pivot.id.rsplit("/", 1)[0]
+    others = [p for p in _message_pivots() if p.id.rsplit("/", 1)[0] != conversation]
+    ours = _SENTENCE.split(text_of(pivot.expert))
+    theirs = _SENTENCE.split(text_of(_rng(pivot, "interleaved").choice(others).expert))
+    woven = [s for pair in itertools.zip_longest(ours, theirs, fillvalue="") for s in pair if s]
+    return " ".join(woven)
+
+
+@cache
+def _short_sentences() -> tuple[str, ...]:
+    """Sentences of the expert messages with two to four words that are not function words."""
+    found = set()
+    for text in expert_messages(bundled_pivots()):
+        for sentence in _SENTENCE.split(text):
+            if 2 <= len(word_counts(sentence, STOPWORDS)) <= 4:
+                found.add(sentence.strip())
+    return tuple(sorted(found))
+
+
+def expert_message_and_a_short_sentence_of_another_reply(env, pivot):
+    """The expert's message and one short sentence of some expert reply ("The upgrade is complete."): a
+    second, short claim beside the right one."""
+    if not _is_message_pivot(pivot):
+        return None
+    return f"{text_of(pivot.expert)} {_rng(pivot, 'short').choice(_short_sentences())}"
+
+
 def one_megabyte_message(env, pivot):
     """The expert's message repeated to a megabyte."""
     if not _is_message_pivot(pivot):
@@ -349,15 +452,68 @@ FAMILIES = {
     "expert_message_and_another_answer": Family(
         expert_message_and_another_answer.__doc__,
         expert_message_and_another_answer,
-        floor=0.05,
+        floor=0.03,
         why_floor=(
-            "a message may hold a fifth of its word weight beyond the expert's (message_precision 0.8): a short "
-            "second reply after a long right one is not told apart (10 of 242 bundled message pivots); "
-            f"{DOCS}"
+            "a message may hold a fifth of its word weight beyond the expert's (message_precision 0.8), "
+            "at most message_surplus_ceiling (40.0): a short second reply after a long right one is not "
+            f"told apart (5 of 242 bundled message pivots; 10 before the ceiling); {DOCS}"
         ),
     ),
     "every_fact_in_the_conversation": Family(
         every_fact_in_the_conversation.__doc__, every_fact_in_the_conversation
+    ),
+    # Padding copied from the conversation, invented facts, and hedges woven in or short.
+    "expert_message_and_the_users_last_message": Family(
+        expert_message_and_the_users_last_message.__doc__,
+        expert_message_and_the_users_last_message,
+        floor=0.03,
+        why_floor=(
+            "words beyond the expert's that repeat the conversation are refused when they are mostly "
+            "talk the user or the assistant already said and weigh more than message_echo (6.0); a "
+            "user's message that is a fact and a word or two ('My user ID is amelia_sanchez_4739.') is "
+            f"not told apart (5 of 242 bundled message pivots); {DOCS}"
+        ),
+    ),
+    "expert_message_and_every_user_message": Family(
+        expert_message_and_every_user_message.__doc__, expert_message_and_every_user_message
+    ),
+    "expert_message_and_the_previous_assistant_message": Family(
+        expert_message_and_the_previous_assistant_message.__doc__,
+        expert_message_and_the_previous_assistant_message,
+    ),
+    "expert_message_plus_30_words_of_the_conversation": Family(
+        expert_message_plus_30_words_of_the_conversation.__doc__,
+        expert_message_plus_30_words_of_the_conversation,
+    ),
+    "expert_message_with_conversation_words_spread_through_it": Family(
+        expert_message_with_conversation_words_spread_through_it.__doc__,
+        expert_message_with_conversation_words_spread_through_it,
+    ),
+    "the_users_last_message_with_the_experts_facts": Family(
+        the_users_last_message_with_the_experts_facts.__doc__, the_users_last_message_with_the_experts_facts
+    ),
+    "expert_message_with_an_invented_fact": Family(
+        expert_message_with_an_invented_fact.__doc__, expert_message_with_an_invented_fact
+    ),
+    "expert_message_interleaved_with_another_answer": Family(
+        expert_message_interleaved_with_another_answer.__doc__,
+        expert_message_interleaved_with_another_answer,
+        floor=0.01,
+        why_floor=(
+            "the floor of expert_message_and_another_answer, woven into the right reply's sentences "
+            f"instead of after them (1 of 242 bundled message pivots; 7 before the surplus ceiling); {DOCS}"
+        ),
+    ),
+    "expert_message_and_a_short_sentence_of_another_reply": Family(
+        expert_message_and_a_short_sentence_of_another_reply.__doc__,
+        expert_message_and_a_short_sentence_of_another_reply,
+        floor=0.65,
+        why_floor=(
+            "a message may say a fifth of its word weight, or message_surplus_allowance (12.0), "
+            "beyond the expert's: one short sentence beside the right reply is not told apart unless it "
+            "states a fact the conversation never stated (144 of 242 bundled message pivots; 199 before "
+            f"that rule); {DOCS}"
+        ),
     ),
     # The call rules.
     "expert_calls_plus_a_duplicate": Family(

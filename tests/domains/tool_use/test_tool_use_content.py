@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from importlib import resources
 
@@ -50,7 +51,9 @@ def test_every_bundled_expert_message_and_its_light_rewording_scores_one(recorde
     for pivot in message_pivots:
         text = text_of(pivot.expert)
         reworded = " ".join(w.upper() if i % 3 == 0 else w for i, w in enumerate(text.split()))
-        for action in (text, reworded.replace(" please", "").replace(",", " ,")):
+        # Commas spaced out, but not those inside a number: "$17 ,021" would be two other amounts.
+        reworded = re.sub(r",(?!\d{3}\b)", " ,", reworded.replace(" please", ""))
+        for action in (text, reworded):
             reward, info, _ = step(recorded_env, pivot, action)
             assert (reward, info["category"]) == (1.0, "correct"), (pivot.id, info["detail"])
 
@@ -109,26 +112,135 @@ def test_a_message_closer_to_an_earlier_turn_than_to_the_experts_scores_zero(rec
     assert (reward, info["category"]) == (0.0, "message_repeats_earlier_turn")
 
 
-def test_replies_from_another_trial_of_the_same_task_are_accepted_where_they_say_little_else(
+def equivalent_messages() -> dict:
+    data = resources.files("pivot_envs.domains.tool_use").joinpath("data", "equivalent_messages.json")
+    return json.loads(data.read_text())
+
+
+def paired_replies(pivots) -> dict[str, list[tuple]]:
+    """(pivot, the reply of another trial meant to be equivalent there) by split, tuning or held-out."""
+    by_id, data = {p.id: p for p in pivots}, equivalent_messages()
+    replies: dict[str, list[tuple]] = {"tuning": [], "held-out": []}
+    for pair in data["pairs"]:
+        for here, there in ((pair["a"], pair["b"]), (pair["b"], pair["a"])):
+            replies[pair["split"]].append((by_id[here], text_of(by_id[there].expert)))
+    for reply in data["one_way"]:
+        replies[reply["split"]].append((by_id[reply["pivot"]], reply["message"]))
+    return replies
+
+
+def test_replies_of_other_trials_that_say_the_same_are_accepted_where_they_say_little_else(
     recorded_env, pivots
 ):
-    # 50 hand-paired replies (each pair says the same thing in other words): the old token-set F1
-    # accepted all 50, and also 78 of 199 neighbouring (wrong) replies; this check accepts the 20
-    # whose words are mostly the other's. A judge (message_check="judge") tells the rest apart.
-    by_id = {p.id: p for p in pivots}
-    data = resources.files("pivot_envs.domains.tool_use").joinpath("data", "equivalent_messages.json")
-    pairs = json.loads(data.read_text())["pairs"]
-    accepted = []
-    for pair in pairs:
-        for here, there in ((pair["a"], pair["b"]), (pair["b"], pair["a"])):
-            if step(recorded_env, by_id[here], text_of(by_id[there].expert))[0] == 1.0:
-                accepted.append(here)
-    assert len(pairs) == 25 and len(accepted) >= 20
+    # Hand-paired replies that say the same thing in other words (data/equivalent_messages.json). The
+    # surplus allowance and ceiling were chosen on the 50 tuning replies (20 accepted before them and the
+    # number forms), and checked on the 35 held-out ones (12 before). The old token-set F1 accepted all
+    # 50, and also 78 of 199 neighbouring (wrong) replies. A judge (message_check="judge") tells the
+    # rest apart.
+    replies = paired_replies(pivots)
+    accepted = {
+        split: [pivot.id for pivot, reply in items if step(recorded_env, pivot, reply)[0] == 1.0]
+        for split, items in replies.items()
+    }
+    assert (len(replies["tuning"]), len(replies["held-out"])) == (50, 35)
+    assert len(accepted["tuning"]) >= 24 and len(accepted["held-out"]) >= 14
     assert {
         "tau-airline/task18/trial0/t0",
         "tau-airline/task36/trial1/t1",
         "tau-airline/task49/trial1/t0",
-    } <= set(accepted)
+        "tau-airline/task24/trial0/t0",  # "Sure, I can help ... you would like to modify": a word or two more
+        "tau-airline/task48/trial1/t0",
+    } <= set(accepted["tuning"])
+    assert {
+        "tau-airline/task6/trial0/t0",  # "modify" for "change"
+        "tau-airline/task26/trial0/t4",  # "However, the reservation ..." for a numbered list
+    } <= set(accepted["held-out"])
+
+
+def test_a_failed_trials_wrong_reply_at_the_same_step_scores_zero(recorded_env, pivots):
+    # Other flights or totals, another member tier, a refund the policy does not allow: close in words,
+    # wrong in facts or in what it does.
+    by_id = {p.id: p for p in pivots}
+    wrong = equivalent_messages()["wrong"]
+    assert len(wrong) == 8
+    for reply in wrong:
+        assert step(recorded_env, by_id[reply["pivot"]], reply["message"])[0] == 0.0, reply["differs"]
+
+
+def test_dates_and_amounts_are_the_same_facts_however_they_are_written():
+    assert word_counts("Flight on May 9th, 2024 for $1,194.", STOPWORDS) == word_counts(
+        "Flight on 2024-05-09 for $1194.", STOPWORDS
+    )
+    assert word_counts("Departure 09:00 on Sept. 3", STOPWORDS) == word_counts(
+        "Departure 9:00 on 09-03", STOPWORDS
+    )
+    assert word_counts("You may book it in May", STOPWORDS) == Counter({"book": 1})  # no day: no date
+
+
+def test_the_numbers_of_a_numbered_list_are_not_facts_a_reply_must_state(pivots):
+    # The expert numbers its two reservations ("1. **Reservation IFOYYZ** ... 2. ..."); the same reply
+    # from another task's trial says "However, the reservation NQNU5R ...": 1 and 2 were facts to state.
+    pivot = next(p for p in pivots if p.id == "tau-airline/task26/trial0/t4")
+    compiled = FunctionalVerifier().plan(pivot).compiled_message
+    assert {"1", "2"} <= compiled.bag.keys() and not {"1", "2"} & compiled.new_facts
+    assert "nqnu5r" in compiled.known_facts  # a word with a digit the user gave
+
+
+def test_a_message_that_states_a_fact_the_conversation_never_stated_scores_zero(recorded_env, pivots):
+    # A confirmation number nobody gave: 6% of the message's word weight, within the precision rule.
+    pivot = next(p for p in pivots if p.id == "tau-airline/task20/trial0/t5")
+    reward, info, _ = step(
+        recorded_env, pivot, text_of(pivot.expert) + " Your confirmation number is QX7Z41."
+    )
+    assert (reward, info["category"]) == (0.0, "message_facts_invented") and "qx7z41" in info["detail"]
+    # Facts the conversation stated may be repeated: the reservation id the user gave, the flight's date.
+    repeated = text_of(pivot.expert) + " This is for reservation 1N99U6 on May 19."
+    assert step(recorded_env, pivot, repeated)[0] == 1.0
+
+
+def test_the_users_message_or_the_previous_answer_appended_to_the_right_reply_scores_zero(
+    recorded_env, message_pivots
+):
+    def last(pivot, role):
+        return next((text_of(m) for m in reversed(pivot.messages) if m["role"] == role and text_of(m)), None)
+
+    def with_user(pivot):
+        return f"{text_of(pivot.expert)}\n\n{last(pivot, 'user')}"
+
+    def with_previous_answer(pivot):
+        previous = last(pivot, "assistant")
+        return f"{text_of(pivot.expert)}\n\n{previous}" if previous else None
+
+    # 44 and 13 of 242 before: a fifth of a long reply's weight may be another text, and an echo was one.
+    # The five left append a fact and a word or two ("My user ID is amelia_sanchez_4739.").
+    assert len(scored(recorded_env, message_pivots, with_user)) <= 5
+    assert scored(recorded_env, message_pivots, with_previous_answer) == []
+    pivot = next(p for p in message_pivots if p.id == "tau-airline/task20/trial0/t5")
+    reward, info, _ = step(recorded_env, pivot, with_user(pivot))
+    assert (reward, info["category"]) == (0.0, "message_repeats_earlier_turn")
+
+
+def test_a_short_reply_may_say_a_word_or_two_more_but_not_itself_twice(recorded_env, message_pivots):
+    pivot = next(p for p in message_pivots if p.id == "tau-airline/task6/trial0/t0")
+    reply = (
+        "I can help you with that. Could you please provide your user ID and the reservation ID for the "
+        "flight you want to modify?"
+    )  # the expert's "would like to change": precision 0.66, within the surplus allowance
+    assert step(recorded_env, pivot, reply)[0] == 1.0
+    shortest = min(message_pivots, key=lambda p: len(text_of(p.expert)))
+    reward, info, _ = step(recorded_env, shortest, f"{text_of(shortest.expert)} {text_of(shortest.expert)}")
+    assert (reward, info["category"]) == (0.0, "message_content_different")
+
+
+def test_a_long_reply_may_not_carry_more_than_the_surplus_ceiling_beyond_the_experts(recorded_env, pivots):
+    # The longest expert message (seven reservations) and a sentence of its own: precision 0.87 passed.
+    pivot = next(p for p in pivots if p.id == "tau-airline/task30/trial1/t9")
+    padded = text_of(pivot.expert) + (
+        " I also checked the seat maps, meal options, lounge access, wifi plans and upgrade waitlists for "
+        "every one of these flights."
+    )
+    reward, info, _ = step(recorded_env, pivot, padded)
+    assert (reward, info["category"]) == (0.0, "message_content_different") and "over 40" in info["detail"]
 
 
 def test_the_neighbouring_reply_of_the_same_conversation_is_rarely_accepted(recorded_env, message_pivots):
@@ -199,6 +311,9 @@ def test_the_content_thresholds_are_validated():
     for name in ("message_recall", "message_precision", "text_recall", "text_precision"):
         with pytest.raises(ConfigError, match=f"FunctionalConfig.{name} = 1.5: must be in"):
             FunctionalConfig(**{name: 1.5})
+    for name in ("message_surplus_allowance", "message_surplus_ceiling", "message_echo"):
+        with pytest.raises(ConfigError, match=f"FunctionalConfig.{name} = -1: must be in"):
+            FunctionalConfig(**{name: -1})
 
 
 def test_a_pivot_without_earlier_turns_or_facts_is_judged_by_its_words_alone():
