@@ -14,7 +14,9 @@ Two levels, each built once and kept in a bounded LRU cache:
 
 With the prefix, the expert's own next call is run once from a fork (the reference the effect
 verifier compares samples against): its ToolResult and, for an edit, its hunks, AST digests and
-the task's test results after it; at a submit, whether the FAIL_TO_PASS tests pass.
+the task's test results after it; at a submit, whether the FAIL_TO_PASS tests pass; for a test
+run, the outcome of the tests its command names. Every test result is the verifier's own clean
+run (`effects.run_tests`), never read from what a command printed.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from pivot_envs.sandboxes.snapshot_cache import SnapshotCache
 
 from pivot_envs.pivot import Pivot
 
-from .effects import EditEffect, edit_effect, task_test_results
+from .effects import EditEffect, TestReport, edit_effect, run_tests
 from .parse import call_of
+from .testruns import named_tests
 from .tools import EDITOR_WARM_UP, ToolResult, execute_call, install_editor, tree_hash
 
 SETUP_TIMEOUT = 120.0
@@ -49,6 +52,7 @@ class PrefixState:
     expert: ToolResult | None = None
     expert_edit: EditEffect | None = None
     expert_tests: dict[str, bool] = field(default_factory=dict)
+    expert_run: TestReport | None = None
     expert_done: bool = False
 
 
@@ -223,11 +227,15 @@ class PrefixCache:
             state.expert = execute_call(fork, name, arguments, harness=harness, workdir=repo.workdir)
             if state.expert.kind == "edit":
                 state.expert_edit = edit_effect(fork, repo.workdir, state.tree_hash, limits.timeout)
-                state.expert_tests = task_test_results(
-                    fork, repo, fail_to_pass + pass_to_pass, limits.timeout
-                )
+                state.expert_tests = run_tests(fork, repo, fail_to_pass + pass_to_pass, limits.timeout).passed
             elif state.expert.kind == "submit":
-                state.expert_tests = task_test_results(fork, repo, fail_to_pass, limits.timeout)
+                state.expert_tests = run_tests(fork, repo, fail_to_pass, limits.timeout).passed
+            elif state.expert.kind == "test" and isinstance(arguments, dict):
+                # The outcome of the tests the expert's command names, measured the verifier's way
+                # (not for a run of every test: the whole suite can outlast a call's timeout).
+                named = named_tests(str(arguments.get("command", "")))
+                if named != {"*"}:
+                    state.expert_run = run_tests(fork, repo, sorted(named), limits.timeout)
         except SandboxError:
             state.expert = None  # the verifier then says it has no reference effect
         finally:

@@ -18,22 +18,32 @@
     * a call the tool refused (`ToolResult.error`: invalid_arguments, old_str_not_found,
       outside_repo, timeout, ...)                                             -> 0, that category;
     * edit: the resulting files are the same (content digests)                -> 1, "same_files";
-      every changed file is the same set and each changed .py file has the same AST
-                                                                              -> 1, "equivalent_edit";
-      the edit touches one of the expert's hunks (old-side line ranges overlapping or bordering)
-      and every FAIL_TO_PASS / PASS_TO_PASS test that passes after the expert's edit passes after
-      it (run in the sample's fork, bounded by the call timeout)              -> 1, "overlapping_edit";
-      otherwise                                                               -> 0, "no_edit" / "different_edit";
-    * test run: the sample is a test run of the same test ids (`unittest`/`pytest` arguments,
-      paths and `::` normalised to dotted ids) with the same exit status, or its output reports the
-      same count and outcome ("Ran N tests", "OK"/"FAILED")                   -> 1, "same_tests";
+      otherwise nothing may have been written outside the workspace (`system_writes()`, Docker:
+      the probes below run the system's python3 and git); every changed file is the same set and
+      each changed .py file has the same AST                                  -> 1, "equivalent_edit";
+      the edit touches one of the expert's hunks (old-side line ranges overlapping or bordering),
+      changes no test file the expert's does not (`effects.is_test_file`), and every FAIL_TO_PASS /
+      PASS_TO_PASS test that passes after the expert's edit passes after it, in the verifier's own
+      clean test run in the sample's fork (`effects.run_tests`: a secret-tagged report, the
+      repository after the standard library, a skip or a changed unittest is no pass)
+                                                                              -> 1, "overlapping_edit";
+      otherwise -> 0, "no_edit", "different_edit", "edits_tests", "system_writes" or
+      "changed_during_check" (a file the call left changed again while the verifier checked);
+    * test run: the sample is a plain test run (`testruns.plain_test_run`: one runner on named tests,
+      nothing else), with a runner the sandbox has, of the expert's tests (the same ids, or ids the
+      verifier's runner lists as the same test methods), changing what the expert's run changed,
+      and, unless piped, exiting as running those tests does (0 when they succeed, 1 when one
+      fails: measured once per pivot by the verifier's own run, never read from the output)
+                                                                              -> 1, "same_tests"
+      ("not_a_test_run", "not_only_tests", "runner_missing", "different_tests", "different_outcome");
     * submit: only a submit, and only where the pivot's FAIL_TO_PASS tests pass -> 1, "submitted_fixed"
       ("submitted_unfixed", "not_submitted"); a submit where the expert does not -> 0, "premature_submit";
     * look-around (search, view, run, other): the sample changes no file the expert's call did
-      not, and its output covers at least `overlap` (default 0.8) of the expert's output lines
+      not, its output covers at least `overlap` (default 0.8) of the expert's output lines
       (lines normalised: `cat -n` numbers, `path:line:` prefixes, a leading `./` or the workdir
-      dropped; at most `max_lines` lines of each compared) -> 1, "covers_expert_output"
-      ("changed_files", "different_output").
+      dropped; at most `max_lines` lines of each compared) and holds at most `output_ratio` (3)
+      times the expert's lines plus `output_slack` (50)                      -> 1, "covers_expert_output"
+      ("changed_files", "too_much_output", "different_output").
   A pivot that was not executed (an external trace without its repository image) is scored at
   the `nemo` level instead, and the verdict says so (extra["level"] = "nemo").
 
@@ -44,7 +54,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +64,10 @@ from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
 from pivot_envs.verifiers import Verdict
 
-from .effects import edit_effect, task_test_results
+from .effects import changed_test_files, edit_effect, run_tests
 from .parse import call_of
 from .prefix import PrefixState, task_tests
+from .testruns import named_tests, plain_test_run
 from .tools import ToolResult, action_kind, canonical_name
 
 
@@ -324,9 +334,6 @@ class NemoVerifier:
 
 _NUMBERED = re.compile(r"^\s*\d+\t")
 _GREP_LINE = re.compile(r"^([^\s:]+):\d+[:-]")
-_RAN = re.compile(r"^Ran (\d+) tests?", re.M)
-_STATUS = re.compile(r"^(OK|FAILED)\b.*$", re.M)
-_PYTEST = re.compile(r"=+ (.*(?:passed|failed|error).*?) in [\d.]+s", re.M)
 
 
 @dataclass
@@ -341,6 +348,12 @@ class EffectConfig:
     )
     run_tests: bool = option(
         True, "run the task's tests after an edit that touches the expert's hunks but is not equivalent"
+    )
+    output_ratio: float = option(
+        3.0, "a look-around's output may hold at most this many times the expert's lines (plus output_slack)"
+    )
+    output_slack: int = option(
+        50, "lines a look-around's output may hold beyond output_ratio times the expert's"
     )
 
 
@@ -373,37 +386,6 @@ def coverage(expert: list[str], sample: list[str]) -> float:
     return found / len(expert)
 
 
-def named_tests(command: str) -> frozenset[str]:
-    """The test ids a test command names, normalised (`tests/test_x.py::C::t` -> `tests.test_x.C.t`); "*" for all."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    ids: set[str] = set()
-    for index, word in enumerate(words):
-        if word in ("unittest", "pytest", "py.test") or word.endswith("/pytest"):
-            for argument in words[index + 1 :]:
-                if any(mark in argument for mark in "<>|;&"):
-                    break  # the command goes on past the test runner's arguments
-                if argument.startswith("-") or argument in ("discover",):
-                    continue
-                path, _, rest = argument.partition("::")
-                name = ".".join(
-                    [path.removesuffix(".py").replace("/", ".").strip("."), *filter(None, rest.split("::"))]
-                )
-                ids.add(name)
-            break
-    return frozenset(ids or {"*"})
-
-
-def run_summary(output: str) -> tuple[str, ...]:
-    """("Ran N", "OK"/"FAILED") of a unittest run, or pytest's summary line; () when there is none."""
-    ran, status, pytest = _RAN.findall(output), _STATUS.findall(output), _PYTEST.findall(output)
-    if ran and status:
-        return (f"Ran {ran[-1]}", status[-1])
-    return (pytest[-1],) if pytest else ()
-
-
 def files_after(result: ToolResult, state: PrefixState) -> dict[str, str]:
     """The workspace manifest after a call (the pivot's own where the call read none: an editor view)."""
     return result.files if result.files is not None else state.before
@@ -421,8 +403,15 @@ class EffectVerifier:
 
     name = "effect"
 
-    def __init__(self, overlap: float = 0.8, max_lines: int = 2000, run_tests: bool = True) -> None:
-        self.config = EffectConfig(overlap, max_lines, run_tests)
+    def __init__(
+        self,
+        overlap: float = 0.8,
+        max_lines: int = 2000,
+        run_tests: bool = True,
+        output_ratio: float = 3.0,
+        output_slack: int = 50,
+    ) -> None:
+        self.config = EffectConfig(overlap, max_lines, run_tests, output_ratio, output_slack)
         self.fallback = NemoVerifier()
 
     def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
@@ -450,7 +439,7 @@ class EffectVerifier:
         if expert.kind == "test":
             (_, arguments), (_, expert_arguments) = _calls(pivot, action)
             commands = (_command(_arguments(arguments)), _command(_arguments(expert_arguments)))
-            return self._test(result, expert, state, commands, extra)
+            return self._test(pivot, result, state, commands, data, extra)
         return self._look_around(result, expert, state, data.get("workdir", "/repo"), extra)
 
     def _submit(self, pivot: Pivot, result: ToolResult, state: PrefixState, extra: dict[str, Any]) -> Verdict:
@@ -487,6 +476,11 @@ class EffectVerifier:
         sandbox, repo = data["sandbox"], data["repo"]
         timeout = data["timeout"]
         try:
+            # What the probes below run (python3, git, unittest) must be the system's own.
+            written = sandbox.system_writes()
+            if written:
+                detail = f"the call wrote outside the workspace, so no probe there is evidence: {written[:5]}"
+                return Verdict(0.0, "system_writes", detail, extra=extra)
             mine = edit_effect(sandbox, repo.workdir, state.tree_hash, timeout)
         except SandboxError as error:
             return Verdict(0.0, "different_edit", f"the edit could not be read back: {error}", extra=extra)
@@ -513,9 +507,27 @@ class EffectVerifier:
                 extra=extra,
             )
         fail_to_pass, pass_to_pass = task_tests(pivot)
-        tests = task_test_results(sandbox, repo, fail_to_pass + pass_to_pass, timeout)
-        extra["tests"], extra["expert_tests"] = tests, state.expert_tests
-        worse = sorted(test for test, ok in state.expert_tests.items() if ok and not tests.get(test))
+        tests = fail_to_pass + pass_to_pass
+        edited = changed_test_files(state.before, after, expert_after, tests)
+        if edited:
+            return Verdict(
+                0.0, "edits_tests", f"the edit changes the task's tests: {edited[:5]}", extra=extra
+            )
+        try:
+            report = run_tests(sandbox, repo, tests, timeout, files=True)
+        except SandboxError as error:
+            detail = f"pivot {pivot.id}: the verifier's test run failed: {error}"
+            return Verdict(0.0, "infrastructure_error", detail, valid=False, extra=extra)
+        extra["tests"], extra["expert_tests"] = report.passed, state.expert_tests
+        if report.tampered:
+            detail = "the code under test changed unittest, the import hooks or tracing while the tests ran"
+            return Verdict(0.0, "different_edit", detail, extra=extra)
+        moved = sorted(path for path in after if (report.files or {}).get(path) != after[path])
+        if report.files is not None and moved:
+            detail = f"files changed after the call, while the verifier's checks ran: {moved[:5]}"
+            return Verdict(0.0, "changed_during_check", detail, extra=extra)
+        passed = report.passed
+        worse = sorted(test for test, ok in state.expert_tests.items() if ok and not passed.get(test))
         if worse or not state.expert_tests:
             detail = f"touches the expert's hunks but {len(worse)} test(s) pass only after the expert's edit: {worse[:5]}"
             return Verdict(
@@ -530,12 +542,14 @@ class EffectVerifier:
 
     def _test(
         self,
+        pivot: Pivot,
         result: ToolResult,
-        expert: ToolResult,
         state: PrefixState,
         commands: tuple[str, str],
+        data: dict[str, Any],
         extra: dict[str, Any],
     ) -> Verdict:
+        expert = state.expert
         if result.kind != "test":
             return Verdict(
                 0.0, "not_a_test_run", f"the expert runs tests here; the call is {result.kind}", extra=extra
@@ -544,16 +558,49 @@ class EffectVerifier:
             return Verdict(
                 0.0, "changed_files", "the test run changed other files than the expert's", extra=extra
             )
-        mine, theirs = named_tests(commands[0]), named_tests(commands[1])
-        same_ids = mine == theirs and result.exit_code == expert.exit_code
-        summary = run_summary(result.output)
-        extra.update(tests=sorted(mine), expert_tests=sorted(theirs), summary=list(summary))
-        if same_ids or (summary and summary == run_summary(expert.output)):
+        repo = data["repo"]
+        run = plain_test_run(commands[0], repo.workdir, repo.env)
+        if isinstance(run, str):
+            return Verdict(0.0, "not_only_tests", f"not a plain test run: {run}", extra=extra)
+        expert_ids = named_tests(commands[1])
+        extra.update(tests=sorted(run.ids), expert_tests=sorted(expert_ids))
+        measured = state.expert_run
+        if measured is None:
+            # The expert runs every test: no measurement (the suite can outlast a call), its exit status decides.
+            if run.ids != expert_ids:
+                return Verdict(0.0, "different_tests", "other tests than the expert's run", extra=extra)
+            if not run.piped and result.exit_code != expert.exit_code:
+                detail = f"exit status {result.exit_code}, the expert's run {expert.exit_code}"
+                return Verdict(0.0, "different_outcome", detail, extra=extra)
+            return Verdict(1.0, "same_tests", "the expert's test run, the same exit status", extra=extra)
+        if not measured.complete:
             return Verdict(
-                1.0, "same_tests", "the same tests with the same outcome as the expert's run", extra=extra
+                0.0, "no_reference", "the tests the expert runs could not be measured here", extra=extra
             )
+        missing = [need for need in run.needs if need not in measured.runners]
+        if missing:
+            detail = f"the sandbox has no {missing[0]}: the command cannot run the tests it names"
+            return Verdict(0.0, "runner_missing", detail, extra=extra)
+        if run.ids != expert_ids:
+            if "*" in run.ids | expert_ids:
+                return Verdict(0.0, "different_tests", "other tests than the expert's run", extra=extra)
+            try:
+                listed = run_tests(data["sandbox"], repo, sorted(run.ids), data["timeout"], mode="list")
+            except SandboxError as error:
+                detail = f"pivot {pivot.id}: listing the call's tests failed: {error}"
+                return Verdict(0.0, "infrastructure_error", detail, valid=False, extra=extra)
+            if not listed.methods or (listed.methods, listed.digest) != (measured.methods, measured.digest):
+                detail = f"names {listed.methods} test(s), not the {measured.methods} of the expert's run"
+                return Verdict(0.0, "different_tests", detail, extra=extra)
+        # The tests' outcome here is measured (the call changed what the expert's did, nothing else):
+        # a run that completed exits 0 exactly when they succeed, 1 when one fails.
+        extra["outcome"] = "success" if measured.successful else "failure"
+        expected = 0 if measured.successful else 1
+        if not run.piped and result.exit_code != expected:
+            detail = f"exit status {result.exit_code}, where running these tests exits {expected}"
+            return Verdict(0.0, "different_outcome", detail, extra=extra)
         return Verdict(
-            0.0, "different_tests", "other tests, or another outcome, than the expert's run", extra=extra
+            1.0, "same_tests", "a plain run of the expert's tests, which ran to their outcome", extra=extra
         )
 
     def _look_around(
@@ -564,10 +611,19 @@ class EffectVerifier:
                 0.0, "changed_files", "the call changed files; the expert's only looked", extra=extra
             )
         limit = self.config.max_lines
-        share = coverage(
-            output_lines(expert.output, workdir, limit), output_lines(result.output, workdir, limit)
+        theirs, mine = (
+            output_lines(expert.output, workdir, limit),
+            output_lines(result.output, workdir, limit),
         )
+        share = coverage(theirs, mine)
         extra["coverage"] = round(share, 4)
+        # Printing everything would contain any expert's output: the extra lines are bounded.
+        most = self.config.output_ratio * len(theirs) + self.config.output_slack
+        if len(mine) > most:
+            detail = (
+                f"shows {len(mine)} lines where the expert's output has {len(theirs)} (at most {most:.0f})"
+            )
+            return Verdict(0.0, "too_much_output", detail, extra=extra)
         if share >= self.config.overlap:
             return Verdict(
                 1.0, "covers_expert_output", f"shows {share:.0%} of the expert's output", extra=extra
