@@ -56,6 +56,7 @@ from .runner import (
     result_from_files,
     runner_argv,
     runner_env,
+    stop_processes,
 )
 
 # The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
@@ -323,6 +324,8 @@ class BwrapBackend:
             ).returncode:
                 shutil.rmtree(directory, ignore_errors=True)
 
+        if server is not None:
+            server.channel.close_ends()  # now: the removal may wait for a quiet gap
         if self._closed:
             remove()
         else:
@@ -405,6 +408,10 @@ class BwrapSandbox:
             raise SandboxError("this sandbox is closed")
         with self.owner.running() if self.foreground else nullcontext():
             return self._run(command, timeout, files, clean)
+
+    def stop_processes(self, timeout: float = 5.0) -> bool:
+        """Kill every process earlier commands left running; whether none is left (runner.stop_processes)."""
+        return stop_processes(self, timeout)
 
     def system_writes(self) -> list[str]:
         """Paths written outside the writable roots: none can be, the system directories are read-only."""

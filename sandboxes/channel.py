@@ -73,7 +73,7 @@ class Channel:
     def renew(self) -> None:
         """New FIFOs and request file in the same directory, for a server about to start again
         (a restarted container); the old ends are closed."""
-        self._close_ends()
+        self.close_ends()
         for name in ("in", "out", REQUEST):
             try:
                 os.unlink(self.directory / name)
@@ -86,12 +86,14 @@ class Channel:
     def connect(self, deadline: float, name: str, alive: Callable[[], bool] | None = None) -> None:
         """Wait for the server's "ready", open `in`, and remove the channel's paths."""
         line = bytearray()
+        poller = select.poll()
+        poller.register(self._reply, select.POLLIN)
         while not line.endswith(b"\n"):
             if alive is not None and not alive():
                 raise ServerDown(f"the command server of {name} is gone")
             if time.monotonic() > deadline:
                 raise SandboxError(f"the command server of {name} does not answer")
-            if select.select([self._reply], [], [], 0.005)[0]:
+            if poller.poll(5):
                 chunk = os.read(self._reply, 64 - len(line))
                 line += chunk
                 if len(line) >= 64 or (not chunk and line):
@@ -178,7 +180,8 @@ class Channel:
             if status.isdigit():
                 return bytes(chunks[:at]), int(status)
 
-    def _close_ends(self) -> None:
+    def close_ends(self) -> None:
+        """Close the host's ends now (the directory goes with `close`)."""
         for descriptor in (self._reply, self._request, self._go):
             if descriptor >= 0:
                 os.close(descriptor)
@@ -186,7 +189,7 @@ class Channel:
 
     def close(self) -> None:
         """Close the host's ends and remove the directory."""
-        self._close_ends()
+        self.close_ends()
         shutil.rmtree(self.directory, ignore_errors=True)
         self.stderr.unlink(missing_ok=True)
 

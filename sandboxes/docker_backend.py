@@ -43,6 +43,7 @@ from .runner import (
     result_from_files,
     runner_argv,
     runner_env,
+    stop_processes,
 )
 
 # The keep-alive of a container without a channel; docker-init (init=True) reaps orphaned processes.
@@ -82,6 +83,8 @@ class DockerBackend:
         self._digests: dict[str, KnownDigests] = {}
         # Released snapshots whose image a container still used: removed when that container goes.
         self._released: set[str] = set()
+        # The channels of containers not yet removed: their host ends close with the backend.
+        self._channels: set[Channel] = set()
         self._lock = threading.Lock()
         # The commands running in this backend's sandboxes; the pool's work waits for a gap.
         self._gate = QuietGate()
@@ -98,6 +101,8 @@ class DockerBackend:
         channel, volumes, command = None, {}, KEEPALIVE
         if self.channel:
             channel = Channel(self.root)
+            with self._lock:
+                self._channels.add(channel)
             volumes = {str(channel.directory): {"bind": CHANNEL_DIR, "mode": "ro"}}
             command = ["bash", "-c", SERVER]
         # create, not run: run pulls an image it does not find (a released snapshot is not in any registry).
@@ -250,6 +255,10 @@ class DockerBackend:
             if self._released and not self._closed:
                 self._remove_released_images()
 
+        if channel is not None:
+            channel.close_ends()  # now: the removal may wait its turn
+            with self._lock:
+                self._channels.discard(channel)
         if wait or self._closed:
             remove()
         else:
@@ -293,6 +302,10 @@ class DockerBackend:
         with self._lock:
             self._pools.clear()
         remove_labelled(self.client, owner=self.owner)
+        with self._lock:
+            for channel in self._channels:
+                channel.close_ends()  # sandboxes never closed: their containers are gone now
+            self._channels.clear()
         self.client.close()
         self._finalizer.detach()
         if self.root is not None:
@@ -355,6 +368,10 @@ class DockerSandbox:
     def channel_isolated(self) -> bool | None:
         """Whether commands run below the command server (None before its first command or without a channel)."""
         return self.channel.isolated if self.channel is not None else None
+
+    def stop_processes(self, timeout: float = 5.0) -> bool:
+        """Kill every process earlier commands left running; whether none is left (runner.stop_processes)."""
+        return stop_processes(self, timeout)
 
     def system_writes(self, limit: int = 50) -> list[str]:
         """Absolute paths outside the writable roots (the workspace, /root, /tmp, /.pivot) that this

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from typing import Any
 
 from .manifest import HASH_BUDGET, KnownDigests, manifest, open_beneath, parse_manifest, read_bounded
 from .output import join_cut, strip_ansi
@@ -144,6 +145,42 @@ while :; do
 done
 """
 CHANNEL_DIR = "/.pivot-chan"
+
+# Kills what earlier commands left running (background jobs, daemons, `setsid` children): every
+# process but PID 1, this shell's ancestors (the command server and the runner) and PID 1's oldest
+# child (the server, or the keep-alive, which nothing started later can be). Rounds of: look, exit 0
+# when none is left, kill them all, let them die; exit 1 if some still live after ten (processes that
+# fork faster than they are killed). Run with clean=True (see `stop_processes`).
+STOP_LEFTOVERS = r"""
+born() { local s; { read -r s </proc/$1/stat; } 2>/dev/null || return 1; s=${s##*) }; set -- $s; state=$1 parent=$2 start=${20}; }
+keep=" 1 " pid=$BASHPID
+while [ "$pid" -gt 1 ] && born "$pid"; do keep="$keep$pid " pid=$parent; done
+first= first_start=
+for d in /proc/[0-9]*; do
+  born "${d#/proc/}" && [ "$parent" = 1 ] || continue
+  if [ -z "$first" ] || [ "$start" -lt "$first_start" ]; then first=${d#/proc/} first_start=$start; fi
+done
+keep="$keep$first "
+for round in 1 2 3 4 5 6 7 8 9 10; do
+  left=
+  for d in /proc/[0-9]*; do
+    case $keep in *" ${d#/proc/} "*) continue ;; esac
+    born "${d#/proc/}" && [ "$state" != Z ] && [ "$state" != X ] || continue
+    left="$left ${d#/proc/}"
+  done
+  [ -n "$left" ] || exit 0
+  kill -9 $left 2>/dev/null
+  sleep 0.05
+done
+exit 1
+"""
+
+
+def stop_processes(sandbox: Any, timeout: float = 5.0) -> bool:
+    """Kill every process the commands in `sandbox` left running, within `timeout` seconds; whether none
+    is left. Run it before a check or test run that decides a reward, so nothing of the sample's runs
+    beside it (a background loop rewriting the tests, a daemon answering for a tool)."""
+    return sandbox.run(STOP_LEFTOVERS, timeout=timeout, clean=True).ok
 
 
 def runner_argv(

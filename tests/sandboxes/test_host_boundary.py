@@ -216,3 +216,40 @@ def test_a_command_that_stops_the_command_server_is_killed_not_reported_as_a_bro
     assert result.exit_code == 137
     assert time.monotonic() - start < 20
     assert sandbox.run("echo alive").output == "alive\n"
+
+
+def test_stop_processes_ends_what_commands_left_running_and_the_sandbox_still_answers(sandbox):
+    sandbox.run(
+        "(setsid bash -c 'while :; do date > beat; sleep 0.05; done' &) ; nohup sleep 1000 >/dev/null 2>&1 &"
+    )
+    assert sandbox.stop_processes()
+    before = sandbox.run("cat beat").output
+    time.sleep(0.3)
+    assert sandbox.run("cat beat").output == before
+    assert "sleep 1000" not in sandbox.run("ps -eo args").output
+    assert sandbox.run("echo alive").output == "alive\n"
+
+
+def test_closed_sandboxes_hold_no_channel_descriptor_however_busy_the_backend(backend):
+    from pivot_envs.domains.terminal import image
+
+    def channel_of(sandbox) -> str:
+        channel = sandbox.server.channel if sandbox.backend == "bwrap" else sandbox.channel
+        return f"/{channel.directory.name}/"
+
+    first = backend.create(image.image_tag(), "/app") if backend.name == "docker" else backend.create("/app")
+    snapshot = first.snapshot()
+    closed = [channel_of(first)]
+    first.close()
+    for _ in range(12):  # back to back: the removals wait for a quiet gap the loop never leaves
+        sandbox = backend.fork(snapshot)
+        sandbox.run("true")
+        closed.append(channel_of(sandbox))
+        sandbox.close()
+    held = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            continue
+    assert [target for target in held if any(channel in target for channel in closed)] == []
