@@ -476,7 +476,12 @@ class EffectVerifier:
         sandbox, repo = data["sandbox"], data["repo"]
         timeout = data["timeout"]
         try:
-            # What the probes below run (python3, git, unittest) must be the system's own.
+            # Nothing of the call's may run beside the probes and tests below (a background loop
+            # rewriting files, a process answering for a tool), and what they run (python3, git,
+            # unittest) must be the system's own.
+            if not sandbox.stop_processes():
+                detail = "the processes the call left running could not be stopped before the checks"
+                return Verdict(0.0, "processes_not_stopped", detail, extra=extra)
             written = sandbox.system_writes()
             if written:
                 detail = f"the call wrote outside the workspace, so no probe there is evidence: {written[:5]}"

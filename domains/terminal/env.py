@@ -161,7 +161,12 @@ class TerminalEnv(PivotEnv):
         return Outcome(
             messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
             output=output,
-            data={"result": result, "expert": state.expert, "before": state.before},
+            data={
+                "result": result,
+                "expert": state.expert,
+                "expert_repeat": state.expert_repeat,
+                "before": state.before,
+            },
         )
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:

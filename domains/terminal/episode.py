@@ -32,6 +32,9 @@ from .parse import BASH_TOOL, canonical_message, parse_action, parse_command
 from .tasks import SYSTEM_PROMPT, Task, load_tasks, run_check
 
 DONE = "done"  # the category of an episode the policy ended by answering without a command
+TAMPERED = "system_tampered"  # the category of an episode whose commands wrote outside the writable roots
+UNSTOPPED = "processes_not_stopped"  # the category of an episode whose processes outlived the stop
+STOP_TIMEOUT = 5.0  # seconds the processes an episode left running get to be stopped before its check
 
 
 def start_pivot(task: Task) -> Pivot:
@@ -181,9 +184,26 @@ class TerminalEpisodeEnv(TerminalEnv):
             info.update(category="infrastructure_error", detail=self._state.reason, valid=False)
         if info["valid"]:
             try:
-                check = run_check(self.sandbox, self.task)  # bounded by the task's own check_timeout
-                reward = 1.0 if check.ok else 0.0
-                info["check"] = {"exit_code": check.exit_code, "output": json_safe(check.output[-2000:])}
+                # Nothing of the policy's may run beside the check, nor have changed what it runs.
+                if not self.sandbox.stop_processes(STOP_TIMEOUT):
+                    # Processes that fork faster than they are killed, or that leave the stop no process
+                    # to start: the policy's doing, and the check could not run alone.
+                    info.update(
+                        category=UNSTOPPED,
+                        detail="the processes the episode's commands left running could not all be stopped "
+                        "before the check",
+                    )
+                elif tampered := self.sandbox.system_writes():
+                    info.update(
+                        category=TAMPERED,
+                        detail=f"the episode's commands wrote outside the workdir, /root and /tmp: "
+                        f"{', '.join(tampered[:5])}{' ...' if len(tampered) > 5 else ''}",
+                        system_writes=tampered,
+                    )
+                else:
+                    check = run_check(self.sandbox, self.task)  # bounded by the task's own check_timeout
+                    reward = 1.0 if check.ok else 0.0
+                    info["check"] = {"exit_code": check.exit_code, "output": json_safe(check.output[-2000:])}
             except SandboxError as error:
                 info.update(
                     category="infrastructure_error",

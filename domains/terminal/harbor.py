@@ -99,6 +99,9 @@ class HarborTask:
     agent_timeout: float | None
     base_image: str
     verifier_env: dict[str, str] = field(default_factory=dict)
+    # The Dockerfile's ENV: the image's environment, which Harbor's verifier runs in (the check runs in
+    # a fresh shell, so it is exported there, before the verifier's own env).
+    image_env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     written: list[str] = field(default_factory=list)  # directories the Dockerfile writes (COPY, WORKDIR)
     tests: bytes = b""
@@ -111,7 +114,10 @@ class HarborTask:
     @property
     def check(self) -> str:
         """The check: the tests into /tests, test.sh within the verifier's timeout, exit 0 iff the reward >= 1."""
-        exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in self.verifier_env.items())
+        exports = "".join(
+            f"export {key}={shlex.quote(value)}\n"
+            for key, value in {**self.image_env, **self.verifier_env}.items()
+        )
         return (
             "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier && "
             f"{_unpack(self.tests, '/tests', 'PIVOT_TESTS')}\n"
@@ -333,6 +339,7 @@ class _Dockerfile:
         self.workdir = ""
         self.setup: list[str] = []
         self.written: list[str] = []
+        self.env: dict[str, str] = {}  # the image's ENV, which Harbor's verifier runs with
         text = path.read_text(encoding="utf-8")
         for instruction in _instructions(text):
             self._translate(instruction)
@@ -400,6 +407,7 @@ class _Dockerfile:
                     raise HarborTaskError(f"{where}: expected KEY=VALUE pairs, got {arguments!r}")
             exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in pairs)
             self.setup.append(f"# {where}\nexport {exports}")
+            self.env.update(pairs)
         elif keyword == "RUN":
             command = _exec_form(arguments)
             script = shlex.join(command) if command is not None else arguments
@@ -570,6 +578,7 @@ def load_task(directory: str | Path) -> HarborTask:
         agent_timeout=agent_timeout,
         base_image=parsed.base if parsed else docker_image,
         verifier_env=dict(env),
+        image_env=dict(parsed.env) if parsed else {},
         metadata=metadata,
         written=parsed.written if parsed else ["/app"],
         tests=tests,

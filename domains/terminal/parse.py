@@ -18,6 +18,8 @@ Anything else parses to no command, with a category: "no_command", "multiple_com
 "unsupported_tool", "empty_command", "malformed_command" (bash -n rejects it), "invalid_command"
 (a NUL byte or a lone surrogate: it cannot cross into the sandbox intact, see
 `pivot_envs.sandboxes.protocol.command_problem`).
+
+`shell_tokens` splits a command into tokens as bash reads it, for comparing commands by text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 import shlex
 import subprocess
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pivot_envs.sandboxes.protocol import command_problem
@@ -210,3 +213,179 @@ def _from_terminus(text: str) -> Command | None:
             None, "incomplete_command", "keystrokes that do not end with a newline do not run a command"
         )
     return Command("".join(keys))
+
+
+# -- bash's tokens, for comparing commands by text -----------------------------------------------------
+
+# Characters whose quoting never changes what a word means (quoting does change globs, $, ~, =, braces).
+_PLAIN = frozenset("_./:,+@-")  # not %: a command word starting with % is a job
+_METACHARACTERS = frozenset("|&;()<> \t\n")
+# Longest first: bash reads the longest operator its characters spell.
+_OPERATORS = (
+    ";;&", "<<-", "<<<", "&>>",
+    "&&", "||", ";;", ";&", "|&", "<<", ">>", "<&", ">&", "<>", ">|", "&>", "((", "))",
+    "&", "|", ";", "(", ")", "<", ">", "\n",
+)  # fmt: skip
+_RESERVED = frozenset(
+    "! [[ ]] { } case coproc do done elif else esac fi for function if in select then time until while".split()
+)
+_IO_NUMBER = re.compile(r"[0-9]+|\{[A-Za-z_][A-Za-z0-9_]*\}")
+_SEPARATORS = (("op", ";"), ("op", "\n"))
+# A process substitution is part of the word it is written in (`a<(ls)b` is one word).
+_PROCESS_SUBSTITUTIONS = ("<(", ">(")
+Token = tuple[str, str]
+
+
+def shell_tokens(command: str) -> list[Token]:
+    """`command` as bash splits it into tokens, for comparing commands by text.
+
+    Tokens are ("op", operator), ("word", value), ("raw", text), ("io", fd) and ("rest", text). Two
+    commands with equal tokens are read alike by bash. A word whose quoting cannot change its meaning
+    (no unquoted $, `, glob, ~, =, brace, and not an unquoted reserved word) is ("word", its value
+    without the quotes), so `'a.txt'` and `a.txt` are one token; any other word is ("raw", its text as
+    written). `#` starts a comment only where bash starts one: unquoted, where a word would start
+    (`a#b` is one word). The text after a here-document's `<<` is one "rest" token, the word after
+    `=~` is raw, and a number or {name} directly before `<` or `>` is a redirection's fd ("io").
+    Separators (`;`, newlines) at the start and the end are dropped.
+    """
+    return list(_shell_tokens(command))
+
+
+@lru_cache(maxsize=4096)
+def _shell_tokens(command: str) -> tuple[Token, ...]:
+    # Cached: the expert's command is tokenized for every sample at its pivot.
+    try:
+        return _read_tokens(command)
+    except RecursionError:  # expansions nested thousands deep: compare the command as written
+        return (("rest", command),)
+
+
+def _read_tokens(command: str) -> tuple[Token, ...]:
+    tokens: list[Token] = []
+    i, n = 0, len(command)
+    while i < n:
+        c = command[i]
+        if c in " \t":
+            i += 1
+        elif command.startswith("\\\n", i):  # a line continuation joins the lines
+            i += 2
+        elif c == "#":  # where a word would start, bash reads a comment to the end of the line
+            end = command.find("\n", i)
+            i = n if end < 0 else end
+        elif c in _METACHARACTERS and not command.startswith(_PROCESS_SUBSTITUTIONS, i):
+            op = next(op for op in _OPERATORS if command.startswith(op, i))
+            i += len(op)
+            tokens.append(("op", op))
+            if op in ("<<", "<<-"):  # a here-document's body is not read as words: compare it as written
+                tokens.append(("rest", command[i:]))
+                break
+        else:
+            start = i
+            i, value, plain = _word(command, i)
+            raw = command[start:i]
+            if _IO_NUMBER.fullmatch(raw) and command[i : i + 1] in ("<", ">"):
+                tokens.append(("io", raw))
+            elif plain and raw not in _RESERVED and tokens[-1:] != [("raw", "=~")]:
+                tokens.append(("word", value))
+            else:
+                tokens.append(("raw", raw))
+    # Blank and comment lines are empty commands: a run of newlines reads as one.
+    tokens = [t for k, t in enumerate(tokens) if t != ("op", "\n") or tokens[k - 1 : k] != [t]]
+    while tokens and tokens[-1] in _SEPARATORS:
+        tokens.pop()
+    while tokens and tokens[0] in _SEPARATORS:
+        tokens.pop(0)
+    return tuple(tokens)
+
+
+def _word(command: str, i: int) -> tuple[int, str, bool]:
+    """The word starting at `i`: (where it ends, its value without quotes, whether quoting cannot change it)."""
+    value: list[str] = []
+    plain = True
+    n = len(command)
+    while i < n and (command[i] not in _METACHARACTERS or command.startswith(_PROCESS_SUBSTITUTIONS, i)):
+        c = command[i]
+        if command.startswith("\\\n", i):
+            i += 2
+        elif c == "\\":
+            value.append(command[i + 1 : i + 2] or "\\")
+            i += 2
+        elif c == "'":
+            end = command.find("'", i + 1)
+            if end < 0:  # unterminated: bash rejects it; compare the rest as written
+                return n, command[i:], False
+            value.append(command[i + 1 : end])
+            i = end + 1
+        elif c == '"':
+            i, text, active = _double_quoted(command, i)
+            value.append(text)
+            plain = plain and not active
+        elif c in "$`<>":
+            i = _expansion_end(command, i)
+            plain = False
+        else:
+            plain = plain and (c.isalnum() or c in _PLAIN)
+            value.append(c)
+            i += 1
+    return i, "".join(value), plain
+
+
+def _double_quoted(command: str, i: int) -> tuple[int, str, bool]:
+    """The "..." at `i`: (where it ends, its value, whether it holds an expansion)."""
+    value: list[str] = []
+    active = False
+    i += 1
+    n = len(command)
+    while i < n and command[i] != '"':
+        c = command[i]
+        if c == "\\" and command[i + 1 : i + 2] in ("$", "`", '"', "\\", "\n"):
+            value.append(command[i + 1] if command[i + 1] != "\n" else "")
+            i += 2
+        elif c in "$`":
+            i = _expansion_end(command, i)
+            active = True
+        else:
+            value.append(c)
+            i += 1
+    return (i + 1, "".join(value), active) if i < n else (n, "".join(value), True)
+
+
+def _expansion_end(command: str, i: int) -> int:
+    """Where the expansion at `i` ends: `...`, $(...), $((...)), ${...}, $'...', <(...), >(...) or a lone $."""
+    n = len(command)
+    if command[i] == "`":
+        j = i + 1
+        while j < n and command[j] != "`":
+            j += 2 if command[j] == "\\" else 1
+        return min(j + 1, n)
+    follow = command[i + 1 : i + 2]
+    if follow == "'":  # ANSI-C quoting: backslash escapes inside
+        j = i + 2
+        while j < n and command[j] != "'":
+            j += 2 if command[j] == "\\" else 1
+        return min(j + 1, n)
+    if follow not in ("(", "{"):
+        return i + 1
+    close = ")" if follow == "(" else "}"
+    depth, j = 0, i + 1
+    while j < n:
+        c = command[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == "'" and follow == "(":
+            end = command.find("'", j + 1)
+            j = n if end < 0 else end + 1
+            continue
+        if c == '"':
+            j = _double_quoted(command, j)[0]
+            continue
+        if c in "$`" and j > i + 1:
+            j = _expansion_end(command, j)
+            continue
+        depth += c == follow
+        depth -= c == close
+        j += 1
+        if depth == 0:
+            return j
+    return n

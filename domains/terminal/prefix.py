@@ -2,11 +2,12 @@
 
 A pivot's state is the filesystem and the shell state (working directory, exported variables,
 kept by the runner in the sandbox) after the expert's earlier commands. PrefixCache builds it
-once per distinct prefix, snapshots it, runs the expert's own next command once from a fork (the
-reference effect the functional verifier compares against), and keeps the snapshots in a bounded
-LRU cache; every sample then forks from the snapshot. A setup command that fails, a prefix command
-that times out or exits differently from the recorded trajectory, or an image that is not
-available marks the pivot not replayable, with the reason.
+once per distinct prefix, snapshots it, runs the expert's own next command twice, each from a
+fresh fork (the reference effect the functional verifier compares against, and what of it
+repeats), and keeps the snapshots in a bounded LRU cache; every sample then forks from the
+snapshot. A setup command that fails, a prefix command that times out or exits differently from
+the recorded trajectory, or an image that is not available marks the pivot not replayable, with
+the reason.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PrefixState:
     snapshot: Snapshot | None = None
     before: dict[str, str] = field(default_factory=dict)
     expert: CommandResult | None = None
+    expert_repeat: CommandResult | None = None  # the expert's command run again from the same state
 
 
 def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
@@ -176,16 +178,23 @@ class PrefixCache:
                 sandbox.close()
         state = PrefixState(key, True, snapshot=snapshot, before=before)
         if expert is not None:
-            fork = self.backend.fork(snapshot)
-            try:
-                state.expert = fork.run(expert, files=True)
-            except SandboxError:
-                state.expert = None  # the verifier falls back to command similarity
-            finally:
-                fork.close()
+            # Twice: what of the effect differs between the two runs is what the verifier cannot measure.
+            state.expert = self._run_expert(snapshot, expert)
+            state.expert_repeat = self._run_expert(snapshot, expert) if state.expert is not None else None
         if hasattr(self.backend, "prewarm"):
             self.backend.prewarm(snapshot)
         return state
+
+    def _run_expert(self, snapshot: Snapshot, expert: str) -> CommandResult | None:
+        """The expert's command run in a fresh fork of `snapshot`; None when the sandbox fails (the
+        verifier then has no effect of the expert's to compare with)."""
+        fork = self.backend.fork(snapshot)
+        try:
+            return fork.run(expert, files=True)
+        except SandboxError:
+            return None
+        finally:
+            fork.close()
 
     def clear(self) -> None:
         """Release every cached snapshot."""

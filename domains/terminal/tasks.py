@@ -12,6 +12,7 @@ real outputs). Regenerate the bundled pivots with:
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -155,12 +156,23 @@ def run_task(backend: Any, task: Task) -> TaskRun:
     return run
 
 
+# The check's shell: a HOME of its own, so configuration written to /root (~/.gitconfig, ~/.config) does not
+# steer the check's tools; then the check, from the workdir.
+CHECK_SHELL = (
+    'HOME="$(mktemp -d 2>/dev/null || echo /nonexistent)"; export HOME\ncd {workdir} && {{ {check}\n}}'
+)
+
+
 def run_check(sandbox: Any, task: Task, timeout: float | None = None) -> CommandResult:
-    """Run `task`'s check in `sandbox` within `timeout` seconds (default: the task's `check_timeout`). It must
-    not change the shell state the commands before it left (the expert's, or an episode's): it runs in a
-    subshell from the workdir."""
+    """Run `task`'s check in `sandbox` within `timeout` seconds (default: the task's `check_timeout`).
+
+    It runs in a fresh shell (`clean=True`): the variables, functions and working directory the commands
+    before it left (the expert's, or an episode's) neither reach it nor change, its PATH and Python are the
+    sandbox's own, and its HOME is an empty directory. Its text comes from the task, not the sandbox.
+    """
     timeout = task.check_timeout if timeout is None else timeout
-    return sandbox.run(f"( cd {task.workdir} && {{ {task.check}\n}} )", timeout=timeout)
+    command = CHECK_SHELL.format(workdir=shlex.quote(task.workdir), check=task.check)
+    return sandbox.run(command, timeout=timeout, clean=True)
 
 
 def task_pivots(run: TaskRun) -> list[Pivot]:

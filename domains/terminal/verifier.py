@@ -5,13 +5,20 @@ category before reaching here):
 
 0. The command exited 2 and `bash -n` rejects it                    -> 0, "malformed_command".
 1. The sampled command hit the hard timeout                         -> 0, "timed_out".
-2. Normalized command equal to the expert's (shell tokens, spacing)  -> 1, "same_command".
+2. The same bash tokens as the expert's command (`shell_tokens`: spacing, quoting that cannot change
+   a word's meaning, comments where bash reads comments)              -> 1, "same_command".
 3. Effect equivalence: run from the same forked prefix state, the sampled command and the
    expert's command end with the same exit status, the same normalized output (ANSI stripped,
    trailing spaces and blank lines dropped) and the same file changes in the workspace (same
-   paths added/removed/modified, with the same resulting type, mode and content) -> 1, "equivalent_effect".
-4. Normalized token similarity to the expert's command >= `similarity_threshold` and the same
-   exit status (covers commands whose output is not deterministic, e.g. timestamps) -> 1, "similar_command".
+   paths added/removed/modified, with the same resulting type, mode and content) -> 1, "equivalent_effect";
+   only where the expert's command shows an effect: one that exits 0 silently and changes no file
+   changed only the shell state or .git/ (not compared), which any silent command would match.
+4. Token similarity to the expert's command >= `similarity_threshold` -> 1, "similar_command", only
+   where the effect differs in nothing the expert's command repeats: the outcome's `expert_repeat` is
+   the expert's command run a second time from the same state, and a part of the effect that came
+   out the same both times (the exit status, each output line when both outputs have as many lines,
+   each changed file) is measured and must match. Text never overrides a measured difference;
+   without a repeat, the whole effect counts as measured.
 5. An LLM judge, when given: a callable (pivot, action, outcome) -> reward in [0, 1] or bool -> its reward, "judge".
 6. Otherwise                                                         -> 0, "different_effect"
    (the detail says what differed: exit status, output, files).
@@ -22,8 +29,6 @@ The reward is binary (as in the paper); `extra` holds the similarity and the com
 from __future__ import annotations
 
 import difflib
-import functools
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +40,7 @@ from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
 from pivot_envs.verifiers import Verdict
 
-from .parse import command_of_message, syntax_error
+from .parse import Token, command_of_message, shell_tokens, syntax_error
 
 Judge = Callable[[Pivot, dict[str, Any], Any], "float | bool"]
 
@@ -46,26 +51,15 @@ class TerminalVerifierConfig:
 
     similarity_threshold: float = option(
         0.95,
-        "token similarity to the expert's command above which a command with the same exit status is accepted",
+        "token similarity to the expert's command above which a command is accepted where its effect differs "
+        "only in what the expert's command does not repeat",
     )
     compare_files: bool = option(True, "require the same workspace file changes for effect equivalence")
 
 
-def command_tokens(command: str) -> list[str]:
-    """Shell tokens of a command (whitespace-split when it does not tokenize), trailing ';' dropped."""
-    return list(_tokens(command))
-
-
-@functools.lru_cache(maxsize=4096)
-def _tokens(command: str) -> tuple[str, ...]:
-    # Cached: the expert's command is tokenized for every sample at its pivot.
-    try:
-        tokens = shlex.split(command, comments=True)
-    except ValueError:
-        tokens = command.split()
-    while tokens and tokens[-1] == ";":
-        tokens.pop()
-    return tuple(tokens)
+def command_tokens(command: str) -> list[Token]:
+    """The command's bash tokens (`parse.shell_tokens`), as the verifier compares them."""
+    return shell_tokens(command)
 
 
 def command_similarity(a: str, b: str) -> float:
@@ -91,6 +85,56 @@ def effect_of(result: CommandResult, before: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def measured_differences(
+    mine: dict[str, Any], theirs: dict[str, Any], repeat: dict[str, Any] | None, keys: tuple[str, ...]
+) -> list[str]:
+    """The parts of `keys` where `mine` differs from what the expert's effect (`theirs`) repeats.
+
+    `repeat` is the expert's effect from a second run from the same state (None: not measured, so every
+    part counts as repeating). A part differs when: the exit status is neither run's; the output is
+    neither run's and differs in a line both runs printed alike (both outputs with as many lines; a
+    varying line count leaves the output unmeasured); a changed file that both runs left alike is
+    missing or other, a file the runs left differently is not changed, or, where both runs changed the
+    same paths, another path is changed.
+    """
+    if repeat is None:
+        return [key for key in keys if mine[key] != theirs[key]]
+    differences = []
+    if "exit_code" in keys and mine["exit_code"] not in (theirs["exit_code"], repeat["exit_code"]):
+        differences.append("exit_code")
+    if "output" in keys and not _output_fits(mine["output"], theirs["output"], repeat["output"]):
+        differences.append("output")
+    if "files" in keys and not _files_fit(mine["files"], theirs["files"], repeat["files"]):
+        differences.append("files")
+    return differences
+
+
+def _output_fits(mine: str, first: str, second: str) -> bool:
+    if mine in (first, second):
+        return True
+    if first == second:
+        return False
+    lines, first_lines, second_lines = mine.split("\n"), first.split("\n"), second.split("\n")
+    if len(first_lines) != len(second_lines):
+        return True  # not even the line count repeats: nothing of the output is measured
+    return len(lines) == len(first_lines) and all(
+        line == a for line, a, b in zip(lines, first_lines, second_lines) if a == b
+    )
+
+
+_ABSENT = object()  # a path the sample did not change (None is a removed file)
+
+
+def _files_fit(mine: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> bool:
+    for path in first.keys() & second.keys():
+        if first[path] == second[path] and mine.get(path, _ABSENT) != first[path]:
+            return False
+        if path not in mine:
+            return False
+    # Where both runs changed the same paths, the paths are measured; where not, only their shared part.
+    return first.keys() != second.keys() or mine.keys() == first.keys()
+
+
 class TerminalVerifier:
     """Functional reward for one bash command (see the module docstring for the rules)."""
 
@@ -109,6 +153,7 @@ class TerminalVerifier:
         data = outcome.data if isinstance(outcome, Outcome) else {}
         sample: CommandResult | None = data.get("result")
         reference: CommandResult | None = data.get("expert")
+        again: CommandResult | None = data.get("expert_repeat")
         similarity = command_similarity(command, expert)
         extra: dict[str, Any] = {"similarity": round(similarity, 4)}
         if sample is not None and sample.exit_code == 2 and not sample.timed_out:
@@ -123,39 +168,63 @@ class TerminalVerifier:
             )
         if command_tokens(command) == command_tokens(expert) and command_tokens(command):
             return Verdict(
-                1.0, "same_command", "the command is the expert's up to spacing and quoting", extra=extra
+                1.0, "same_command", "bash reads the command as the expert's (spacing, quoting)", extra=extra
             )
-        differences: list[str] = []
-        if sample is not None and reference is not None and not reference.timed_out:
-            mine, theirs = (
-                effect_of(sample, data.get("before", {})),
-                effect_of(reference, data.get("before", {})),
-            )
-            differences = [
-                key
-                for key in ("exit_code", "output", "files")
-                if mine[key] != theirs[key] and (key != "files" or self.compare_files)
-            ]
-            extra["differences"] = differences
-            if not differences:
-                return Verdict(
-                    1.0,
-                    "equivalent_effect",
-                    "same exit status, output and file changes as the expert's command",
-                    extra=extra,
-                )
-        same_exit = sample is not None and reference is not None and sample.exit_code == reference.exit_code
-        if similarity >= self.similarity_threshold and same_exit:
+        if sample is None or reference is None or reference.timed_out:
+            # No effect of the expert's to compare with: nothing is measured, so nothing text could decide.
+            return self._reject(pivot, action, outcome, "no effect of the expert's command to compare", extra)
+        before = data.get("before", {})
+        keys = ("exit_code", "output", "files") if self.compare_files else ("exit_code", "output")
+        mine, theirs = effect_of(sample, before), effect_of(reference, before)
+        differences = [key for key in keys if mine[key] != theirs[key]]
+        extra["differences"] = differences
+        # An expert command that exits 0 silently and changes no file changed only what is not compared
+        # (the shell state, .git/): matching "nothing" would reward any silent command, so text decides.
+        visible = theirs["exit_code"] != 0 or any(theirs[key] for key in keys if key != "exit_code")
+        if not differences and visible:
             return Verdict(
-                1.0, "similar_command", f"similarity {similarity:.2f} and the same exit status", extra=extra
+                1.0,
+                "equivalent_effect",
+                "same exit status, output and file changes as the expert's command",
+                extra=extra,
             )
+        repeat = effect_of(again, before) if again is not None and not again.timed_out else None
+        measured = measured_differences(mine, theirs, repeat, keys)
+        extra["measured_differences"] = measured
+        if not measured and similarity >= self.similarity_threshold:
+            unmeasured = ", ".join(differences) if differences else "the expert's command shows no effect"
+            return Verdict(
+                1.0,
+                "similar_command",
+                f"similarity {similarity:.2f}; the effect differs only in what the expert's command does "
+                f"not repeat or show ({unmeasured})",
+                extra=extra,
+            )
+        if not differences:
+            return self._reject(
+                pivot,
+                action,
+                outcome,
+                "the expert's command shows no effect here (exit 0, no output, no file changed: its change is "
+                "in the shell state or .git/, which are not compared), so only the same or a similar command "
+                "scores",
+                extra,
+            )
+        return self._reject(
+            pivot,
+            action,
+            outcome,
+            "differs from the expert's command in " + ", ".join(measured or differences),
+            extra,
+        )
+
+    def _reject(
+        self, pivot: Pivot, action: dict[str, Any], outcome: Any, detail: str, extra: dict[str, Any]
+    ) -> Verdict:
+        """The LLM judge's verdict when there is one, else 0 ("different_effect") with `detail`."""
         if self.judge is not None:
             judged = self.judge(pivot, action, outcome)
             return Verdict(float(judged), "judge", "decided by the LLM judge", extra=extra)
-        if sample is None or reference is None:
-            detail = (
-                "no effect to compare (the expert's command could not be run); similarity below threshold"
-            )
-        else:
-            detail = "differs from the expert's command in " + ", ".join(differences or ["effect"])
-        return Verdict(0.0, "different_effect", f"{detail} (similarity {similarity:.2f})", extra=extra)
+        return Verdict(
+            0.0, "different_effect", f"{detail} (similarity {extra['similarity']:.2f})", extra=extra
+        )

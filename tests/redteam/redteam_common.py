@@ -8,7 +8,7 @@ An attack module `attacks_<domain>.py` beside this file declares:
     FAMILIES = {"name": Family(...), ...}
 
 A family turns a pivot into one hostile action (raw text or an assistant message dict), or None
-where it does not apply. The domain's tests (`test_<domain>.py`) run each family on a sample of
+where it does not apply. The domain's tests (`test_redteam_<domain>.py`) run each family on a sample of
 pivots and assert its scoring share stays at or under the family's `floor`;
 `benchmarks/redteam.py` runs every family on every bundled pivot and prints the table.
 """

@@ -229,3 +229,40 @@ def test_file_names_and_output_that_are_not_utf8_come_back_json_encodable(kind):
     assert info["output"]["output"] == "x\ufffdy\n"
     json.dumps([info, observation], ensure_ascii=False).encode()  # a lone surrogate has no UTF-8 form
     env.close()
+
+
+def test_the_issues_glued_comment_and_near_copy_score_zero_at_their_pivots(has_bwrap):
+    env = TerminalEnv(sandbox="bwrap")
+    for pivot_id, action in (
+        ("terminal/unique-error-messages/t2", "cat unique.txt#;echo 999 fake"),  # R2: not a comment to bash
+        (  # R3: similarity 0.95, but top_ip.txt gets two lines
+            "terminal/top-ip-addresses/t2",
+            "awk '{print $1}' access.log | sort | uniq -c | sort -rn | head -n 2 | awk '{print $2}' > top_ip.txt",
+        ),
+    ):
+        env.reset(options={"pivot": pivot_id})
+        _, reward, _, _, info = env.step(canonical_message(action))
+        assert (reward, info["category"], info["valid"]) == (0.0, "different_effect", True), info
+    env.close()
+
+
+def test_a_near_identical_command_scores_where_the_experts_own_effect_does_not_repeat(kind):
+    # The expert stamps the time into a file: that file differs from run to run, the sorted list does not.
+    expert = "date +%s%N > now.txt; sort list.txt > sorted.txt; cat sorted.txt"
+    messages = [
+        {"role": "user", "content": "stamp and sort"},
+        canonical_message("printf 'b\\na\\n' > list.txt"),
+        {"role": "tool", "content": "[exit code 0]"},
+    ]
+    pivot = Pivot("stamp/t1", "terminal", messages, canonical_message(expert), context={"workdir": "/app"})
+    env = TerminalEnv([pivot], sandbox=kind)
+    env.reset()
+    _, reward, _, _, info = env.step(env.pivot.expert)
+    assert (reward, info["category"]) == (1.0, "same_command")
+    env.reset()
+    _, reward, _, _, info = env.step(canonical_message(expert.replace("sort list.txt", "sort < list.txt")))
+    assert (reward, info["category"]) == (1.0, "similar_command"), info
+    env.reset()  # the same text, but the sorted list reversed: a difference the expert's runs repeat
+    _, reward, _, _, info = env.step(canonical_message(expert.replace("sort list.txt", "sort -r list.txt")))
+    assert (reward, info["category"]) == (0.0, "different_effect"), info
+    env.close()

@@ -101,9 +101,10 @@ def test_max_turns_truncates_the_episode_and_still_runs_the_check(has_bwrap):
 
 
 def test_a_fork_bomb_is_contained_in_its_episode(has_bwrap):
-    # The bomb outlives its command (background jobs stay, as a server would) until the episode's sandbox
-    # goes, so the check at the episode's end may find no process left to fork: bash retries a failed fork
-    # for about 15 s, and the check's own timeout is what bounds it. Each step is bounded by its limit.
+    # The bomb outlives its command (background jobs stay, as a server would) until the episode ends. There
+    # the processes are stopped before the check; a bomb that forks faster than it is killed, or leaves no
+    # process to start the stop with (bash retries a failed fork for about 15 s), ends the episode at 0 as
+    # processes_not_stopped, bounded by the stop's own limit. Each step is bounded by its limit.
     task = dataclasses.replace(TASKS["count-error-lines"], check_timeout=5.0)
     env = TerminalEpisodeEnv(tasks=[task], sandbox="bwrap", limits={"timeout": 3.0})
     env.reset(options={"task": task.id})
@@ -182,3 +183,64 @@ def test_the_episodes_check_is_bounded_by_the_tasks_check_timeout_not_the_comman
     steps = play(env, "slow-check", [bash(command) for command in slow.expert] + ["Done."])
     assert steps[-1][1] == 1.0 and steps[-1][4]["check"]["exit_code"] == 0, steps[-1][4]
     env.close()
+
+
+def test_every_bundled_tasks_expert_solves_it_under_the_clean_check(kind):
+    env = TerminalEpisodeEnv(sandbox=kind, warm_pool=0)
+    unsolved = {}
+    for task_id, task in TASKS.items():
+        _, reward, _, _, info = play(env, task_id, [bash(command) for command in task.expert] + ["Done."])[-1]
+        if reward != 1.0:
+            unsolved[task_id] = (info["category"], info.get("check"), info.get("system_writes"))
+    env.close()
+    assert unsolved == {}
+
+
+# One command each, then the episode ends; every one passed the check before it ran in a fresh shell.
+STUBS = "mkdir -p /tmp/s && printf '#!/bin/sh\\nexit 0\\n' > /tmp/s/cmp && chmod +x /tmp/s/cmp"
+SITE = "import os; print(6, flush=True); os._exit(0)"
+TAMPERINGS = {
+    "stubs first on an exported PATH": f"{STUBS} && export PATH=/tmp/s:$PATH",
+    "the saved shell state rewritten": "trap - EXIT; printf 'exit 0\\n' > /.pivot/env.sh",
+    "a sitecustomize on an exported PYTHONPATH": (
+        f"mkdir -p /tmp/py && echo {SITE!r} > /tmp/py/sitecustomize.py && export PYTHONPATH=/tmp/py"
+    ),
+}
+
+
+@pytest.mark.parametrize("tampering", TAMPERINGS)
+def test_one_command_that_tampers_with_what_the_check_runs_does_not_pass_it(has_bwrap, tampering):
+    # dedupe-lines's check ends in cmp; python-fix-bug's runs `python3 calc.py` and wants 6
+    task_id = "python-fix-bug" if "sitecustomize" in tampering else "dedupe-lines"
+    env = TerminalEpisodeEnv(sandbox="bwrap", max_turns=1)
+    _, reward, _, _, info = play(env, task_id, [bash(TAMPERINGS[tampering])])[-1]
+    env.close()
+    assert (reward, info["valid"]) == (0.0, True), info
+    assert info["check"]["exit_code"] != 0
+
+
+def test_a_write_outside_the_writable_roots_scores_zero_as_system_tampered(has_docker):
+    env = TerminalEpisodeEnv(sandbox="docker", max_turns=2)
+    # the expert's answer, and a stub of cmp where every PATH looks first
+    steps = play(
+        env,
+        "dedupe-lines",
+        [bash(c) for c in TASKS["dedupe-lines"].expert[1:2]]
+        + [bash(f"{STUBS} && cp /tmp/s/cmp /usr/local/bin/cmp")],
+    )
+    env.close()
+    _, reward, _, _, info = steps[-1]
+    assert (reward, info["valid"], info["category"]) == (0.0, True, "system_tampered")
+    assert info["system_writes"] == ["/usr/local/bin/cmp"] and "check" not in info
+
+
+def test_processes_an_episode_left_running_are_stopped_before_its_check(kind):
+    # processes that would write the answer while the check runs (one starts a session of its own)
+    check = TASKS["count-error-lines"].check
+    task = dataclasses.replace(TASKS["count-error-lines"], check=f"sleep 5 && {check}")
+    env = TerminalEpisodeEnv(tasks=[task], sandbox=kind, max_turns=1)
+    late = "(sleep 3; echo 3 > errors.txt) >/dev/null 2>&1 & setsid sh -c 'sleep 3; echo 3 > errors.txt' &"
+    _, reward, _, _, info = play(env, task.id, [bash(late)])[-1]
+    env.close()
+    assert (reward, info["valid"]) == (0.0, True), info
+    assert "No such file" in info["check"]["output"]

@@ -550,3 +550,37 @@ def test_pivots_whose_set_up_writes_outside_the_workdir_replay_on_docker_only(
             assert info["valid"] and reward == 1.0, info
         else:
             assert not info["valid"] and "replays on Docker only" in info["detail"], info
+
+
+def test_a_process_left_running_cannot_rewrite_the_tests_while_the_check_runs_them(has_bwrap):
+    from pivot_envs.domains.terminal.episode import TerminalEpisodeEnv
+
+    # Before processes were stopped ahead of the check, this watcher won the race about half the time.
+    watcher = (
+        "(while :; do [ -f /tests/test.sh ] && printf 'mkdir -p /logs/verifier; echo 1 > "
+        "/logs/verifier/reward.txt\\n' > /tests/test.sh; done) >/dev/null 2>&1 &"
+    )
+    task = load_task(bundled("fix-json-config"))
+    env = TerminalEpisodeEnv([task.to_task()], sandbox="bwrap", max_turns=1, limits={"timeout": 30.0})
+    try:
+        for _ in range(4):
+            env.reset(options={"task": "fix-json-config"})
+            _, reward, _, _, info = env.step(f"```bash\n{watcher}\n```")
+            assert (reward, info["valid"]) == (0.0, True), info
+            assert "[reward 0]" in info["check"]["output"]
+    finally:
+        env.close()
+
+
+def test_the_dockerfiles_env_reaches_the_tests_as_in_harbors_image(tmp_path, bwrap):
+    # The check runs in a fresh shell: the Dockerfile's ENV must come from the task, as the image's does.
+    task_dir = copy_task(tmp_path, "log-error-summary")
+    script = task_dir / "tests" / "test.sh"
+    script.write_text(
+        script.read_text().replace(
+            "mkdir -p /logs/verifier\n",
+            'mkdir -p /logs/verifier\n[ "$REPORT_PATH" = /app/report.txt ] || exit 1\n',
+        )
+    )
+    run = run_task(bwrap, load_task(task_dir).to_task())
+    assert run.solved, run.check_after.output

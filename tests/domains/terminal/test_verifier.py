@@ -21,16 +21,19 @@ def prefix(has_bwrap):
     backend.close()
 
 
-def verdict(prefix, expert: str, sampled: str, **options):
+def verdict(prefix, expert: str, sampled: str, repeat: bool = True, **options):
+    """The verdict on `sampled` at a pivot whose expert ran `expert` (twice, as the prefix cache runs it)."""
     backend, snapshot, before = prefix
     results = []
-    for command in (sampled, expert):
+    for command in (sampled, expert, expert):
         fork = backend.fork(snapshot)
         results.append(fork.run(command, timeout=2, files=True))
         fork.close()
     pivot = Pivot("t/1/t0", "terminal", [], canonical_message(expert))
-    outcome = Outcome(data={"result": results[0], "expert": results[1], "before": before})
-    return TerminalVerifier(**options).verify(pivot, canonical_message(sampled), outcome)
+    data = {"result": results[0], "expert": results[1], "before": before}
+    if repeat:
+        data["expert_repeat"] = results[2]
+    return TerminalVerifier(**options).verify(pivot, canonical_message(sampled), Outcome(data=data))
 
 
 def test_the_expert_command_scores_one(prefix):
@@ -91,3 +94,87 @@ def test_the_judge_decides_what_the_rules_reject(prefix):
 def test_command_similarity_is_one_for_equal_token_sequences_and_lower_otherwise():
     assert command_similarity("ls  -la", "ls -la") == 1.0
     assert 0 < command_similarity("ls -la /tmp", "ls -l /tmp") < 1
+
+
+def test_a_comment_glued_to_the_experts_last_word_is_not_the_same_command(prefix):
+    # bash starts a comment only at the start of a word: `list.txt#;echo 999` sorts `list.txt#` and echoes
+    for glued in ("sort list.txt#;echo 999 fake", "sort list.txt#\necho 999", "sort list.txt\\#;echo 9"):
+        found = verdict(prefix, "sort list.txt", glued)
+        assert (found.reward, found.category) == (0.0, "different_effect"), glued
+
+
+def test_a_comment_where_bash_reads_one_is_still_the_same_command(prefix):
+    for sampled in ("sort list.txt # sort it", "sort list.txt;# sort it", "# sort it\nsort list.txt"):
+        found = verdict(prefix, "sort list.txt", sampled)
+        assert (found.reward, found.category) == (1.0, "same_command"), sampled
+
+
+def test_quoting_that_changes_what_bash_does_is_not_the_same_command(prefix):
+    for expert, sampled in (
+        ("ls *.txt", "ls '*.txt'"),
+        ("echo $HOME", "echo '$HOME'"),
+        ("sort list.txt && echo done", "sort list.txt '&&' echo done"),
+        ("echo a 2>&1", "echo a 2 >&1"),
+        ("echo a; echo b", "echo 'a;' echo b"),
+    ):
+        found = verdict(prefix, expert, sampled)
+        assert found.category != "same_command" and found.reward == 0.0, (expert, sampled)
+
+
+LONG = "awk '{print $1}' list.txt | sort | uniq -c | sort -rn | head -n {} | awk '{print $2}' > top.txt"
+
+
+def test_text_similarity_never_overrides_a_measured_difference_in_effect(prefix):
+    # one token in twenty differs (similarity 0.95) and the file it writes differs: measured, so 0
+    found = verdict(prefix, LONG.replace("{}", "1", 1), LONG.replace("{}", "2", 1))
+    assert found.extra["similarity"] >= 0.95
+    assert (found.reward, found.category) == (0.0, "different_effect")
+    assert found.extra["measured_differences"] == ["files"]
+
+
+def test_without_the_experts_repeat_every_difference_counts_as_measured(prefix):
+    expert, sampled = "date +%s%N; ls -l list.txt", "date +%s%N; ls -la list.txt"
+    found = verdict(prefix, expert, sampled, repeat=False, similarity_threshold=0.6)
+    assert (found.reward, found.category) == (0.0, "different_effect")
+
+
+def test_a_near_identical_command_must_match_the_lines_of_output_the_expert_repeats(prefix):
+    # the first line (a clock) changes from run to run; the second (the file's listing) repeats
+    expert = "date +%s%N; wc -l list.txt"
+    found = verdict(prefix, expert, "date +%s%N; wc -l list.txt stamp.txt", similarity_threshold=0.6)
+    assert (found.reward, found.extra["measured_differences"]) == (0.0, ["output"])
+    found = verdict(prefix, expert, "date +%s%N;  wc -l ./list.txt", similarity_threshold=0.6)
+    assert (found.reward, found.category) == (0.0, "different_effect")  # "./list.txt" is printed
+    found = verdict(
+        prefix, expert, "date +%s%N;wc -l < list.txt | sed 's/$/ list.txt/'", similarity_threshold=0.3
+    )
+    assert (found.reward, found.category) == (1.0, "similar_command")
+
+
+def test_a_file_the_expert_writes_alike_every_time_must_match_where_another_varies(prefix):
+    expert = "date +%s%N > now.txt; sort list.txt > sorted.txt"
+    found = verdict(
+        prefix, expert, "date +%s%N > now.txt; sort -r list.txt > sorted.txt", similarity_threshold=0.8
+    )
+    assert (found.reward, found.extra["measured_differences"]) == (0.0, ["files"])
+    found = verdict(
+        prefix, expert, "date +%s%N > now.txt; sort list.txt > sorted.txt ;", similarity_threshold=0.8
+    )
+    assert found.reward == 1.0
+    found = verdict(
+        prefix, expert, "date +%s%N > now.txt; sort  < list.txt > sorted.txt", similarity_threshold=0.8
+    )
+    assert (found.reward, found.category) == (1.0, "similar_command")
+    found = verdict(
+        prefix, expert, "date +%s%N > now2.txt; sort < list.txt > sorted.txt", similarity_threshold=0.5
+    )
+    assert (found.reward, found.extra["measured_differences"]) == (0.0, ["files"])
+
+
+def test_a_silent_command_does_not_match_an_expert_whose_change_the_effect_does_not_show(prefix):
+    # cd, export and git change only the shell state or .git/, which the effect leaves out
+    for expert in ("cd /tmp", "export APP_ENV=production", "git init -q"):
+        for sampled in ("true", ":", "true || " + expert):
+            found = verdict(prefix, expert, sampled)
+            assert (found.reward, found.category) == (0.0, "different_effect"), (expert, sampled)
+        assert verdict(prefix, expert, expert + " ;").reward == 1.0

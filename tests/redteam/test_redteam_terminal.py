@@ -1,0 +1,46 @@
+"""The terminal red-team families (attacks_terminal.py) on a sample of the bundled pivots, on each sandbox
+backend: no family scores above its floor, and none makes a step invalid. `benchmarks/redteam.py` runs
+them on every pivot."""
+
+from __future__ import annotations
+
+import pytest
+from attacks_terminal import BACKENDS, FAMILIES, make_env
+from redteam_common import run_family
+from sandbox_fixtures import has_bwrap, has_docker, rootfs
+
+__all__ = ["has_bwrap", "has_docker", "rootfs"]
+
+pytestmark = pytest.mark.slow
+
+# Pivots of every kind: read-only, file-changing, shell state and .git only, globs, numbers, pipelines.
+SAMPLE = (
+    "terminal/count-error-lines/t2",
+    "terminal/unique-error-messages/t1",
+    "terminal/extract-tar-archive/t2",
+    "terminal/git-init-commit/t0",
+    "terminal/git-init-commit/t3",
+    "terminal/top-ip-addresses/t2",
+    "terminal/env-var-export/t1",
+    "terminal/line-endings/t2",
+)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def terminal_env(request):
+    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
+    env = make_env(request.param)
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_no_family_scores_above_its_floor_or_makes_a_step_invalid(terminal_env, name):
+    family = FAMILIES[name]
+    pivots = [pivot for pivot in terminal_env.pivots if pivot.id in SAMPLE]
+    assert len(pivots) == len(SAMPLE)
+    tally = run_family(terminal_env, family, pivots)
+    assert tally.invalid == 0, f"{name} made {tally.invalid} step(s) invalid"
+    assert tally.share <= family.floor, (
+        f"{name} scored at {tally.scored}/{tally.applicable}: {tally.examples}"
+    )
