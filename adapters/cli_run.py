@@ -185,6 +185,19 @@ class RunConfig:
         return 2 if self.policy in EMBEDDED else 0
 
 
+# The flags of `pivotrl run` before its stages had configs of their own: aliases that warn.
+RENAMED = {
+    "--heldout": "--split.heldout",
+    "--k": "--profile.k",
+    "--profile-temperature": "--profile.temperature",
+    "--lambda-diff": "--filter.lambda-diff",
+    "--steps": "--train.steps",
+    "--batch-pivots": "--train.batch-pivots",
+    "--group-size": "--train.group-size",
+    "--learning-rate": "--train.learning-rate",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(parser, RunConfig, "run")
 

@@ -2,7 +2,8 @@
 
 Commands are plugins, found through the entry-point group `pivot_envs.commands` as domains are
 through `pivot_envs.domains`: `NAME = module` names a module with `HELP`, `add_arguments(parser)`
-and `main(args) -> int`. The core's data commands live in this package; `train` and `run` come from the adapters
+and `main(args) -> int` (and optionally `RENAMED`, old flag -> new flag, kept as aliases that
+warn). The core's data commands live in this package; `train` and `run` come from the adapters
 and `sandbox` from the terminal domain, so the core imports neither. Only the command being run
 has its arguments built, and heavy imports stay inside `main`.
 
@@ -143,7 +144,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
         sub = subparsers.add_parser(
             name, help=module.HELP.replace("%", "%%"), description=module.HELP.replace("%", "%%")
         )
-        sub.set_defaults(_main=module.main)
+        sub.set_defaults(_main=module.main, _renamed=getattr(module, "RENAMED", {}))
         if only == "" or only == name:
             module.add_arguments(sub)
             _add_config_file(sub)
@@ -158,6 +159,20 @@ def _command_of(argv: Sequence[str], names: Sequence[str]) -> str | None:
         if not arg.startswith("-"):
             return arg if arg in names else None
     return None
+
+
+def _renamed(argv: list[str], renamed: dict[str, str], command: str) -> list[str]:
+    """`argv` with the command's old flags replaced by their new names, each with a warning."""
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in renamed:
+            logging.getLogger("pivot_envs.cli").warning(
+                "%s %s is deprecated and will be removed: use %s", command, flag, renamed[flag]
+            )
+            arg = renamed[flag] + eq + value
+        out.append(arg)
+    return out
 
 
 class _Handler(logging.StreamHandler):
@@ -233,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser = build_parser(command)
             if command:
                 sub = parser.commands[command]
+                argv = _renamed(argv, sub.get_default("_renamed") or {}, f"{PROG} {command}")
                 path = _config_path(argv)
                 if path:
                     apply_config_file(sub, read_config_file(path), path)

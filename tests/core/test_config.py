@@ -156,6 +156,28 @@ def test_run_seed_and_max_new_tokens_set_every_stage(capsys) -> None:
     assert settings["split"]["seed"] == 7
 
 
+def test_the_old_run_flags_still_work_and_warn(capsys) -> None:
+    argv = [
+        "run",
+        "--k",
+        "3",
+        "--learning-rate",
+        "1e-4",
+        "--lambda-diff=0.5",
+        "--steps",
+        "2",
+        "--print-config",
+    ]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    settings = tomllib.loads(captured.out)
+    assert (settings["profile"]["k"], settings["train"]["learning_rate"]) == (3, 1e-4)
+    assert (settings["filter"]["lambda_diff"], settings["train"]["steps"]) == (0.5, 2)
+    assert (
+        "pivotrl: warning: pivotrl run --k is deprecated and will be removed: use --profile.k" in captured.err
+    )
+
+
 def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, capsys) -> None:
     assert main(["run", "--train.beta", "0.1", "--candidates", "4", "--print-config"]) == 0
     first = capsys.readouterr().out
