@@ -390,26 +390,6 @@ def warm_up_stage(
     return WarmUp(len(examples), epochs, first, last, digest=digest)
 
 
-class EngineWithModel:
-    """A policy that generates with weights of its own (vllm), paired with the torch module the run
-    trains: its `trainable_model()` is that module (warmed up), not the checkpoint loaded again, so
-    GRPO starts from pi_0. Everything else is the policy's."""
-
-    def __init__(self, policy: Any, model: Any) -> None:
-        self.policy, self.model_trained = policy, model
-
-    @classmethod
-    def of(cls, policy: Any, model: Any) -> Any:
-        """`policy` itself when it generates with `model` (hf), else the pair."""
-        return policy if getattr(policy, "model", None) is model else cls(policy, model)
-
-    def trainable_model(self) -> Any:
-        return self.model_trained
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.policy, name)
-
-
 def main(args: argparse.Namespace) -> int:
     config: RunConfig = args.run
     report = run(config)
@@ -518,10 +498,11 @@ def run(config: RunConfig) -> Path:
         # from the same policy and warm-up settings. The trainer logs a line per step as it goes.
         result = pivotrl(
             sample,
-            EngineWithModel.of(policy, model),
+            policy,
             method,
             env_id=env_id(config.domain),
             reference_name=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
+            model=model,
         )
         selection = result.selection
         if selection.profile_run.moved_aside:

@@ -1,13 +1,15 @@
 """The bundled GRPO trainer: PivotRL's Algorithm 1 in `trainer`, read top to bottom (`pivotrl` runs it all).
 
-Beside it, each with one job: `groups` (a pivot's group as trained on, and packing groups into
-passes), `shared_prefix` (log pi(a_i | s) of a group's actions with the prefix run once),
-`reference` (LoRA and the frozen reference pi_0), `checkpoints` (checkpoints, resume and
-metrics.jsonl), `plot` (the reward curve) and `policy` (`TrainablePolicy`: what the trainer needs
-from a policy backend).
+Beside it, each with one job: `config` (the settings: `GRPOConfig`, `PivotRLConfig`), `run` (a
+run's set-up, and `RunLog`: its metrics, evaluation and checkpoints), `results` (what a run
+returns), `groups` (a pivot's group as trained on, and packing groups into passes),
+`shared_prefix` (log pi(a_i | s) of a group's actions with the prefix run once), `reference` (LoRA
+and the frozen reference pi_0), `checkpoints` (checkpoints, resume and metrics.jsonl), `reprofile`
+(online re-profiling), `distributed` (torchrun), `episodes` (E2E RL, the baseline), `plot` (the
+reward curve) and `policy` (`TrainablePolicy`: what the trainer needs from a policy backend).
 
-`from pivot_envs.adapters.grpo import GRPOConfig, train, ...` keeps working: the public names of
-the package's modules are re-exported here.
+`from pivot_envs.adapters.grpo import GRPOConfig, train, ...`: the public names of the package's
+modules are re-exported here.
 """
 
 from pivot_envs.adapters.grpo.checkpoints import (
@@ -19,7 +21,15 @@ from pivot_envs.adapters.grpo.checkpoints import (
     refuse_earlier_run,
     save_checkpoint,
 )
-from pivot_envs.adapters.grpo.groups import Group, build_group, pack_groups, padded_tokens, pass_budget
+from pivot_envs.adapters.grpo.config import GRPOConfig, PivotRLConfig
+from pivot_envs.adapters.grpo.groups import (
+    Group,
+    build_group,
+    loss_units,
+    pack_groups,
+    padded_tokens,
+    pass_budget,
+)
 from pivot_envs.adapters.grpo.plot import plot_metrics
 from pivot_envs.adapters.grpo.policy import (
     TrainablePolicy,
@@ -27,6 +37,8 @@ from pivot_envs.adapters.grpo.policy import (
     sync_weights,
     trainable_module,
 )
+from pivot_envs.adapters.grpo.results import NoPivotsError, PivotRLResult, Selection, TrainResult
+from pivot_envs.adapters.grpo.run import Run, RunLog, prepare_run
 from pivot_envs.adapters.grpo.shared_prefix import (
     action_logprobs,
     groups_logprobs,
@@ -36,15 +48,9 @@ from pivot_envs.adapters.grpo.shared_prefix import (
     token_logprobs,
 )
 from pivot_envs.adapters.grpo.trainer import (
-    GRPOConfig,
-    NoPivotsError,
-    PivotRLConfig,
-    PivotRLResult,
-    Selection,
-    TrainResult,
     clipped_loss,
     group_advantages,
-    loss_units,
+    learn,
     pivotrl,
     select_pivots,
     train,
@@ -59,6 +65,8 @@ __all__ = [
     "NoPivotsError",
     "PivotRLConfig",
     "PivotRLResult",
+    "Run",
+    "RunLog",
     "Selection",
     "TrainResult",
     "TrainablePolicy",
@@ -70,6 +78,7 @@ __all__ = [
     "group_advantages",
     "groups_logprobs",
     "latest_checkpoint",
+    "learn",
     "load_checkpoint",
     "loss_units",
     "pack_groups",
@@ -77,6 +86,7 @@ __all__ = [
     "pass_budget",
     "pivotrl",
     "plot_metrics",
+    "prepare_run",
     "refuse_earlier_run",
     "right_pad",
     "save_checkpoint",

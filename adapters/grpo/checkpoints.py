@@ -138,19 +138,20 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any, config
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per step; on resume the lines after the checkpoint are dropped) and
-    TensorBoard when it is installed."""
+    """metrics.jsonl (one line per step; on resume the lines after the checkpoint are dropped, the
+    others are `kept`) and TensorBoard when it is installed."""
 
     def __init__(self, out: Path, resume_step: int) -> None:
         self.path = out / "metrics.jsonl"
-        kept = []
+        lines = []
         if resume_step and self.path.is_file():
-            kept = [
+            lines = [
                 line
                 for line in self.path.read_text().splitlines()
                 if line and json.loads(line)["step"] <= resume_step
             ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        self.kept: list[dict[str, Any]] = [json.loads(line) for line in lines]
+        self.path.write_text("".join(line + "\n" for line in lines))
         try:
             from torch.utils.tensorboard import SummaryWriter
 

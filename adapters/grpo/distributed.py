@@ -124,6 +124,21 @@ class Ranks:
             dist.barrier()
 
 
+def check_split(ranks: Ranks, pivots_per_step: int, reprofiling: bool) -> None:
+    """Raise DistributedSetupError when a run cannot be split over `ranks`: online re-profiling (every
+    rank would have to agree on the re-profiled pivots), or fewer pivots per step than ranks."""
+    if reprofiling and ranks.world_size > 1:
+        raise DistributedSetupError(
+            "reprofile_every: online re-profiling runs in one process only (every rank "
+            "would have to agree on the re-profiled pivots); set it to 0 under torchrun"
+        )
+    if pivots_per_step < ranks.world_size:
+        raise DistributedSetupError(
+            f"{pivots_per_step} pivots per step for {ranks.world_size} "
+            "ranks: every rank needs one at least (raise --batch-pivots or start fewer ranks)"
+        )
+
+
 def _buckets(tensors: Sequence[Any], limit: int) -> list[list[Any]]:
     """`tensors` in order, grouped while a group holds at most `limit` elements (a larger tensor goes alone)."""
     buckets: list[list[Any]] = []

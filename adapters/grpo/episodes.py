@@ -1,12 +1,13 @@
 """End-to-end RL: GRPO on whole episodes, the baseline PivotRL is compared with per rollout turn.
 
-The paper's E2E RL (its Sec. 2 objective, Sec. 4.3 comparison) with the pivot trainer's own parts:
-per step, sample B tasks, play G episodes of each with the policy turn by turn (`rollout`, batched
-across the episodes still running), take each episode's final reward as its outcome, normalise the
-rewards over the G episodes of a task (`group_advantages`, Eq. 1), and apply the clipped objective
-(`update`, Eq. 7, with its KL to the frozen reference when beta > 0) to the tokens of every
-assistant turn of every episode, each turn with its episode's advantage. Each turn trains on the
-exact tokens it was sampled after and sampled (`build_group`), so a turn is a group of one action.
+The paper's E2E RL (its Sec. 2 objective, Sec. 4.3 comparison) with the pivot trainer's own parts
+(its set-up `prepare_run`, its lines 11-13 `learn`, its `RunLog`): per step, sample B tasks, play G
+episodes of each with the policy turn by turn (`rollout`, batched across the episodes still
+running), take each episode's final reward as its outcome, then `learn`: normalise the rewards over
+the G episodes of a task (Eq. 1) and apply the clipped objective (Eq. 7, with its KL to the frozen
+reference when beta > 0) to the tokens of every assistant turn of every episode, each turn with its
+episode's advantage. Each turn trains on the exact tokens it was sampled after and sampled
+(`build_group`), so a turn is a group of one action (`task_groups`).
 
 It counts the **rollout turns** as the paper does (the assistant turns generated, summed over the
 training episodes; a PivotRL training sample is one turn) and logs them per step, cumulatively,
@@ -16,7 +17,6 @@ beside the pivot trainer's metrics. The episodes come from an episode env such a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -24,15 +24,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.adapters.grpo.checkpoints import (
-    MetricsLog,
-    save_checkpoint,
-)
+from pivot_envs.adapters.grpo.config import GRPOConfig
 from pivot_envs.adapters.grpo.groups import Group, build_group
-from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights
-from pivot_envs.adapters.grpo.trainer import GRPOConfig, group_advantages, loss_units, prepare_run, update
+from pivot_envs.adapters.grpo.policy import TrainablePolicy
+from pivot_envs.adapters.grpo.run import RunLog, prepare_run
+from pivot_envs.adapters.grpo.trainer import learn
 
-from pivot_envs.config import option, progress_bar
+from pivot_envs.config import option
 from pivot_envs.policy import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -182,135 +180,73 @@ def train_episodes(
     """
     import numpy as np
 
-    began_run = time.perf_counter()
     grpo, tasks, heldout = config.train, list(tasks), list(heldout or [])
     if not tasks:
         raise ValueError("no tasks to train on")
-    out = Path(grpo.out)
     # the pivot trainer's set-up: policy, trainable module, frozen reference, optimizer, sampler, resume
-    policy, model, reference, optimizer, sampler, start = prepare_run(grpo, policy, model)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    log = MetricsLog(out, start)
-    kept = [json.loads(line) for line in log.path.read_text().splitlines() if line]
-    total_turns = kept[-1]["rollout_turns_total"] if kept else 0
+    run = prepare_run(grpo, policy, model)
     batch_tasks = min(grpo.batch_pivots, len(tasks))
     envs = episode_envs(config, batch_tasks * grpo.group_size)
-    history: list[dict[str, Any]] = []
-    bar = progress_bar(total=grpo.steps, initial=start, unit="step", desc="E2E RL")
+
+    def held_out_success() -> dict[str, float]:
+        evaluated = heldout[: grpo.eval_pivots]
+        return {"eval_success": success_rate(run.policy, envs, evaluated, grpo.max_new_tokens)["success"]}
 
     try:
-        for step in range(start + 1, grpo.steps + 1):
-            began = time.perf_counter()
-            # B tasks, G episodes of each, played turn by turn with pi_theta_old (seeded per step and turn)
-            chosen = sampler.choice(len(tasks), size=batch_tasks, replace=False)
-            batch = [tasks[int(i)] for i in chosen]
-            sampling = SamplingParams(
-                grpo.temperature, grpo.top_p, grpo.max_new_tokens, seed=(grpo.seed * 1_000_003 + step) * 1_000
-            )
-            episodes = rollout(
-                policy, envs, [task for task in batch for _ in range(grpo.group_size)], sampling
-            )
-            played = time.perf_counter()
-
-            # Eq. 1 over the G episodes of each task; every turn of an episode carries its episode's advantage
-            groups: list[Group] = []
-            uninformative: list[Group] = []
-            zero_variance = 0
-            for index, task in enumerate(batch):
-                mine = episodes[index * grpo.group_size : (index + 1) * grpo.group_size]
-                advantages = group_advantages(
-                    [e.reward for e in mine],
-                    [e.valid for e in mine],
-                    grpo.std_epsilon,
-                    grpo.leave_one_out,
-                    grpo.scale_by_std,
+        with RunLog(run, asdict(config), "E2E RL", held_out_success if heldout else None) as log:
+            total_turns = log.resumed[-1]["rollout_turns_total"] if log.resumed else 0
+            for step in range(run.start + 1, grpo.steps + 1):
+                began = time.perf_counter()
+                # B tasks, G episodes of each, played turn by turn with pi_theta_old (seeded per step and turn)
+                chosen = run.sampler.choice(len(tasks), size=batch_tasks, replace=False)
+                batch = [tasks[int(i)] for i in chosen]
+                seed = (grpo.seed * 1_000_003 + step) * 1_000
+                sampling = SamplingParams(grpo.temperature, grpo.top_p, grpo.max_new_tokens, seed=seed)
+                episodes = rollout(
+                    run.policy, envs, [task for task in batch for _ in range(grpo.group_size)], sampling
                 )
-                if advantages is None:
-                    zero_variance += 1
-                    if (
-                        grpo.loss_denominator == "sampled"
-                    ):  # counted in the average as zeros, as the pivot trainer
-                        uninformative += episode_groups(task, mine, [0.0] * len(mine))
-                    continue
-                groups += episode_groups(task, mine, advantages)
+                played = time.perf_counter()
 
-            # Eq. 7 on every assistant turn's tokens, then the weights to the generator
-            denominator = loss_units(groups + uninformative, grpo.loss_level)
-            stats = update(model, reference, optimizer, groups, grpo, denominator) if groups else {}
-            if groups:
-                sync_weights(policy, model)
-            updated = time.perf_counter()
+                # the pivot trainer's lines 11-13: Eq. 1 over the G episodes of each task, Eq. 7 on every
+                # assistant turn's tokens with its episode's advantage, then the weights to the generator
+                outcomes = []
+                for index, task in enumerate(batch):
+                    mine = episodes[index * grpo.group_size : (index + 1) * grpo.group_size]
+                    outcomes.append((task, mine, [e.reward for e in mine], [e.valid for e in mine]))
+                groups, _, zero_variance, stats = learn(run, outcomes, task_groups)
+                updated = time.perf_counter()
 
-            turns = sum(e.turns for e in episodes)
-            total_turns += turns
-            valid = [e for e in episodes if e.valid]
-            rewards = [e.reward for e in valid]
-            sampled_tokens = sum(len(c.token_ids) for e in episodes for c in e.completions)
-            record: dict[str, Any] = {
-                "step": step,
-                "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-                "reward_std": float(np.std(rewards)) if rewards else 0.0,
-                "frac_zero_variance": zero_variance / len(batch),
-                "frac_invalid": 1.0 - len(valid) / len(episodes),
-                "episodes_trained": len({g.pivot_id.rsplit("/turn-", 1)[0] for g in groups}),
-                "turns_trained": len(groups),
-                "rollout_turns": turns,
-                "rollout_turns_total": total_turns,
-                "episode_turns_mean": turns / len(episodes),
-                "action_tokens": sampled_tokens,
-                "tokens_per_s": sampled_tokens / (updated - began),
-                "time_rollout_s": played - began,
-                "time_update_s": updated - played,
-                **{
-                    key: stats.get(key, 0.0)
-                    for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")
-                },
-            }
-            if heldout and grpo.eval_every and step % grpo.eval_every == 0:
-                evaluation = success_rate(policy, envs, heldout[: grpo.eval_pivots], grpo.max_new_tokens)
-                record["eval_success"] = evaluation["success"]
-            log.write(record)
-            history.append(record)
-            bar.update()
-            logger.info(
-                "step %d/%d: success %.3f std %.3f, zero-variance groups %.2f, %d rollout turns (%d in all), "
-                "loss %.4f, KL %.4f",
-                step,
-                grpo.steps,
-                record["reward_mean"],
-                record["reward_std"],
-                record["frac_zero_variance"],
-                turns,
-                total_turns,
-                record["loss"],
-                record["kl"],
-            )
-            if grpo.checkpoint_every and step % grpo.checkpoint_every == 0:
-                save_checkpoint(
-                    out / "checkpoints" / f"step-{step}",
-                    model,
-                    getattr(policy, "tokenizer", None),
-                    optimizer,
-                    sampler,
-                    step,
-                    grpo,
-                )
+                turns = sum(e.turns for e in episodes)
+                total_turns += turns
+                valid = [e for e in episodes if e.valid]
+                rewards = [e.reward for e in valid]
+                sampled_tokens = sum(len(c.token_ids) for e in episodes for c in e.completions)
+                record: dict[str, Any] = {
+                    "step": step,
+                    "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                    "reward_std": float(np.std(rewards)) if rewards else 0.0,
+                    "frac_zero_variance": zero_variance / len(batch),
+                    "frac_invalid": 1.0 - len(valid) / len(episodes),
+                    "episodes_trained": len({g.pivot_id.rsplit("/turn-", 1)[0] for g in groups}),
+                    "turns_trained": len(groups),
+                    "rollout_turns": turns,
+                    "rollout_turns_total": total_turns,
+                    "episode_turns_mean": turns / len(episodes),
+                    "action_tokens": sampled_tokens,
+                    "tokens_per_s": sampled_tokens / (updated - began),
+                    "time_rollout_s": played - began,
+                    "time_update_s": updated - played,
+                    **stats,
+                }
+                log.step(record, note=f"{turns} rollout turns ({total_turns} in all)")
     finally:
-        bar.close()
-        log.close()
         for env in envs:
             env.close()
+    return EpisodeTrainResult(**vars(log.finish()), rollout_turns=total_turns)
 
-    final = out / "final"
-    save_checkpoint(
-        final, model, getattr(policy, "tokenizer", None), optimizer, sampler, max(start, grpo.steps), grpo
-    )
-    return EpisodeTrainResult(
-        out=out,
-        steps=grpo.steps,
-        final=final,
-        metrics_path=log.path,
-        rollout_turns=total_turns,
-        history=history,
-        seconds=time.perf_counter() - began_run,
-    )
+
+def task_groups(
+    task_id: str, episodes: Sequence[Episode], advantages: list[float], valid: Any
+) -> list[Group]:
+    """`learn`'s groups of a task: every turn of its valid episodes, each with its episode's advantage."""
+    return episode_groups(task_id, episodes, advantages)

@@ -3,7 +3,8 @@
 A `Group` holds the exact token ids the policy sampled at one pivot (its prompt, then each valid
 action) with Eq. 1's advantages. `update` (grpo.trainer, Algorithm 1 line 13) runs the groups of
 a batch in passes of at most `pass_budget` padded tokens each (`pack_groups`): per pass one forward
-over the prefixes, one over the actions (grpo.shared_prefix).
+over the prefixes, one over the actions (grpo.shared_prefix). Eq. 7's average runs over the groups'
+action tokens or actions (`loss_units`).
 
 `config` is the run's `GRPOConfig` (this module reads its `tokens_per_pass`).
 """
@@ -69,3 +70,10 @@ def pass_budget(config: Any, model: Any) -> int:
     if config.tokens_per_pass is not None:
         return config.tokens_per_pass
     return 0 if next(model.parameters()).device.type == "cpu" else 8192
+
+
+def loss_units(groups: Sequence[Group], level: str) -> int:
+    """What Eq. 7's average runs over in `groups`: their action tokens (level "token") or their actions ("action")."""
+    if level == "action":
+        return sum(len(g.actions) for g in groups)
+    return sum(len(a) for g in groups for a in g.actions)

@@ -10,7 +10,8 @@ that entered it are brought back. When the new D_adv is empty the pivots in play
 (the step's record says so), so training never stops for want of pivots.
 
 Each re-profile is appended to OUT/reprofiled.jsonl (the step, the pivots in play, what was retired
-and brought back), from which a resumed run restores the pivots in play.
+and brought back), from which a resumed run restores the pivots in play. `Online` is what the
+trainer's loop holds: the candidate pool, the pivots in play, and each step's figures.
 """
 
 from __future__ import annotations
@@ -125,3 +126,42 @@ def restore(out: Path, start: int, candidates: Sequence[Pivot], pivots: list[Piv
     if latest is None:
         return pivots
     return [by_id[pivot_id] for pivot_id in latest["pivots"] if pivot_id in by_id] or pivots
+
+
+class Online:
+    """Online re-profiling in a run of `train` (`config`: its GRPOConfig): the candidate pool (`candidates`,
+    else the pivots given) and the pivots in play, restored from OUT/reprofiled.jsonl when the run resumes
+    after step `start`. With `config.reprofile_every` 0 it keeps the pivots given and records nothing."""
+
+    def __init__(
+        self, config: Any, pivots: list[Pivot], candidates: Sequence[Pivot] | None, start: int
+    ) -> None:
+        self.config, self.out, self.on = config, Path(config.out), config.reprofile_every > 0
+        self.pool = list(candidates) if self.on and candidates is not None else list(pivots)
+        self.pivots = restore(self.out, start, self.pool, pivots) if self.on and start else pivots
+        self.changed: Reprofiled | None = None
+
+    def pivots_at(self, step: int, policy: Any, envs: Any) -> list[Pivot]:
+        """The pivots in play at `step`: D_adv of the pool re-profiled with `policy` now (scored through
+        `envs`, an EnvPool) when the step is due, else as they were."""
+        self.changed = None
+        if due(step, self.config.reprofile_every):
+            self.changed = reprofile(policy, envs, self.pool, self.pivots, step, self.config)
+            self.pivots = self.changed.pivots
+            append(self.out, self.changed)
+        return self.pivots
+
+    def metrics(self) -> dict[str, Any]:
+        """The step's figures: the pivots in play and, at a re-profile, what it retired and brought back, how many
+        candidates it found mixed and the samples it cost (nothing when re-profiling is off)."""
+        if not self.on:
+            return {}
+        record: dict[str, Any] = {"pivots_in_play": len(self.pivots)}
+        if self.changed is not None:
+            record.update(
+                retired=len(self.changed.retired),
+                revived=len(self.changed.revived),
+                reprofile_mixed=self.changed.mixed,
+                reprofile_samples=self.changed.samples,
+            )
+        return record

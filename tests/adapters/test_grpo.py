@@ -579,6 +579,63 @@ def test_pivotrl_extracts_profiles_under_the_reference_filters_then_trains_at_th
         )
 
 
+class OwnWeightsPolicy:
+    """As the vllm backend: generates with a copy of the weights of its own, and takes the trained ones
+    through `update_weights` (it has no `.model`, so the module to train is passed as `model=`)."""
+
+    name = "own-weights:tiny"
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.engine, self.tokenizer = policy, policy.tokenizer
+
+    def generate(self, chats, n, sampling):
+        return self.engine.generate(chats, n, sampling)
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.model.load_state_dict(state_dict)
+
+
+def test_pivotrl_trains_the_module_given_as_model_as_it_trains_the_policys_own(
+    tokenizer, tmp_path, has_letter_env_id
+):
+    from pivot_envs.extract import ExtractConfig, FilterConfig
+    from pivot_envs.profile import ProfileConfig
+    from pivot_envs.trajectory import Trajectory
+
+    trajectories = [
+        Trajectory(id=f"expert-{i}", messages=[*p.messages, p.expert], tools=p.tools)
+        for i, p in enumerate(real_pivots()[:8])
+    ]
+
+    def run(policy, out, model=None):
+        config = PivotRLConfig(
+            out=str(out),
+            extract=ExtractConfig(domain="echo"),
+            profile=ProfileConfig(
+                k=4, max_new_tokens=2, seed=0, batch_pivots=4, env_workers=2, progress=False
+            ),
+            filter=FilterConfig(lambda_diff=0.8),
+            train=tiny_config(out, steps=2, max_new_tokens=4, checkpoint_every=0),
+        )
+        return pivotrl(trajectories, policy, config, env_id=has_letter_env_id, model=model)
+
+    shared = tiny_policy(tokenizer)  # generates with the module it trains (hf)
+    first = run(shared, tmp_path / "shared")
+    engine, trained = OwnWeightsPolicy(tiny_policy(tokenizer)), tiny_policy(tokenizer).model
+    before = {k: v.clone() for k, v in trained.state_dict().items()}
+    second = run(engine, tmp_path / "own", model=trained)
+
+    assert sum(r["groups_trained"] for r in second.training.history) > 0
+    assert any(not torch.equal(v, before[k]) for k, v in trained.state_dict().items())
+    # the module given is the one trained, the engine got its weights after each update, and the run is
+    # the one the policy sharing its module makes: same pivots, same records, the same weights bit for bit
+    for key, value in trained.state_dict().items():
+        assert torch.equal(value, engine.engine.model.state_dict()[key])
+        assert torch.equal(value, shared.model.state_dict()[key])
+    assert [p.id for p in second.selection.pivots] == [p.id for p in first.selection.pivots]
+    assert [r["loss"] for r in second.training.history] == [r["loss"] for r in first.training.history]
+
+
 class AlwaysVerifier:
     """A verifier every action passes (the default of `verifier_env_id`)."""
 

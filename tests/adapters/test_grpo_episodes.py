@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 from sandbox_fixtures import has_bwrap, rootfs  # noqa: F401 (fixtures: a real bubblewrap sandbox)
 
@@ -233,3 +234,82 @@ def test_the_reproduce_run_hands_its_policy_and_device_to_the_e2e_comparison(tmp
     with pytest.raises(PolicyLoadError, match="hf:/nonexistent/model"):
         runs.e2e([0])
     assert not (tmp_path / "stages" / "e2e").exists()
+
+
+class LetterEpisodes(gym.Env):
+    """A toy episode env without a sandbox: `max_turns` assistant turns, rewarded 1 when the last one holds an 'a'
+    (a random model's turns do about half the time, so the groups of episodes are mixed)."""
+
+    observation_space = action_space = gym.spaces.Text(16)
+
+    def __init__(self, max_turns: int = 2, sandbox: str = "bwrap") -> None:
+        self.max_turns = max_turns
+
+    def reset(self, seed=None, options=None):
+        self.turns, self.messages = 0, [{"role": "user", "content": f"Tell me about {options['task']}."}]
+        return {"messages": list(self.messages), "tools": []}, {}
+
+    def step(self, action):
+        self.turns += 1
+        self.messages += [
+            {"role": "assistant", "content": str(action)},
+            {"role": "user", "content": "Go on."},
+        ]
+        done = self.turns >= self.max_turns
+        reward = 1.0 if done and "a" in str(action).lower() else 0.0
+        return (
+            {"messages": list(self.messages), "tools": []},
+            reward,
+            done,
+            False,
+            {"valid": True, "category": "x"},
+        )
+
+
+def test_a_resumed_e2e_run_continues_as_if_it_had_not_stopped_its_rollout_turns_included(tmp_path):
+    from pivot_envs.adapters import smollm2
+    from test_grpo import tiny_policy
+    from transformers import AutoTokenizer
+
+    name = "test/letter-episodes-v0"
+    if name not in gym.registry:
+        gym.register(name, entry_point=LetterEpisodes)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
+
+    def run(out, steps, resume=False, seed=0):
+        grpo = GRPOConfig(
+            batch_pivots=2,
+            group_size=4,
+            max_new_tokens=4,
+            learning_rate=1e-3,
+            steps=steps,
+            checkpoint_every=1,
+            eval_every=0,
+            seed=3,
+            out=str(out),
+            resume=resume,
+        )
+        policy = tiny_policy(tokenizer, seed=seed)
+        result = train_episodes(
+            EpisodeConfig(train=grpo, env=name, max_turns=2), ["one", "two", "three"], policy
+        )
+        records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+        return (
+            result,
+            policy,
+            [{k: v for k, v in r.items() if not k.startswith(("time_", "tokens_per"))} for r in records],
+        )
+
+    straight, straight_policy, straight_records = run(tmp_path / "straight", 3)
+    run(tmp_path / "split", 2)
+    resumed, resumed_policy, resumed_records = run(tmp_path / "split", 3, resume=True, seed=7)
+
+    assert sum(r["turns_trained"] for r in straight_records) > 0
+    assert (
+        resumed_records == straight_records
+    )  # steps 1-2 kept from the checkpointed run, step 3 as the straight
+    assert (
+        resumed.rollout_turns == straight.rollout_turns == straight_records[-1]["rollout_turns_total"] == 48
+    )
+    for key, value in straight_policy.model.state_dict().items():
+        assert torch.equal(value, resumed_policy.model.state_dict()[key])
