@@ -35,6 +35,7 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     update,
 )
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
+from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402,F401  (tiny_policy: other test files import it from here)
 
 from pivot_envs.pivot import read_pivots  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
@@ -59,29 +60,7 @@ def make_env():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2.checkpoint())
-
-
-def tiny_policy(tokenizer, seed: int = 0) -> HFPolicy:
-    """A randomly initialised model of SmolLM2's architecture, small enough to train in seconds on a CPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return HFPolicy(LlamaForCausalLM(config).eval(), tokenizer, name="hf:tiny")
+    return smollm2_tokenizer()
 
 
 def tiny_config(out: Path, **overrides) -> GRPOConfig:

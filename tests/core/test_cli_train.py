@@ -14,27 +14,9 @@ from pivot_envs.pivot import write_pivots
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer model of SmolLM2's architecture, with SmolLM2's tokenizer."""
     pytest.importorskip("transformers")
-    import torch
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tiny_model import tiny_checkpoint as save_tiny
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    path = tmp_path_factory.mktemp("tiny-model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny(tmp_path_factory.mktemp("tiny-model"))
 
 
 def _train(tiny_checkpoint: Path, tmp_path: Path, *flags: str) -> int:

@@ -242,29 +242,24 @@ def test_env_errors_name_the_pivot():
 
 
 def test_pivotrl_eval_reports_the_tool_use_domain_with_a_local_model(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import gymnasium as gym
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tiny_model import tiny_checkpoint
 
     import pivot_envs
     from pivot_envs import write_pivots
     from pivot_envs.cli import main
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    tiny_checkpoint(
+        tmp_path / "model",
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
     gym.register_envs(pivot_envs)
     write_pivots(gym.make("pivot/tool-use-v0").unwrapped.pivots[:3], tmp_path / "heldout.jsonl")
 

@@ -61,29 +61,16 @@ print("profiled", run.profiled, "skipped", run.skipped)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer
+    from tiny_model import smollm2_tokenizer
 
-    return AutoTokenizer.from_pretrained(smollm2.checkpoint())
+    return smollm2_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny_model import tiny_model as build
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
+    return build(tokenizer)
 
 
 @pytest.fixture(scope="module")

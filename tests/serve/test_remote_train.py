@@ -17,27 +17,12 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
 import httpx  # noqa: E402
 from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
-from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
+from tiny_model import tiny_policy  # noqa: E402
 
 from pivot_envs.serve.config import ServeConfig  # noqa: E402
 from pivot_envs.serve.server import start_server  # noqa: E402
 
 ENV_ID = "pivot/tool-use-v0"
-
-
-def tiny_policy() -> HFPolicy:
-    """A randomly initialised model of SmolLM2's architecture with its tokenizer: trains in seconds on a CPU."""
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
-        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    return HFPolicy(LlamaForCausalLM(config).eval(), tokenizer, name="hf:tiny")
 
 
 def steps_served(url: str) -> int:
