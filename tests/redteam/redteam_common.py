@@ -65,3 +65,28 @@ def run_family(env: Any, family: Family, pivots: Iterable[Any], keep: int = 5) -
             if len(tally.examples) < keep:
                 tally.examples.append(pivot.id)
     return tally
+
+
+def open_env(request: Any, make_env: Callable[[str], Any], sandboxed: bool = False) -> Any:
+    """The env of the backend `request.param`, for a module fixture parametrised by a module's BACKENDS;
+    on a sandbox backend it first asks for the fixture that skips (or, under CI, fails) where it is missing."""
+    if sandboxed:
+        request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
+    return make_env(request.param)
+
+
+def assert_held(tally: Tally, name: str, family: Family, applicable: bool = True) -> None:
+    """The family scored at most its floor and made no step invalid (and applied somewhere, if asked)."""
+    assert not applicable or tally.applicable > 0, f"{name} applies at none of the pivots tried"
+    assert tally.invalid == 0, f"{name} made {tally.invalid} step(s) invalid"
+    assert tally.share <= family.floor, (
+        f"{name} scored at {tally.scored} of {tally.applicable} pivots (floor {family.floor}), "
+        f"e.g. {tally.examples}"
+    )
+
+
+def assert_floors_documented(families: dict[str, Family], docs: str) -> None:
+    """Every family with a floor says what the floor is and names the docs page that says so."""
+    for name, family in families.items():
+        if family.floor > 0:
+            assert docs in family.why_floor, name

@@ -4,10 +4,12 @@ few of them); `benchmarks/redteam.py` runs every family on every pivot."""
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import attacks_search
 import pytest
 from attacks_search import BACKENDS, FAMILIES, make_env
-from redteam_common import run_family
+from redteam_common import assert_floors_documented, assert_held, open_env, run_family
 
 # The 1 MB actions cost a parse of 1 MB each: a few pivots show what every pivot would.
 HEAVY = {"a_one_megabyte_query", "a_one_megabyte_answer"}
@@ -15,9 +17,8 @@ HEAVY = {"a_one_megabyte_query", "a_one_megabyte_answer"}
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def env(request):
-    made = make_env(request.param)
-    yield made
-    made.close()
+    with closing(open_env(request, make_env)) as made:
+        yield made
 
 
 def sample(env, family: str) -> list:
@@ -29,15 +30,8 @@ def sample(env, family: str) -> list:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_no_family_scores_above_its_floor_and_none_makes_a_step_invalid(env, name):
     family = FAMILIES[name]
-    tally = run_family(env, family, sample(env, name))
-    assert tally.applicable > 0, f"{name} applies at none of the sampled pivots"
-    assert tally.invalid == 0, f"{name} made {tally.invalid} steps invalid"
-    assert tally.share <= family.floor, (
-        f"{name} scored at {tally.scored} of {tally.applicable} pivots (floor {family.floor}), e.g. {tally.examples}"
-    )
+    assert_held(run_family(env, family, sample(env, name)), name, family)
 
 
 def test_every_family_with_a_floor_says_what_it_is_and_where_it_is_documented():
-    for name, family in FAMILIES.items():
-        if family.floor > 0:
-            assert attacks_search.DOCS in family.why_floor, name
+    assert_floors_documented(FAMILIES, attacks_search.DOCS)

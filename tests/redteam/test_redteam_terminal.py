@@ -4,9 +4,11 @@ them on every pivot."""
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 from attacks_terminal import BACKENDS, FAMILIES, make_env
-from redteam_common import run_family
+from redteam_common import assert_held, open_env, run_family
 from sandbox_fixtures import has_bwrap, has_docker, rootfs
 
 __all__ = ["has_bwrap", "has_docker", "rootfs"]
@@ -28,10 +30,8 @@ SAMPLE = (
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def terminal_env(request):
-    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
-    env = make_env(request.param)
-    yield env
-    env.close()
+    with closing(open_env(request, make_env, sandboxed=True)) as env:
+        yield env
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -39,8 +39,4 @@ def test_no_family_scores_above_its_floor_or_makes_a_step_invalid(terminal_env, 
     family = FAMILIES[name]
     pivots = [pivot for pivot in terminal_env.pivots if pivot.id in SAMPLE]
     assert len(pivots) == len(SAMPLE)
-    tally = run_family(terminal_env, family, pivots)
-    assert tally.invalid == 0, f"{name} made {tally.invalid} step(s) invalid"
-    assert tally.share <= family.floor, (
-        f"{name} scored at {tally.scored}/{tally.applicable}: {tally.examples}"
-    )
+    assert_held(run_family(terminal_env, family, pivots), name, family, applicable=False)

@@ -4,9 +4,11 @@ episode invalid. `benchmarks/redteam.py` runs them on every task."""
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 from attacks_terminal_episode import BACKENDS, FAMILIES, make_env
-from redteam_common import run_family
+from redteam_common import assert_held, open_env, run_family
 from sandbox_fixtures import has_bwrap, has_docker, rootfs
 
 __all__ = ["has_bwrap", "has_docker", "rootfs"]
@@ -27,10 +29,8 @@ SAMPLE = (
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def episode_env(request):
-    request.getfixturevalue("has_bwrap" if request.param == "bwrap" else "has_docker")
-    env = make_env(request.param)
-    yield env
-    env.close()
+    with closing(open_env(request, make_env, sandboxed=True)) as env:
+        yield env
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -38,8 +38,4 @@ def test_no_family_passes_a_check_or_makes_an_episode_invalid(episode_env, name)
     family = FAMILIES[name]
     pivots = [pivot for pivot in episode_env.pivots if pivot.id in SAMPLE]
     assert len(pivots) == len(SAMPLE)
-    tally = run_family(episode_env, family, pivots)
-    assert tally.invalid == 0, f"{name} made {tally.invalid} episode(s) invalid"
-    assert tally.share <= family.floor, (
-        f"{name} scored at {tally.scored}/{tally.applicable}: {tally.examples}"
-    )
+    assert_held(run_family(episode_env, family, pivots), name, family, applicable=False)
