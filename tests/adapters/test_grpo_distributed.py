@@ -19,20 +19,15 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tiny_model, when run as a rank's program
 from echo_domain import real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
 from pivot_envs.adapters.grpo import train  # noqa: E402
 from pivot_envs.adapters.grpo.distributed import Ranks  # noqa: E402
-from test_grpo import make_env, tiny_config, tiny_policy  # noqa: E402  (a tiny random Llama, the has-letter env)
+from test_grpo import make_env, tiny_config  # noqa: E402  (the has-letter env)
+from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKS = 2
-
-
-def tokenizer_of_smollm2():
-    from pivot_envs.adapters import smollm2
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 
 
 def one_step(out: Path):
@@ -42,7 +37,7 @@ def one_step(out: Path):
 
 def rank_program(out: Path) -> None:
     """What each rank runs: the one step on the tiny policy; it leaves its own weights in OUT/rank-R.pt."""
-    policy = tiny_policy(tokenizer_of_smollm2(), seed=int(os.environ["RANK"]))  # rank 0's are broadcast
+    policy = tiny_policy(smollm2_tokenizer(), seed=int(os.environ["RANK"]))  # rank 0's are broadcast
     train(one_step(out), real_pivots(), policy=policy, env_id=make_env)
     torch.save(policy.model.state_dict(), out / f"rank-{os.environ['RANK']}.pt")
 
@@ -117,7 +112,7 @@ def test_each_rank_takes_a_contiguous_share_of_the_steps_pivots():
 
 @pytest.mark.slow
 def test_two_ranks_with_half_the_groups_each_make_the_step_one_process_makes_with_all(tmp_path):
-    single_policy = tiny_policy(tokenizer_of_smollm2())
+    single_policy = tiny_policy(smollm2_tokenizer())
     initial = {k: v.clone() for k, v in single_policy.model.state_dict().items()}
     single = train(one_step(tmp_path / "single"), real_pivots(), policy=single_policy, env_id=make_env)
     torchrun(str(Path(__file__).resolve()), str(tmp_path / "ranks"), timeout=300)
