@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
 from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
+from trl_cpu import cpu_grpo_trainer  # noqa: E402
 
 from pivot_envs.env import InfrastructureError  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
@@ -135,7 +136,6 @@ def test_infrastructure_failures_are_none_so_trl_masks_them():
 @pytest.mark.slow
 def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
     from pivot_envs.adapters import smollm2
-    from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(2)
     model, tokenizer = smollm2.load()
@@ -147,29 +147,14 @@ def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
         seen.append((list(completions), list(pivot_id)))
         return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
+    trainer = cpu_grpo_trainer(
+        model,
+        tokenizer,
+        pivot_reward,
+        pivots,
+        tmp_path,
         per_device_train_batch_size=4,
-        num_generations=2,
         max_completion_length=16,
-        learning_rate=1e-5,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        temperature=1.0,
-        dataloader_num_workers=0,
-        gradient_checkpointing=False,
-        bf16=False,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=pivot_reward,
-        args=args,
-        train_dataset=to_dataset(pivots),
-        processing_class=tokenizer,
     )
     trainer.train()
 
@@ -188,7 +173,6 @@ def test_trl_grpo_trainer_logs_the_rewards_the_env_gives(tmp_path):
 @pytest.mark.slow
 def test_trl_grpo_trainer_hands_the_env_the_tool_calls_its_chat_template_parsed(tmp_path):
     from pivot_envs.adapters import smollm2
-    from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(2)
     model, _ = smollm2.load()
@@ -205,29 +189,15 @@ def test_trl_grpo_trainer_hands_the_env_the_tool_calls_its_chat_template_parsed(
         seen.extend(completions)
         return env_reward(completions=completions, pivot_id=pivot_id, **kwargs)
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
+    trainer = cpu_grpo_trainer(
+        model,
+        tokenizer,
+        pivot_reward,
+        [pivot],
+        tmp_path,
         max_steps=1,
-        per_device_train_batch_size=2,
-        num_generations=2,
         max_completion_length=len(call) + 4,
-        learning_rate=1e-5,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        dataloader_num_workers=0,
-        gradient_checkpointing=False,
-        bf16=False,
         generation_kwargs={"sequence_bias": steer},
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=pivot_reward,
-        args=args,
-        train_dataset=to_dataset([pivot]),
-        processing_class=tokenizer,
     )
     trainer.train()
 

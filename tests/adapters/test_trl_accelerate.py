@@ -17,9 +17,10 @@ pytest.importorskip("accelerate")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from echo_domain import real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
+from pivot_envs.adapters.trl import reward_function  # noqa: E402
 from test_grpo_distributed import launch  # noqa: E402  (a launcher's job, ended whole on a timeout)
 from test_trl import letter_env  # noqa: E402  (the echo env scored by has-letter: SmolLM2 passes about half)
+from trl_cpu import cpu_grpo_trainer  # noqa: E402
 
 PROCESSES = 2
 STEPS = 2
@@ -31,7 +32,6 @@ def process_program(out: Path) -> None:
     import torch
     from accelerate import PartialState
     from pivot_envs.adapters import smollm2
-    from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(1)
     state = PartialState()
@@ -45,29 +45,7 @@ def process_program(out: Path) -> None:
         return rewards
 
     model, tokenizer = smollm2.load()
-    args = GRPOConfig(
-        output_dir=str(out / "trl"),
-        max_steps=STEPS,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=8,
-        learning_rate=1e-5,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        dataloader_num_workers=0,
-        gradient_checkpointing=False,
-        bf16=False,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=pivot_reward,
-        args=args,
-        train_dataset=to_dataset(pivots),
-        processing_class=tokenizer,
-    )
+    trainer = cpu_grpo_trainer(model, tokenizer, pivot_reward, pivots, out / "trl", max_steps=STEPS)
     trainer.train()
     if state.is_main_process:
         (out / "log.json").write_text(json.dumps(trainer.state.log_history))

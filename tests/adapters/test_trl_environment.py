@@ -21,6 +21,7 @@ from pivot_envs.adapters.trl import (  # noqa: E402
     to_dataset,
 )
 from test_trl import letter_env, tool_parsing_tokenizer  # noqa: E402  (has-letter env; SmolLM2 with a tool template)
+from trl_cpu import cpu_grpo_trainer  # noqa: E402
 
 from pivot_envs.env import InfrastructureError  # noqa: E402
 
@@ -134,7 +135,6 @@ def test_the_environment_exposes_no_public_method_trl_would_turn_into_a_tool():
 @pytest.mark.slow
 def test_trl_grpo_trainer_trains_through_the_environment_factory_and_logs_the_envs_rewards(tmp_path):
     from pivot_envs.adapters import smollm2
-    from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(2)
     model, _ = smollm2.load()
@@ -154,30 +154,8 @@ def test_trl_grpo_trainer_trains_through_the_environment_factory_and_logs_the_en
         seen.append((list(completions), [e.pivot_id for e in environments], list(pivot_id), rewards))
         return rewards
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=8,
-        learning_rate=1e-5,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        temperature=1.0,
-        dataloader_num_workers=0,
-        gradient_checkpointing=False,
-        bf16=False,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=pivot_reward,
-        args=args,
-        train_dataset=to_dataset(pivots),
-        processing_class=tokenizer,
-        environment_factory=counting_factory,
+    trainer = cpu_grpo_trainer(
+        model, tokenizer, pivot_reward, pivots, tmp_path, {"environment_factory": counting_factory}
     )
     trainer.train()
 
