@@ -17,6 +17,8 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pivot_envs.cli.options import add_policy_options
+
     parser.add_argument(
         "--scale",
         default="quick",
@@ -61,8 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train no arm: report from the seeds each arm finished in an earlier run into --out (seeds 0, 1, "
         "... up to the first missing one); each comparison pairs the seeds both its arms have",
     )
-    parser.add_argument("--policy", default=None, help="policy spec to start from (default: the scale's)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: the scale's)")
+    add_policy_options(parser, "policy", "device", default="the scale's")  # the policy to start from
     parser.add_argument(
         "--set",
         action="append",

@@ -20,12 +20,13 @@ import logging
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pivot_envs.adapters.grpo import GRPOConfig, PivotRLResult
 
+from pivot_envs.cli.options import policy_field
 from pivot_envs.config import add_config, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.evaluate import EvalConfig
@@ -62,11 +63,26 @@ DEFAULT_BUDGET = Budget(max_new_tokens=48, max_prompt_tokens=1024)
 EMBEDDED = ("hf:smollm2", "vllm:smollm2")
 
 
+# The settings every stage has a copy of, and the stages that have one. In the presets below each
+# copy is unset (None), and `RunConfig.composed` gives it the run's value; a copy given for the stage
+# itself (`--train.seed 7`, `seed` in a --config file's [train] table) is never overwritten.
+SHARED = {
+    "seed": ("split", "profile", "train", "eval"),
+    "max_new_tokens": ("profile", "train", "eval"),
+    "policy": ("train",),
+    "out": ("train",),
+}
+
+
+def _split_preset() -> SplitConfig:
+    return SplitConfig(seed=None)
+
+
 def _profile_preset() -> ProfileConfig:
     # K is profiling's own default, 8: at K=4 the warmed-up 135M model left 1 of the 16 candidates mixed
     # (seed 0), at K=8 4 of them (a candidate's first 4 samples are the same either way). Small and quick
     # on a CPU otherwise; restart: the run owns its output, profiles of another reference are set aside.
-    return ProfileConfig(max_new_tokens=48, seed=0, batch_pivots=4, env_workers=2, restart=True)
+    return ProfileConfig(max_new_tokens=None, seed=None, batch_pivots=4, env_workers=2, restart=True)
 
 
 def _filter_preset() -> FilterConfig:
@@ -85,15 +101,18 @@ def _train_preset() -> GRPOConfig:
         batch_pivots=2,
         group_size=8,
         learning_rate=2e-5,
-        max_new_tokens=48,
         checkpoint_every=0,
         eval_every=0,
         num_envs=2,
+        policy=None,
+        max_new_tokens=None,
+        seed=None,
+        out=None,
     )
 
 
 def _eval_preset() -> EvalConfig:
-    return EvalConfig(max_new_tokens=48, batch_size=4, num_envs=2)
+    return EvalConfig(max_new_tokens=None, seed=None, batch_size=4, num_envs=2)
 
 
 @dataclass
@@ -101,20 +120,22 @@ class RunConfig:
     """Settings of `pivotrl run`: its own, then one config per stage (`--profile.k 8`,
     `--train.beta 0.04`, a `[train]` table in a --config file). The defaults take about ten
     minutes on a quiet 2-core CPU; where a stage's preset differs from that config's own default, the
-    preset below says why."""
+    preset below says why.
+
+    A stage's copy of a run-wide setting (`SHARED`: seed, max_new_tokens, train's policy and out)
+    is unset (None) in the presets and takes the run's value in `composed()`, which `run` calls: a
+    value given for the stage (a flag, a --config table, a stage config passed in Python) wins, then
+    the run's setting, then the preset. `--print-config` writes each unset copy as a comment with
+    the value it takes and the run setting it follows."""
 
     domain: str = option("tool-use", "domain whose env scores actions (pivot/<domain>-v0)")
     input: str | None = option(
         None, "trajectories or pivots to extract from (default: the domain's bundled pivots)"
     )
-    policy: str = option(
-        "hf:smollm2", "reference and initial policy (hf:PATH, hf:smollm2, ...); sets train.policy"
-    )
-    device: str = option("cpu", "device of the policy: cpu or cuda")
-    max_prompt_tokens: int | None = option(
-        None,
-        "prompt budget: older turns, then the middle of long messages, are left out beyond it (0: no "
-        "limit; default: the domain's, 2048 for swe, else 1024)",
+    policy: str = policy_field("policy", "hf:smollm2")  # the reference and initial policy
+    device: str = policy_field("device", "cpu")
+    max_prompt_tokens: int | None = policy_field(
+        "max_prompt_tokens", None, means="the domain's, 2048 for swe, else 1024"
     )
     candidates: int = option(16, "candidates profiled (a seeded sample of the training side; 0: all)")
     sft_epochs: int | None = option(
@@ -131,20 +152,20 @@ class RunConfig:
     sft_learning_rate: float = option(5e-5, "AdamW learning rate of the warm-up")
     max_new_tokens: int | None = option(
         None,
-        "longest action, in tokens, in every stage (sets each stage's max_new_tokens; default: the domain's, "
+        "longest action, in tokens, in every stage whose max_new_tokens is not given (default: the domain's, "
         "128 for swe, else 48)",
     )
     eval_pivots: int = option(8, "held-out pivots evaluated before and after training (greedy)")
     seed: int = option(
         0,
-        "seed of the run's draws and of every stage: sampling, splitting, training (sets each stage's seed)",
+        "seed of the run's draws and of every stage whose seed is not given: sampling, splitting, training",
     )
     out: str = option(
         "runs/pivotrl",
-        "output directory: pivots, profile, metrics, checkpoints, report (train.out is OUT/train)",
+        "output directory: pivots, profile, metrics, checkpoints, report (train.out, unless given: OUT/train)",
     )
     split: SplitConfig = field(
-        default_factory=SplitConfig, metadata={"help": "the held-out split by trajectory"}
+        default_factory=_split_preset, metadata={"help": "the held-out split by trajectory"}
     )
     profile: ProfileConfig = field(default_factory=_profile_preset, metadata={"help": "profiling (Eq. 4)"})
     filter: FilterConfig = field(
@@ -159,13 +180,35 @@ class RunConfig:
         at_least(self, 0, "max_prompt_tokens", "candidates", "sft_epochs", "sft_examples", "eval_pivots")
         at_least(self, 1, "max_new_tokens")
         between(self, "sft_learning_rate", 0, 1, open_low=True)
-        # One value for every stage: the run's own settings win over the stages' copies of them.
-        for stage in (self.profile, self.train, self.eval):
-            stage.max_new_tokens = self.budget().max_new_tokens
-        for stage in (self.split, self.profile, self.train, self.eval):
-            stage.seed = self.seed
-        self.train.policy = self.policy
-        self.train.out = str(Path(self.out) / "train")
+
+    def derived(self) -> dict[str, tuple[Any, str]]:
+        """Each stage setting left unset, with the value the run gives it and the run setting that
+        value comes from: `{"train.seed": (0, "the run's seed"), ...}`."""
+        budget = self.budget()
+        whose = "the run's" if self.max_new_tokens else f"the {self.domain} domain's"
+        values = {
+            "seed": (self.seed, "the run's seed"),
+            "max_new_tokens": (budget.max_new_tokens, f"{whose} max_new_tokens"),
+            "policy": (self.policy, "the run's policy"),
+            "out": (str(Path(self.out) / "train"), "the run's out, /train"),
+        }
+        return {
+            f"{stage}.{name}": values[name]
+            for name, stages in SHARED.items()
+            for stage in stages
+            if getattr(getattr(self, stage), name) is None
+        }
+
+    def composed(self) -> RunConfig:
+        """A copy whose stages hold every setting they run with: each unset one filled in from the
+        run's (`derived`); the stage configs of this one are left as they are."""
+        filled: dict[str, dict[str, Any]] = {}
+        for path, (value, _) in self.derived().items():
+            stage, name = path.split(".")
+            filled.setdefault(stage, {})[name] = value
+        return replace(
+            self, **{stage: replace(getattr(self, stage), **values) for stage, values in filled.items()}
+        )
 
     def budget(self) -> Budget:
         """The token budgets of the run: the flags', else the domain's (unset stays unset in the config,
@@ -183,19 +226,6 @@ class RunConfig:
         if self.sft_epochs is not None:
             return self.sft_epochs
         return 2 if self.policy in EMBEDDED else 0
-
-
-# The flags of `pivotrl run` before its stages had configs of their own: aliases that warn.
-RENAMED = {
-    "--heldout": "--split.heldout",
-    "--k": "--profile.k",
-    "--profile-temperature": "--profile.temperature",
-    "--lambda-diff": "--filter.lambda-diff",
-    "--steps": "--train.steps",
-    "--batch-pivots": "--train.batch-pivots",
-    "--group-size": "--train.group-size",
-    "--learning-rate": "--train.learning-rate",
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -415,7 +445,8 @@ def run(config: RunConfig) -> Path:
     of `grpo.pivotrl`, Algorithm 1 itself: the sampled training candidates are its D_cand, the
     warmed-up policy its pi_0. When D_adv is empty the run's filter mode ("adv-or-unsolved")
     trains at the candidates pi_0 never solved, and the report says so; with filter mode "adv"
-    an empty D_adv stops the run with NoPivotsError before training.
+    an empty D_adv stops the run with NoPivotsError before training. The stages run with
+    `config.composed()`, every unset stage setting filled in from the run's.
     """
     from pivot_envs.adapters.grpo import PivotRLConfig, pivotrl
     from pivot_envs.adapters.grpo.policy import trainable_module
@@ -426,6 +457,7 @@ def run(config: RunConfig) -> Path:
     from pivot_envs.extract import split_by_trajectory, write_pivot_file
     from pivot_envs.registry import env_id
 
+    config = config.composed()
     # The domain and --out are checked before any work (the settings were, when the config was made).
     check_env_id(env_id(check_domain(config.domain)))
     out = check_output(config.out, "--out", directory=True)
@@ -538,20 +570,20 @@ def run(config: RunConfig) -> Path:
     signal = Signal.of(result, grpo.batch_pivots)
     print(f"\n{signal.verdict()}")
     return write_report(
-        out,
-        config,
-        extracted,
-        trajectories,
-        train_side,
-        heldout,
-        result,
-        note,
-        diagnostics,
-        before,
-        after,
-        timings,
-        signal,
-        warm,
+        out=out,
+        config=config,
+        extracted=extracted,
+        trajectories=trajectories,
+        train_side=train_side,
+        heldout=heldout,
+        result=result,
+        note=note,
+        diagnostics=diagnostics,
+        before=before,
+        after=after,
+        timings=timings,
+        signal=signal,
+        warm=warm,
     )
 
 
@@ -571,6 +603,7 @@ def plot_rewards(metrics: Path, png: Path) -> str | None:
 
 
 def write_report(
+    *,
     out: Path,
     config: RunConfig,
     extracted: list,

@@ -18,6 +18,8 @@ HELP = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.adapters.grpo import GRPOConfig
 
+    from pivot_envs.cli.options import add_policy_options
+
     parser.add_argument(
         "--pivots",
         required=True,
@@ -43,14 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keyword arguments of gym.make for --env, as a JSON object "
         '(pivot/remote-v0: \'{"urls": ["http://HOST:PORT"]}\')',
     )
-    parser.add_argument("--device", default=None, help="device of the policy: cpu, cuda")
-    parser.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="prompt budget: older turns, then the middle "
-        "of long messages, are left out beyond it (0: whole prompts)",
-    )
+    add_policy_options(parser, "device", "max_prompt_tokens")  # --policy is GRPOConfig's
     parser.add_argument(
         "--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)"
     )

@@ -148,6 +148,14 @@ def command_parser(**kwargs: Any) -> argparse.ArgumentParser:
     class Parser(simple_parsing.ArgumentParser):
         _check_value = check_choice
 
+        def _preprocessing(self, *args: Any, **kwargs: Any) -> None:
+            super()._preprocessing(*args, **kwargs)
+            # A config field unset (None) in its config's default is filled in by that config
+            # (`pivotrl run`'s stages take the run's seed), not a value the user must give.
+            for action in self._actions:
+                if "." in action.dest and action.default is None and action.option_strings:
+                    action.required = False
+
     # One setting for every parser: simple_parsing keeps these on a class, shared by all parsers.
     return Parser(
         add_option_string_dash_variants=simple_parsing.DashVariant.DASH,
@@ -349,24 +357,54 @@ def _toml_key(key: str) -> str:
     return key if _BARE.match(key) else json.dumps(key)
 
 
-def format_config(settings: Mapping[str, Any] | Any, table: str = "") -> str:
+def derived_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, tuple[Any, str]]:
+    """The settings a command's configs leave unset for one of their own to fill in: a config with
+    a `derived()` method (`pivotrl run`'s, whose stages follow its seed) names them, each with the
+    value it takes and the setting that value comes from, by its path in `effective_settings`."""
+    configs = parser.__dict__.get("pivot_configs", {})
+    found: dict[str, tuple[Any, str]] = {}
+    for dest in configs:
+        derived = getattr(getattr(args, dest), "derived", None)
+        if callable(derived):
+            prefix = "" if len(configs) == 1 else f"{dest}."
+            found.update({prefix + path: value for path, value in derived().items()})
+    return found
+
+
+def format_config(
+    settings: Mapping[str, Any] | Any, table: str = "", derived: Mapping[str, tuple[Any, str]] | None = None
+) -> str:
     """`settings` (options, and configs as dataclasses) as TOML that `--config` reads back:
     scalars first, then a table per config. TOML has no null: a setting that is None is written
-    as a comment (left out of a file, a setting takes its default)."""
+    as a comment (left out of a file, a setting takes its default), with the value it takes and
+    where that comes from when `derived` (by dotted path) names it."""
     if dataclasses.is_dataclass(settings):
         settings = _values(settings)
+    derived = derived or {}
     lines, tables = [], []
     for key, value in settings.items():
+        path = f"{table}.{key}" if table else key
         if dataclasses.is_dataclass(value):
             tables.append((key, value))
+        elif value is None and path in derived:
+            taken, source = derived[path]
+            lines.append(f"# {_toml_key(key)} = {_toml_value(taken)}  (unset: {source})")
         elif value is None:
             lines.append(f"# {_toml_key(key)} = (none)")
         else:
             lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
     for key, value in tables:
         name = f"{table}.{_toml_key(key)}" if table else _toml_key(key)
-        lines += ["", f"[{name}]", format_config(value, name)]
+        lines += ["", f"[{name}]", format_config(value, name, derived)]
+    if derived and not table:
+        lines.insert(0, DERIVED_NOTE)
     return "\n".join(lines).strip("\n")
+
+
+# The first line of a printed config with derived settings: the precedence they follow.
+DERIVED_NOTE = (
+    "# A setting marked 'unset' takes the value shown, from the one named; set it here or by its flag."
+)
 
 
 def progress_disabled() -> bool | None:

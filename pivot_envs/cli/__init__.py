@@ -2,10 +2,9 @@
 
 Commands are plugins, found through the entry-point group `pivot_envs.commands` as domains are
 through `pivot_envs.domains`: `NAME = module` names a module with `HELP`, `add_arguments(parser)`
-and `main(args) -> int` (and optionally `RENAMED`, old flag -> new flag, kept as aliases that
-warn). The core's data commands live in this package; `train` and `run` come from the adapters
-and `sandbox` from the terminal domain, so the core imports neither. Only the command being run
-has its arguments built, and heavy imports stay inside `main`.
+and `main(args) -> int`. The core's data commands live in this package; `train` and `run` come
+from the adapters and `sandbox` from the terminal domain, so the core imports neither. Only the
+command being run has its arguments built, and heavy imports stay inside `main`.
 
 Every command takes `--config FILE` (TOML, YAML or JSON; flags override it) and
 `--print-config` (the effective settings as TOML, then exit): see `pivot_envs.config`.
@@ -32,6 +31,7 @@ from pivot_envs.config import (
     ConfigError,
     apply_config_file,
     check_choice,
+    derived_settings,
     effective_settings,
     format_config,
     read_config_file,
@@ -140,11 +140,9 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
         if module is None:  # another command than the one run (its name is still a valid choice), or broken
             subparsers.add_parser(name)
             continue
-        # argparse %-formats help texts: a literal % (as in "95% CI") must be doubled.
-        sub = subparsers.add_parser(
-            name, help=module.HELP.replace("%", "%%"), description=module.HELP.replace("%", "%%")
-        )
-        sub.set_defaults(_main=module.main, _renamed=getattr(module, "RENAMED", {}))
+        # argparse %-formats help texts (not descriptions): a literal % (as in "95% CI") must be doubled.
+        sub = subparsers.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP)
+        sub.set_defaults(_main=module.main)
         if only == "" or only == name:
             module.add_arguments(sub)
             _add_config_file(sub)
@@ -159,20 +157,6 @@ def _command_of(argv: Sequence[str], names: Sequence[str]) -> str | None:
         if not arg.startswith("-"):
             return arg if arg in names else None
     return None
-
-
-def _renamed(argv: list[str], renamed: dict[str, str], command: str) -> list[str]:
-    """`argv` with the command's old flags replaced by their new names, each with a warning."""
-    out = []
-    for arg in argv:
-        flag, eq, value = arg.partition("=")
-        if flag in renamed:
-            logging.getLogger("pivot_envs.cli").warning(
-                "%s %s is deprecated and will be removed: use %s", command, flag, renamed[flag]
-            )
-            arg = renamed[flag] + eq + value
-        out.append(arg)
-    return out
 
 
 class _Handler(logging.StreamHandler):
@@ -247,11 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             parser = build_parser(command)
             if command:
-                sub = parser.commands[command]
-                argv = _renamed(argv, sub.get_default("_renamed") or {}, f"{PROG} {command}")
                 path = _config_path(argv)
                 if path:
-                    apply_config_file(sub, read_config_file(path), path)
+                    apply_config_file(parser.commands[command], read_config_file(path), path)
             try:
                 args = parser.parse_args(argv)
             except SystemExit as exit:  # --help, --version (0) and usage errors (2)
@@ -263,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         if args.print_config:
-            print(format_config(effective_settings(parser.commands[command], args)))
+            sub = parser.commands[command]
+            print(format_config(effective_settings(sub, args), derived=derived_settings(sub, args)))
             return 0
         verbosity = args.verbose + args.verbose_after - args.quiet - args.quiet_after
         logging.getLogger("pivot_envs").setLevel(level_of(verbosity))

@@ -13,26 +13,19 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pivot_envs.cli.options import add_policy_options
     from pivot_envs.evaluate import EvalConfig
-    from pivot_envs.policy import SPEC_FORMS
 
     parser.add_argument(
         "--pivots",
         required=True,
         help="held-out pivots (JSONL, .jsonl.gz, or any readable trajectory format)",
     )
-    parser.add_argument("--policy", required=True, help=f"policy spec: {SPEC_FORMS}")
+    add_policy_options(parser, "policy", required=True)
     parser.add_argument(
         "--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)"
     )
-    parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
-    parser.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="prompt budget of a local policy: older "
-        "turns, then the middle of long messages, are left out beyond it (0: whole prompts)",
-    )
+    add_policy_options(parser, "device", "max_prompt_tokens")
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
     add_config(parser, EvalConfig, "eval")
 

@@ -14,13 +14,13 @@ HELP = "Profile pivot candidates: K sampled actions each, functional and strict 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pivot_envs.policy import SPEC_FORMS
+    from pivot_envs.cli.options import add_policy_options
     from pivot_envs.profile import ProfileConfig
 
     parser.add_argument("pivots", metavar="PIVOTS", help="candidate pivots (JSONL, .jsonl.gz)")
-    parser.add_argument("--policy", required=True, help=f"reference policy spec: {SPEC_FORMS}")
+    add_policy_options(parser, "policy", required=True)  # the reference policy
     parser.add_argument("--out", required=True, help="profiled output (JSONL); rerunning resumes it")
-    parser.add_argument("--device", default=None, help="device of a local policy (hf, vllm): cpu, cuda")
+    add_policy_options(parser, "device")
     add_config(parser, ProfileConfig, "profile")
 
 

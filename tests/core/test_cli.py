@@ -4,6 +4,7 @@ before work starts, and a run report without matplotlib."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import re
@@ -103,6 +104,34 @@ def test_a_percent_sign_in_a_config_help_or_default_is_shown_as_is(capsys) -> No
     parser.print_help()
     text = capsys.readouterr().out
     assert "as in 50% of them" in text and "%s-%d" in text
+
+
+def test_every_command_says_what_policy_device_and_prompt_budget_are_in_one_help_text() -> None:
+    from pivot_envs.cli.options import policy_help
+
+    parser = build_parser("")
+    seen: dict[str, list[str]] = {}
+    for name in ("eval", "profile", "train", "reproduce", "run"):
+        command = parser.commands[name]
+        command.print_help(io.StringIO())  # builds the flags of its configs
+        for flag in ("--policy", "--device", "--max-prompt-tokens"):
+            action = command._option_string_actions.get(flag)
+            if action is not None and not (name == "train" and flag == "--policy"):  # GRPOConfig's field
+                assert action.help.startswith(policy_help(flag[2:].replace("-", "_"))), (name, flag)
+                seen.setdefault(flag, []).append(name)
+    assert seen == {
+        "--policy": ["eval", "profile", "reproduce", "run"],
+        "--device": ["eval", "profile", "train", "reproduce", "run"],
+        "--max-prompt-tokens": ["eval", "train", "run"],
+    }
+    # Each command keeps its own default: required, a value, or the scale's.
+    assert parser.commands["eval"]._option_string_actions["--policy"].required
+    assert parser.commands["run"]._option_string_actions["--device"].default == "cpu"
+    assert (
+        parser.commands["reproduce"]
+        ._option_string_actions["--device"]
+        .help.endswith("(default: the scale's)")
+    )
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason=f"console script not installed next to {sys.executable}")

@@ -72,6 +72,21 @@ def test_quiet_train_prints_no_step_lines(tiny_checkpoint: Path, tmp_path: Path,
     assert "trained 2 steps" in captured.out
 
 
+def test_train_into_an_output_holding_an_earlier_run_is_one_error_line_and_changes_nothing(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"step": 1}\n')
+    assert _train(tiny_checkpoint, tmp_path, "-q") == 1
+    # One line, no traceback: the output is the user's to change (besides transformers' loading bar).
+    err = [line for line in capsys.readouterr().err.splitlines() if line and "Loading weights" not in line]
+    assert len(err) == 1 and err[0].startswith(
+        f"pivotrl train: error: {metrics.parent} holds an earlier run (1 step in metrics.jsonl)"
+    ), err
+    assert sorted(path.name for path in metrics.parent.iterdir()) == ["metrics.jsonl"]
+
+
 @pytest.mark.parametrize(
     ("env_kwargs", "message"),
     [

@@ -140,42 +140,58 @@ def test_a_config_file_of_an_unknown_format_is_refused(tmp_path: Path, capsys) -
     )
 
 
+def run_config(*argv: str):
+    """The RunConfig `pivotrl run ARGV` parses, before its stages are composed."""
+    from pivot_envs.cli import build_parser
+
+    return build_parser("run").parse_args(["run", *argv]).run
+
+
 def test_run_composes_the_stage_configs_with_its_presets(capsys) -> None:
     settings = printed_config(capsys, "run", "--train.beta", "0.04", "--train.lora", "--profile.k", "2")
     train, profile = settings["train"], settings["profile"]
     assert (train["beta"], train["lora"], profile["k"]) == (0.04, True, 2)
     # the presets of the nine-minute CPU run, each declared once in RunConfig
     assert (train["learning_rate"], train["steps"], settings["filter"]["lambda_diff"]) == (2e-5, 3, 0.9)
-    assert train["out"] == str(Path("runs/pivotrl") / "train") and train["policy"] == settings["policy"]
+    composed = run_config().composed()
+    assert composed.train.out == str(Path("runs/pivotrl") / "train") and composed.train.policy == "hf:smollm2"
 
 
-def test_run_seed_and_max_new_tokens_set_every_stage(capsys) -> None:
-    settings = printed_config(capsys, "run", "--seed", "7", "--max-new-tokens", "16")
-    for stage in ("profile", "train", "eval"):
-        assert (settings[stage]["seed"], settings[stage]["max_new_tokens"]) == (7, 16)
-    assert settings["split"]["seed"] == 7
+def test_run_seed_and_max_new_tokens_reach_every_stage_that_is_not_given_its_own(capsys) -> None:
+    composed = run_config("--seed", "7", "--max-new-tokens", "16").composed()
+    for stage in (composed.profile, composed.train, composed.eval):
+        assert (stage.seed, stage.max_new_tokens) == (7, 16)
+    assert composed.split.seed == 7
+    # --print-config shows each copy that follows the run as a comment naming where its value comes from.
+    assert main(["run", "--seed", "7", "--max-new-tokens", "16", "--print-config"]) == 0
+    train = capsys.readouterr().out.split("[train]\n")[1].split("\n[")[0].splitlines()
+    assert "# seed = 7  (unset: the run's seed)" in train
+    assert "# max_new_tokens = 16  (unset: the run's max_new_tokens)" in train
+    assert '# out = "runs/pivotrl/train"  (unset: the run\'s out, /train)' in train
 
 
-def test_the_old_run_flags_still_work_and_warn(capsys) -> None:
-    argv = [
-        "run",
-        "--k",
-        "3",
-        "--learning-rate",
-        "1e-4",
-        "--lambda-diff=0.5",
-        "--steps",
-        "2",
-        "--print-config",
-    ]
-    assert main(argv) == 0
-    captured = capsys.readouterr()
-    settings = tomllib.loads(captured.out)
-    assert (settings["profile"]["k"], settings["train"]["learning_rate"]) == (3, 1e-4)
-    assert (settings["filter"]["lambda_diff"], settings["train"]["steps"]) == (0.5, 2)
-    assert (
-        "pivotrl: warning: pivotrl run --k is deprecated and will be removed: use --profile.k" in captured.err
-    )
+def test_a_stage_setting_given_on_the_command_line_wins_over_the_runs(capsys) -> None:
+    argv = ("--seed", "3", "--train.seed", "7", "--max-new-tokens", "16", "--eval.max-new-tokens", "32")
+    composed = run_config(*argv).composed()
+    assert (composed.train.seed, composed.profile.seed, composed.split.seed) == (7, 3, 3)
+    assert (composed.eval.max_new_tokens, composed.train.max_new_tokens) == (32, 16)
+    settings = printed_config(capsys, "run", *argv)
+    assert (settings["train"]["seed"], settings["eval"]["max_new_tokens"]) == (7, 32)
+    assert "seed" not in settings["profile"]  # unset: a comment, following --seed
+
+
+def test_a_stage_setting_in_a_config_file_wins_over_the_runs_flag(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nseed = 5\n")
+    settings = printed_config(capsys, "run", "--config", str(path), "--seed", "3")
+    assert (settings["seed"], settings["train"]["seed"]) == (3, 5)
+    # Given as the stage preset's value, it is still the user's: the run's seed does not replace it.
+    assert run_config("--seed", "3", "--train.seed", "0").composed().train.seed == 0
+
+
+def test_the_old_run_flags_are_refused(capsys) -> None:
+    assert main(["run", "--k", "3", "--print-config"]) == 2
+    assert capsys.readouterr().err.strip().endswith("unrecognized arguments: --k 3")
 
 
 def test_print_config_output_read_back_gives_the_same_settings(tmp_path: Path, capsys) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from pivot_envs.adapters.cli_run import Budget, RunConfig, Signal, evaluation_env_kwargs
 from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
@@ -72,15 +74,15 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
         str(out),
         "--candidates",
         "2",
-        "--k",
+        "--profile.k",
         "2",
         "--eval-pivots",
         "2",
-        "--steps",
+        "--train.steps",
         "1",
-        "--batch-pivots",
+        "--train.batch-pivots",
         "1",
-        "--group-size",
+        "--train.group-size",
         "2",
         "--max-new-tokens",
         "8",
@@ -169,13 +171,47 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
 def test_the_swe_domain_runs_with_longer_actions_and_prompts_unless_flags_set_them() -> None:
     swe = RunConfig(domain="swe")
     assert swe.budget() == Budget(max_new_tokens=128, max_prompt_tokens=2048)
-    assert swe.profile.max_new_tokens == swe.train.max_new_tokens == swe.eval.max_new_tokens == 128
+    stages = swe.composed()
+    assert stages.profile.max_new_tokens == stages.train.max_new_tokens == stages.eval.max_new_tokens == 128
     assert RunConfig().budget() == Budget(max_new_tokens=48, max_prompt_tokens=1024)
     flagged = RunConfig(domain="swe", max_new_tokens=16, max_prompt_tokens=0)
     assert (
         flagged.budget() == Budget(max_new_tokens=16, max_prompt_tokens=0)
-        and flagged.train.max_new_tokens == 16
+        and flagged.composed().train.max_new_tokens == 16
     )
+
+
+def test_composing_leaves_the_run_config_as_it_was_so_a_changed_copy_follows_its_new_seed() -> None:
+    config = RunConfig(seed=7)
+    assert config.composed().train.seed == 7 and config.train.seed is None
+    assert replace(config, seed=3).composed().train.seed == 3
+
+
+def test_a_train_seed_given_on_the_command_line_reaches_the_trainer(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`--train.seed 7` is the seed of Algorithm 1's GRPO run, whatever `--seed` says (the run once
+    overwrote it with its own); the stages given nothing still take the run's seed."""
+    import pivot_envs.adapters.grpo
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def recording(candidates, policy, config, **kwargs):
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(pivot_envs.adapters.grpo, "pivotrl", recording)
+    argv = ["run", "--out", str(tmp_path / "run"), "--candidates", "1", "--eval-pivots", "1"]
+    argv += ["--max-new-tokens", "2", "--max-prompt-tokens", "256", "--sft-epochs", "0"]
+    with pytest.raises(Stop):
+        main([*argv, "--seed", "3", "--train.seed", "7"])
+    capsys.readouterr()
+    [method] = seen
+    assert (method.train.seed, method.profile.seed) == (7, 3)
+    assert method.train.max_new_tokens == method.profile.max_new_tokens == 2
 
 
 def test_a_config_file_naming_the_swe_domain_gets_the_swe_budgets(tmp_path: Path, capsys) -> None:
@@ -217,8 +253,8 @@ def test_run_evaluates_in_the_env_profiling_and_training_use(tmp_path: Path, cap
     monkeypatch.setattr(pivot_envs.evaluate, "evaluate", recording)
     out = tmp_path / "run"
     kwargs = {"limits": {"max_calls": 8}, "verifier": "strict"}
-    argv = ["run", "--out", str(out), "--candidates", "1", "--k", "2", "--eval-pivots", "1"]
-    argv += ["--steps", "1", "--batch-pivots", "1", "--group-size", "2", "--max-new-tokens", "4"]
+    argv = ["run", "--out", str(out), "--candidates", "1", "--profile.k", "2", "--eval-pivots", "1"]
+    argv += "--train.steps 1 --train.batch-pivots 1 --train.group-size 2 --max-new-tokens 4".split()
     argv += ["--max-prompt-tokens", "384", "--sft-epochs", "0", "--profile.env-kwargs", json.dumps(kwargs)]
     assert main(argv) == 0
     capsys.readouterr()
