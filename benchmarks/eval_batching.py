@@ -73,7 +73,7 @@ def main() -> None:
     pivots = split(scale).compared["search"]
     pivots = pivots[: args.pivots] if args.pivots > 0 else pivots
     policy = measure.load_policy(scale.policy, scale.device, scale.max_prompt_tokens)
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=scale.max_new_tokens, seed=0)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=scale.train.max_new_tokens, seed=0)
     prompts = [policy.encode(p.observation) for p in pivots]
     given = [
         list(range(s, min(s + args.batch_size, len(pivots)))) for s in range(0, len(pivots), args.batch_size)

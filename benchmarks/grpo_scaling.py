@@ -63,7 +63,6 @@ def worker(args: argparse.Namespace) -> None:
         group_size=args.group_size,
         max_new_tokens=args.max_new_tokens,
         steps=args.steps,
-        learning_rate=1e-6,
         checkpoint_every=0,
         eval_every=0,
         num_envs=2,

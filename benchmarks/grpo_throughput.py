@@ -24,6 +24,8 @@ from pathlib import Path
 
 from peak_memory import best_time_and_peak
 
+# Small enough that the weights barely move: every timed step costs the same.
+LEARNING_RATE = 1e-7
 # SmolLM2's architectures, for --random-init (no weights needed): 135M (the embedded model) and 1.7B.
 COMMON = dict(
     vocab_size=49152,
@@ -105,7 +107,7 @@ def ours(model, batch, device: str, repeats: int, tokens_per_pass: int):
     import torch
     from pivot_envs.adapters.grpo import Group, GRPOConfig, update
 
-    config = GRPOConfig(learning_rate=1e-7, max_grad_norm=0.0, tokens_per_pass=tokens_per_pass)
+    config = GRPOConfig(learning_rate=LEARNING_RATE, max_grad_norm=0.0, tokens_per_pass=tokens_per_pass)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
 
     def step():
@@ -131,7 +133,7 @@ def trl(model, batch, device: str, repeats: int, action: int, groups_per_pass: i
             report_to="none",
             beta=0.0,
             loss_type="dapo",
-            learning_rate=1e-7,
+            learning_rate=LEARNING_RATE,
             bf16=next(model.parameters()).dtype == torch.bfloat16,
             gradient_checkpointing=False,  # TRL's default recomputes activations; ours does not, so neither does here
         )
@@ -142,7 +144,7 @@ def trl(model, batch, device: str, repeats: int, action: int, groups_per_pass: i
             train_dataset=Dataset.from_list([{"prompt": "x"}]),
             processing_class=stub_tokenizer(),
         )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     tokens = sum(len(a) for _, actions, _ in batch for a in actions)
 
     def inputs_of(groups):

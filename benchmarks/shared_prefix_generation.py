@@ -20,42 +20,10 @@ import argparse
 import json
 from pathlib import Path
 
+from grpo_throughput import SHAPES, load_model
 from peak_memory import best_time_and_peak
 
 OUT = Path(__file__).resolve().parent / "out" / "shared_prefix_generation.json"
-
-# SmolLM2-135M-Instruct's architecture (its config.json), so --random-init needs no files.
-SMOLLM2_SHAPE = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    bos_token_id=1,
-    eos_token_id=2,
-)
-
-
-def load_model(device: str, random_init: bool, dtype_name: str):
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    if random_init:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device=device, dtype=dtype)
-    else:
-        from pivot_envs.adapters import smollm2
-
-        model, _ = smollm2.load(device=device, dtype=dtype)
-    model.eval()
-    return model
 
 
 def run_generate(model, prompt, n: int, new_tokens: int) -> None:
@@ -88,11 +56,18 @@ def run_policy(policy, prompt, n: int, new_tokens: int) -> None:
 
 
 def main() -> None:
+    from pivot_envs.adapters.grpo.config import GRPOConfig
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--random-init", action="store_true", help="random weights of SmolLM2-135M's shape")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
-    parser.add_argument("--n", type=int, default=8, help="samples per prompt (the group size)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=GRPOConfig().group_size,
+        help="samples per prompt (the trainer's group size G)",
+    )
     parser.add_argument("--prefix-lengths", type=int, nargs="+", default=[512, 2048, 4096])
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="best time over this many runs")
@@ -105,14 +80,14 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.device, args.random_init, args.dtype)
+    model = load_model(args.random_init, "135m", args.device, getattr(torch, args.dtype)).eval()
     # Fixed-length actions for a like-for-like comparison: no stop token.
     shared = HFPolicy(model, None, device=args.device, name="shared", stop_token_ids=[])
     naive = HFPolicy(model, None, device=args.device, name="naive", share_prefix=False, stop_token_ids=[])
     generator = torch.Generator().manual_seed(0)
     rows = []
     for length in args.prefix_lengths:
-        prompt = torch.randint(3, SMOLLM2_SHAPE["vocab_size"], (length,), generator=generator).tolist()
+        prompt = torch.randint(3, SHAPES["135m"]["vocab_size"], (length,), generator=generator).tolist()
         run_policy(shared, prompt[:64], args.n, 2)  # warm-up (kernels, allocator)
         base_t, base_m = best_time_and_peak(
             lambda prompt=prompt: run_generate(model, prompt, args.n, args.max_new_tokens),

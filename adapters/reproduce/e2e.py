@@ -24,11 +24,19 @@ import json
 import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.adapters.grpo.config import GRPOConfig
+from pivot_envs.adapters.grpo.episodes import EpisodeConfig
+from pivot_envs.adapters.reproduce.scales import FILTER as MAIN_FILTER
+from pivot_envs.adapters.reproduce.scales import SCALES as MAIN_SCALES
+
+from pivot_envs.config import ConfigError
 from pivot_envs.errors import UnknownNameError
+from pivot_envs.extract import FilterConfig
+from pivot_envs.profile import ProfileConfig
 
 MARGIN = 0.10  # how much worse than E2E RL still counts as "competitive" (10 points of task success)
 PAPER = (
@@ -37,9 +45,16 @@ PAPER = (
 )
 
 
+# Both arms run in bubblewrap: the episodes and the profiled pivots alike.
+SANDBOX = "bwrap"
+PROFILE = ProfileConfig(env="pivot/terminal-v0", env_kwargs={"sandbox": SANDBOX}, progress=False)
+
+
 @dataclass(frozen=True)
 class E2EScale:
-    """The sizes of the comparison at one scale (E2E RL's budget; PivotRL gets the same number of turns)."""
+    """The sizes of the comparison at one scale: E2E RL's run (its budget; PivotRL gets the same number of
+    turns) and PivotRL's profiling and filter. PivotRL trains with E2E RL's GRPO settings but for its own B and
+    G (one rollout turn per action) and the steps that spend E2E RL's turns."""
 
     name: str
     policy: str  # the start policy of both arms: "tiny" (the quick scale's random model) or a policy spec
@@ -47,19 +62,54 @@ class E2EScale:
     heldout: float  # fraction of the tasks' trajectories held out
     train_tasks: int  # training tasks used (0: all of the training side)
     heldout_tasks: int  # held-out tasks evaluated (0: all)
-    steps: int  # E2E RL steps
-    batch_tasks: int  # E2E RL's B: tasks per step
-    episodes: int  # E2E RL's G: episodes per task
-    max_turns: int
+    e2e_rl: EpisodeConfig  # E2E RL: train.steps, train.batch_pivots (B tasks), train.group_size (G episodes)
     pivot_batch: int  # PivotRL's B: pivots per step
     pivot_group: int  # PivotRL's G: actions per pivot (one rollout turn each)
-    k: int  # PivotRL's profiling samples per candidate
-    lambda_diff: float
-    learning_rate: float
-    max_new_tokens: int
+    profile: ProfileConfig  # PivotRL's profiling of the training tasks' pivots (K samples each)
+    filter: FilterConfig  # PivotRL's pivots from the profile
     evaluations: int  # checkpoints evaluated per arm besides the start (the curve's points)
     max_prompt_tokens: int = 2048
 
+    def __post_init__(self) -> None:
+        if self.profile.max_new_tokens != self.e2e_rl.train.max_new_tokens:
+            raise ConfigError(
+                f"e2e scale {self.name}: profile.max_new_tokens={self.profile.max_new_tokens} must be "
+                f"e2e_rl.train.max_new_tokens={self.e2e_rl.train.max_new_tokens}: both arms act alike"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sizes as a seed's result records them (a rerun with others runs the seed again)."""
+        train = self.e2e_rl.train
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "device": self.device,
+            "heldout": self.heldout,
+            "train_tasks": self.train_tasks,
+            "heldout_tasks": self.heldout_tasks,
+            "steps": train.steps,
+            "batch_tasks": train.batch_pivots,
+            "episodes": train.group_size,
+            "max_turns": self.e2e_rl.max_turns,
+            "pivot_batch": self.pivot_batch,
+            "pivot_group": self.pivot_group,
+            "k": self.profile.k,
+            "lambda_diff": self.filter.lambda_diff,
+            "learning_rate": train.learning_rate,
+            "max_new_tokens": train.max_new_tokens,
+            "evaluations": self.evaluations,
+            "max_prompt_tokens": self.max_prompt_tokens,
+        }
+
+
+def _e2e_rl(scale: str, max_turns: int, **sizes: Any) -> EpisodeConfig:
+    """E2E RL's run at `scale`: the learning rate of that scale's arms, `sizes` of GRPO, no evaluation inside."""
+    train = GRPOConfig(learning_rate=MAIN_SCALES[scale].train.learning_rate, eval_every=0, **sizes)
+    return EpisodeConfig(train=train, max_turns=max_turns, sandbox=SANDBOX)
+
+
+# PivotRL's pivots: D_adv at the main scales' lambda_diff, or the unsolved candidates when D_adv is empty
+FILTER = replace(MAIN_FILTER, mode="adv-or-unsolved")
 
 SCALES = {
     "quick": E2EScale(
@@ -69,16 +119,11 @@ SCALES = {
         heldout=0.3,
         train_tasks=2,
         heldout_tasks=2,
-        steps=1,
-        batch_tasks=2,
-        episodes=2,
-        max_turns=2,
+        e2e_rl=_e2e_rl("quick", max_turns=2, steps=1, batch_pivots=2, group_size=2, max_new_tokens=8),
         pivot_batch=2,
         pivot_group=2,
-        k=2,
-        lambda_diff=0.9,
-        learning_rate=1e-3,
-        max_new_tokens=8,
+        profile=replace(PROFILE, k=2, max_new_tokens=8),
+        filter=FILTER,
         evaluations=1,
         max_prompt_tokens=768,
     ),
@@ -91,16 +136,11 @@ SCALES = {
         # short episodes; the held-out success it measures decides only large differences
         train_tasks=4,
         heldout_tasks=6,
-        steps=2,
-        batch_tasks=2,
-        episodes=4,
-        max_turns=3,
+        e2e_rl=_e2e_rl("cpu", max_turns=3, steps=2, batch_pivots=2, group_size=4, max_new_tokens=48),
         pivot_batch=2,
         pivot_group=4,
-        k=4,
-        lambda_diff=0.9,
-        learning_rate=2e-5,
-        max_new_tokens=48,
+        profile=replace(PROFILE, k=4, max_new_tokens=48),
+        filter=FILTER,
         evaluations=1,
         max_prompt_tokens=1024,
     ),
@@ -112,16 +152,11 @@ SCALES = {
         # sized with the main gpu scale (a few minutes per seed, estimated, not run): every task, short episodes
         train_tasks=0,
         heldout_tasks=0,
-        steps=8,
-        batch_tasks=4,
-        episodes=8,
-        max_turns=6,
+        e2e_rl=_e2e_rl("gpu", max_turns=6, steps=8, batch_pivots=4, group_size=8, max_new_tokens=96),
         pivot_batch=8,
         pivot_group=8,
-        k=8,
-        lambda_diff=0.9,
-        learning_rate=1e-5,
-        max_new_tokens=96,
+        profile=replace(PROFILE, max_new_tokens=96),
+        filter=FILTER,
         evaluations=4,
         max_prompt_tokens=2048,
     ),
@@ -176,7 +211,7 @@ def curve(
     points = []
     for step, folder in checkpoint_steps(run, max(turns_at)):
         load_weights(policy, folder)
-        rewards = success_rate(policy, envs, heldout, scale.max_new_tokens)["rewards"]
+        rewards = success_rate(policy, envs, heldout, scale.e2e_rl.train.max_new_tokens)["rewards"]
         points.append({"step": step, "turns": turns_at[step], "rewards": rewards})
     return points
 
@@ -185,31 +220,19 @@ def run_seed(
     scale: E2EScale, out: Path, seed: int, train_ids: list[str], heldout_ids: list[str]
 ) -> dict[str, Any]:
     """Both arms from the start policy at one seed: their curves of held-out success against rollout turns."""
-    from pivot_envs.adapters.grpo.episodes import EpisodeConfig, episode_envs, success_rate, train_episodes
-    from pivot_envs.adapters.grpo.trainer import GRPOConfig, NoPivotsError, PivotRLConfig, pivotrl
+    from pivot_envs.adapters.grpo.episodes import episode_envs, success_rate, train_episodes
+    from pivot_envs.adapters.grpo.trainer import NoPivotsError, PivotRLConfig, pivotrl
     from pivot_envs.domains.terminal import bundled_pivots
 
-    from pivot_envs.extract import FilterConfig
-    from pivot_envs.profile import ProfileConfig
-
-    every = max(1, math.ceil(scale.steps / scale.evaluations))
-    grpo = GRPOConfig(
-        policy=scale.policy,
-        batch_pivots=scale.batch_tasks,
-        group_size=scale.episodes,
-        learning_rate=scale.learning_rate,
-        max_new_tokens=scale.max_new_tokens,
-        steps=scale.steps,
-        seed=seed,
-        checkpoint_every=every,
-        eval_every=0,
-        out=str(out / "e2e"),
-    )
-    episodes = EpisodeConfig(train=grpo, max_turns=scale.max_turns, sandbox="bwrap")
+    grpo = scale.e2e_rl.train
+    steps = grpo.steps
+    every = max(1, math.ceil(steps / scale.evaluations))
+    grpo = replace(grpo, policy=scale.policy, seed=seed, checkpoint_every=every, out=str(out / "e2e"))
+    episodes = replace(scale.e2e_rl, train=grpo)
     envs = episode_envs(episodes, max(1, min(len(heldout_ids), 8)))
     try:
         policy = start_policy(scale)
-        start = success_rate(policy, envs, heldout_ids, scale.max_new_tokens)
+        start = success_rate(policy, envs, heldout_ids, grpo.max_new_tokens)
         e2e = train_episodes(episodes, train_ids, policy=policy)
         e2e_turns = {record["step"]: record["rollout_turns_total"] for record in e2e.history}
         e2e_curve = curve(policy, Path(grpo.out), e2e_turns, heldout_ids, envs, scale)
@@ -220,15 +243,8 @@ def run_seed(
         candidates = [p for p in bundled_pivots() if p.context["task"] in set(train_ids)]
         config = PivotRLConfig(
             out=str(out / "pivotrl"),
-            profile=ProfileConfig(
-                k=scale.k,
-                max_new_tokens=scale.max_new_tokens,
-                seed=seed,
-                env="pivot/terminal-v0",
-                env_kwargs={"sandbox": "bwrap"},
-                progress=False,
-            ),
-            filter=FilterConfig(mode="adv-or-unsolved", lambda_diff=scale.lambda_diff),
+            profile=replace(scale.profile, seed=seed),
+            filter=scale.filter,
             train=replace(
                 grpo,
                 batch_pivots=scale.pivot_batch,
@@ -239,7 +255,7 @@ def run_seed(
             ),
         )
         policy = start_policy(scale)
-        pivot: dict[str, Any] = {"profile_turns": len(candidates) * scale.k}
+        pivot: dict[str, Any] = {"profile_turns": len(candidates) * scale.profile.k}
         try:
             result = pivotrl(candidates, policy, config)
             trained = min(scale.pivot_batch, len(result.selection.pivots)) * scale.pivot_group
@@ -257,7 +273,7 @@ def run_seed(
     return {
         "seed": seed,
         "start": start["rewards"],
-        "e2e": {"rollout_turns": e2e.rollout_turns, "steps": scale.steps, "curve": e2e_curve},
+        "e2e": {"rollout_turns": e2e.rollout_turns, "steps": steps, "curve": e2e_curve},
         "pivotrl": {**pivot, "steps": pivot_steps},
     }
 
@@ -324,10 +340,10 @@ def run(
     for seed in seeds:
         path = out / f"seed-{seed}.json"
         stored = json.loads(path.read_text()) if path.is_file() else None
-        if stored is None or stored.get("scale") != asdict(sizes):
+        if stored is None or stored.get("scale") != sizes.to_dict():
             shutil.rmtree(out / f"seed-{seed}", ignore_errors=True)
             result = run_seed(sizes, out / f"seed-{seed}", seed, train_ids, heldout_ids)
-            path.write_text(json.dumps({"scale": asdict(sizes), **result}, indent=2))
+            path.write_text(json.dumps({"scale": sizes.to_dict(), **result}, indent=2))
             stored = json.loads(path.read_text())
         results.append(stored)
 
@@ -365,11 +381,12 @@ def run(
         "pivotrl_pivots": [r["pivotrl"]["pivots"] for r in results],
     }
     figure = plot(results, out / "e2e_success_vs_turns.png")
+    e2e_rl = sizes.e2e_rl
     detail = (
         f"Terminal tasks ({len(train_ids)} training, {len(heldout_ids)} held out by trajectory), {len(results)} "
-        f"seed(s), scale {scale}: E2E RL spent {turns['e2e']} rollout turns ({sizes.steps} steps of "
-        f"{sizes.batch_tasks} tasks x {sizes.episodes} episodes, up to {sizes.max_turns} turns each); PivotRL "
-        f"{turns['pivotrl']} (one per training sample) plus {ours['pivotrl_profile_turns']} profiling samples. "
+        f"seed(s), scale {scale}: E2E RL spent {turns['e2e']} rollout turns ({e2e_rl.train.steps} steps of "
+        f"{e2e_rl.train.batch_pivots} tasks x {e2e_rl.train.group_size} episodes, up to {e2e_rl.max_turns} turns "
+        f"each); PivotRL {turns['pivotrl']} (one per training sample) plus {ours['pivotrl_profile_turns']} profiling samples. "
         f"Held-out greedy success: start {as_text(ours['start_success'])}, E2E RL "
         f"{as_text(ours['e2e_success'])}, PivotRL {as_text(ours['pivotrl_success'])}; PivotRL - E2E RL "
         f"{difference['estimate']:+.3f} [{low:+.3f}, {high:+.3f}] (paired by seed and task; 'competitive' means "

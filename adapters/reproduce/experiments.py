@@ -175,26 +175,18 @@ class Experiments:
 
     def _base(self, folder: Path) -> dict[str, Any]:
         import torch
-        from pivot_envs.adapters.sft import SFTConfig, warm_up
+        from pivot_envs.adapters.sft import warm_up
 
         # The policy as loaded: a stage run after another in this process must not start from trained weights.
         self._policy = None
         examples = [p for domain in self.scale.domains for p in self.data.part_a[domain]]
         torch.manual_seed(0)
-        records = warm_up(
-            self.policy,
-            examples,
-            SFTConfig(
-                epochs=self.scale.base_epochs,
-                learning_rate=self.scale.base_learning_rate,
-                progress=self.scale.progress,
-            ),
-        )
+        records = warm_up(self.policy, examples, replace(self.scale.warm_up, progress=self.scale.progress))
         torch.save(self.policy.model.state_dict(), folder / "weights.pt")
         losses = [r["loss"] for r in records]
         return {
             "examples": len(examples),
-            "epochs": self.scale.base_epochs,
+            "epochs": self.scale.warm_up.epochs,
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
         }
@@ -228,7 +220,7 @@ class Experiments:
         sets = self.data.compared if compared else self.data.evaluation
         turns = {
             d: measure.turn_rewards(
-                policy, sets[d], scale.max_new_tokens, progress=self._bar(f"held-out {d}")
+                policy, sets[d], scale.train.max_new_tokens, progress=self._bar(f"held-out {d}")
             )
             for d in domains
         }
@@ -239,7 +231,7 @@ class Experiments:
             "turns": turns,
             "ood_turns": {
                 d: measure.turn_rewards(
-                    policy, self.ood_pivots(d), scale.max_new_tokens, progress=self._bar(f"drift {d}")
+                    policy, self.ood_pivots(d), scale.train.max_new_tokens, progress=self._bar(f"drift {d}")
                 )
                 for d in ood
             },
@@ -269,29 +261,20 @@ class Experiments:
     def _profile(self, folder: Path, domain: str) -> dict[str, Any]:
         from pivot_envs.extract import filter_pivots
         from pivot_envs.pivot import read_pivots
-        from pivot_envs.profile import ProfileConfig, profile
+        from pivot_envs.profile import profile
 
         scale = self.scale
-        config = ProfileConfig(
-            k=scale.k,
-            temperature=1.0,
-            max_new_tokens=scale.max_new_tokens,
-            seed=0,
-            batch_pivots=4,
-            env_workers=measure.ENV_WORKERS,
-            progress=scale.progress,
-        )
         path = folder / "profiled.jsonl"
         profile(
             self.data.candidates[domain],
             self.reset_to_base(),
             path,
-            config,
+            replace(scale.profile, progress=scale.progress),
             reference=f"reproduce base {digest(self.settings(BASE_FIELDS))}",
         )
         profiled = list(read_pivots(path))
-        adv = filter_pivots(profiled, lambda_diff=scale.lambda_diff, mode="adv")
-        kept = adv or filter_pivots(profiled, lambda_diff=scale.lambda_diff, mode="adv-or-unsolved")
+        adv = filter_pivots(profiled, lambda_diff=scale.filter.lambda_diff, mode="adv")
+        kept = adv or filter_pivots(profiled, lambda_diff=scale.filter.lambda_diff, mode="adv-or-unsolved")
         return {
             "candidates": [
                 {
@@ -323,8 +306,8 @@ class Experiments:
 
     def _arm(self, folder: Path, domain: str, arm: str, seed: int) -> dict[str, Any]:
         import torch
-        from pivot_envs.adapters.grpo import GRPOConfig, train
-        from pivot_envs.adapters.sft import SFTConfig, warm_up
+        from pivot_envs.adapters.grpo import train
+        from pivot_envs.adapters.sft import warm_up
 
         scale = self.scale
         selection, verifier, level = ARMS[arm]
@@ -335,38 +318,18 @@ class Experiments:
         history: list[dict[str, Any]] = []
         if level is None:  # SFT on the same part-B candidates' expert turns
             torch.manual_seed(seed)
-            warm_up(
-                policy,
-                pivots,
-                SFTConfig(
-                    epochs=scale.sft_epochs,
-                    learning_rate=scale.sft_learning_rate,
-                    seed=seed,
-                    progress=scale.progress,
-                ),
-            )
+            warm_up(policy, pivots, replace(scale.sft, seed=seed, progress=scale.progress))
         else:
-            config = GRPOConfig(
-                policy=scale.policy,
-                steps=scale.steps,
-                batch_pivots=scale.batch_pivots,
-                group_size=scale.group_size,
-                learning_rate=scale.learning_rate,
-                max_new_tokens=scale.max_new_tokens,
-                loss_level=level,
-                seed=seed,
-                checkpoint_every=0,
-                eval_every=0,
-                num_envs=measure.ENV_WORKERS,
-                out=str(folder / "train"),
+            config = replace(
+                scale.train, policy=scale.policy, loss_level=level, seed=seed, out=str(folder / "train")
             )
             extra: dict[str, Any] = {"verifier": verifier} if verifier else {}
             if arm in ONLINE_ARMS:  # re-profile the whole part-B pool about halfway through (once at 6 steps)
                 config = replace(
                     config,
-                    reprofile_every=max(1, scale.steps // 2),
+                    reprofile_every=max(1, config.steps // 2),
                     reprofile_k=min(scale.ks),
-                    reprofile_lambda_diff=scale.lambda_diff,
+                    reprofile_lambda_diff=scale.filter.lambda_diff,
                 )
                 extra["candidates"] = self.data.candidates[domain]
             result = train(config, pivots, policy=policy, **extra)

@@ -128,7 +128,7 @@ def reproduce(
     claims: list[dict[str, Any]] = []
     summaries: dict[str, Any] = {}
     if "signal" in chosen:
-        claims += claims_of.signal_claims(profiles, scale.ks, scale.k, arms, scale.train_domains)
+        claims += claims_of.signal_claims(profiles, scale.ks, scale.profile.k, arms, scale.train_domains)
         summaries["signal"] = claims_of.zero_variance(profiles, scale.ks)
     if "strict-functional" in chosen:
         claims.append(claims_of.strict_claim(profiles))

@@ -5,23 +5,62 @@ two-layer model of SmolLM2's architecture (with SmolLM2's tokenizer), so its num
 about the method: it checks that every stage runs, resumes and reports. `cpu` is the real
 small-scale run (SmolLM2-135M-Instruct, every bundled domain, about 3 hours on 2 cores); `gpu`
 the same with more of everything for one GPU (a bigger model through --policy).
+
+A scale holds the configs its stages run with, instances of their own classes (`SFTConfig`,
+`ProfileConfig`, `FilterConfig`, `GRPOConfig`) made from the bases below, so a setting a scale
+does not change keeps its class's default. The stages record a scale flat (`Scale.to_dict`), under
+the names of `CONFIG_SIZES`, which `--set` takes too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from pivot_envs.adapters.grpo.config import GRPOConfig
+from pivot_envs.adapters.reproduce.measure import ENV_WORKERS
+from pivot_envs.adapters.sft import SFTConfig
 
 from pivot_envs.config import ConfigError, UnknownOptionError
 from pivot_envs.errors import UnknownNameError
+from pivot_envs.extract import FilterConfig
+from pivot_envs.profile import ProfileConfig
 
 TINY = "tiny"  # the quick scale's random model (see measure.load_policy)
+
+# What every scale's arms and profiles share. The arms are measured once trained: no checkpoint, no
+# evaluation inside the run.
+TRAIN = GRPOConfig(checkpoint_every=0, eval_every=0, num_envs=ENV_WORKERS)
+PROFILE = ProfileConfig(seed=0, batch_pivots=4, env_workers=ENV_WORKERS)
+
+# The configs' fields a scale sets, by the name its stages record them under (and --set takes): stages
+# finished earlier, the committed benchmarks/stages/ among them, stay valid while these names and values do.
+# max_new_tokens bounds the actions profiled, trained on and measured alike.
+CONFIG_SIZES: dict[str, tuple[str, ...]] = {
+    "base_epochs": ("warm_up.epochs",),
+    "base_learning_rate": ("warm_up.learning_rate",),
+    "k": ("profile.k",),
+    "lambda_diff": ("filter.lambda_diff",),
+    "steps": ("train.steps",),
+    "batch_pivots": ("train.batch_pivots",),
+    "group_size": ("train.group_size",),
+    "learning_rate": ("train.learning_rate",),
+    "max_new_tokens": ("train.max_new_tokens", "profile.max_new_tokens"),
+    "sft_epochs": ("sft.epochs",),
+    "sft_learning_rate": ("sft.learning_rate",),
+}
+CONFIGS = ("warm_up", "profile", "filter", "train", "sft")
+
+
+def _get(scale: Any, path: str) -> Any:
+    config, name = path.split(".")
+    return getattr(getattr(scale, config), name)
 
 
 @dataclass(frozen=True)
 class Scale:
-    """The sizes of one scale. Counts of pivots are per domain; 0 means all there are."""
+    """The sizes of one scale and the configs of its stages. Counts of pivots are per domain; 0 means all."""
 
     name: str
     policy: str  # TINY or a policy spec (hf:smollm2, hf:PATH)
@@ -33,22 +72,16 @@ class Scale:
     eval_pivots: int  # held-out pivots evaluated per domain (greedy; 0: all)
     ood_pivots: int  # another domain's held-out pivots evaluated for drift
     base_examples: int  # expert turns per domain in the warm-up SFT (part A)
-    base_epochs: int
-    base_learning_rate: float
     candidates: int  # part-B candidates profiled and trained at, per training domain
-    k: int  # samples per candidate in profiling; the zero-variance fraction is also given at each k in ks
-    ks: tuple[int, ...]
-    lambda_diff: float
-    steps: int  # GRPO steps of every RL arm (the same budget for each)
-    batch_pivots: int
-    group_size: int
-    learning_rate: float
-    max_new_tokens: int
-    sft_epochs: int  # the SFT arm's epochs on part B's expert turns
-    sft_learning_rate: float
+    ks: tuple[int, ...]  # the zero-variance fraction is also given at each of these k (each within profile.k)
     wiki_texts: int  # Wikipedia summaries whose loss is measured before and after
     wiki_tokens: int  # tokens of each summary scored
     questions: int  # general questions with exact answers asked (0: all bundled)
+    warm_up: SFTConfig  # the base: SFT on part A's expert turns
+    profile: ProfileConfig  # part B's candidates profiled under the base (K samples each)
+    filter: FilterConfig  # D_adv from the profile (lambda_diff)
+    train: GRPOConfig  # every RL arm (steps, B, G, learning rate, action length)
+    sft: SFTConfig  # the SFT arm on part B's expert turns
     max_prompt_tokens: int = 1024
     # domains profiled for the signal and miss-rate claims (besides the training domains, always profiled);
     # () profiles every measured domain
@@ -59,9 +92,23 @@ class Scale:
     progress: bool = True  # progress bars inside the stages (profiling, SFT); quick runs in the tests without
     notes: tuple[str, ...] = field(default=())
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def __post_init__(self) -> None:
+        for name, paths in CONFIG_SIZES.items():
+            if len({_get(self, path) for path in paths}) > 1:
+                shown = ", ".join(f"{path}={_get(self, path)}" for path in paths)
+                raise ConfigError(f"scale {self.name}: {shown} must be one value ({name})")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The scale as its stages record it (their settings digests are taken over it): its own fields and
+        the configs' fields it sets, flat, under the names of CONFIG_SIZES."""
+        own = {item.name: getattr(self, item.name) for item in fields(self) if item.name not in CONFIGS}
+        return {**own, **{name: _get(self, paths[0]) for name, paths in CONFIG_SIZES.items()}}
+
+
+# A random model learns only with large steps.
+RANDOM_MODEL_LEARNING_RATE = 1e-3
+# lambda_diff of every scale: the paper gives no value.
+FILTER = FilterConfig(lambda_diff=0.9)
 
 SCALES = {
     "quick": Scale(
@@ -75,22 +122,23 @@ SCALES = {
         eval_pivots=8,
         ood_pivots=4,
         base_examples=6,
-        base_epochs=1,
-        base_learning_rate=1e-3,
         candidates=6,
-        k=4,
         ks=(2, 4),
-        lambda_diff=0.9,
-        steps=2,
-        batch_pivots=2,
-        group_size=4,
-        learning_rate=1e-3,
-        max_new_tokens=6,
-        sft_epochs=1,
-        sft_learning_rate=1e-3,
         wiki_texts=4,
         wiki_tokens=48,
         questions=6,
+        warm_up=SFTConfig(learning_rate=RANDOM_MODEL_LEARNING_RATE),
+        profile=replace(PROFILE, k=4, max_new_tokens=6),
+        filter=FILTER,
+        train=replace(
+            TRAIN,
+            steps=2,
+            batch_pivots=2,
+            group_size=4,
+            learning_rate=RANDOM_MODEL_LEARNING_RATE,
+            max_new_tokens=6,
+        ),
+        sft=SFTConfig(learning_rate=RANDOM_MODEL_LEARNING_RATE),
         # the prompt's cost is the random model's: its vocabulary projection dominates each forward
         max_prompt_tokens=256,
         progress=False,
@@ -109,22 +157,16 @@ SCALES = {
         eval_pivots=32,
         ood_pivots=8,
         base_examples=32,
-        base_epochs=1,
-        base_learning_rate=5e-5,
         candidates=32,
-        k=8,
         ks=(4, 8),
-        lambda_diff=0.9,
-        steps=4,
-        batch_pivots=2,
-        group_size=8,
-        learning_rate=2e-5,
-        max_new_tokens=48,
-        sft_epochs=2,
-        sft_learning_rate=5e-5,
         wiki_texts=30,
         wiki_tokens=128,
         questions=30,
+        warm_up=SFTConfig(),
+        profile=replace(PROFILE, max_new_tokens=48),
+        filter=FILTER,
+        train=replace(TRAIN, steps=4, batch_pivots=2, learning_rate=2e-5, max_new_tokens=48),
+        sft=SFTConfig(epochs=2),
         # terminal and SWE are measured out of domain only: profiling them took the longest (sandboxed
         # execution) and the base never succeeds at a SWE pivot
         profile_domains=("tool-use", "search"),
@@ -151,22 +193,16 @@ SCALES = {
         eval_pivots=0,
         ood_pivots=0,
         base_examples=64,
-        base_epochs=2,
-        base_learning_rate=5e-5,
         candidates=64,
-        k=16,
         ks=(4, 8, 16),
-        lambda_diff=0.9,
-        steps=20,
-        batch_pivots=8,
-        group_size=8,
-        learning_rate=1e-5,
-        max_new_tokens=64,
-        sft_epochs=2,
-        sft_learning_rate=5e-5,
         wiki_texts=200,
         wiki_tokens=256,
         questions=0,
+        warm_up=SFTConfig(epochs=2),
+        profile=replace(PROFILE, k=16, max_new_tokens=64),
+        filter=FILTER,
+        train=replace(TRAIN, steps=20, batch_pivots=8, learning_rate=1e-5, max_new_tokens=64),
+        sft=SFTConfig(epochs=2),
         max_prompt_tokens=2048,
         # terminal and SWE are measured (in their sandboxes) but not profiled: the 135M base never succeeds there
         profile_domains=("tool-use", "search"),
@@ -210,10 +246,10 @@ def _parse_field(field_name: str, kind: str, text: str) -> Any:
 
 
 def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
-    """`scale` with FIELD=VALUE items applied (`--set steps=20 --set ks=4,8`): any field but the name and the
-    notes; tuples are comma-separated. The report's notes list what was set, so its reader sees which sizes
-    are not the named scale's."""
-    kinds = {item.name: str(item.type) for item in fields(Scale) if item.name not in _FIXED}
+    """`scale` with FIELD=VALUE items applied (`--set steps=20 --set ks=4,8`): any field but the name, the notes
+    and the configs, or a config's field by its CONFIG_SIZES name; tuples are comma-separated. The report's
+    notes list what was set, so its reader sees which sizes are not the named scale's."""
+    kinds = _kinds(scale)
     changes: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -226,11 +262,11 @@ def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
     if not changes:
         return scale
     _check_sizes(changes)
-    scale = replace(scale, **changes)
-    if any(not 1 <= k <= scale.k for k in scale.ks):
+    scale = with_sizes(scale, changes)
+    if any(not 1 <= k <= scale.profile.k for k in scale.ks):
         raise ConfigError(
-            f"--set: ks {_shown(scale.ks)} must lie within 1..k (k={scale.k}): the zero-variance share at each is "
-            f"read from the k samples profiled (--set ks=...)"
+            f"--set: ks {_shown(scale.ks)} must lie within 1..k (k={scale.profile.k}): the zero-variance share "
+            f"at each is read from the k samples profiled (--set ks=...)"
         )
     if not set(scale.train_domains) <= set(scale.domains):
         raise ConfigError(
@@ -239,6 +275,27 @@ def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
         )
     shown = ", ".join(f"{key}={_shown(value)}" for key, value in changes.items())
     return replace(scale, notes=(*scale.notes, f"sizes set on the command line: {shown}"))
+
+
+def _kinds(scale: Scale) -> dict[str, str]:
+    """The annotation of each size --set may change: the scale's own fields and the configs' of CONFIG_SIZES."""
+    kinds = {item.name: str(item.type) for item in fields(Scale) if item.name not in (*_FIXED, *CONFIGS)}
+    for name, (path, *_) in CONFIG_SIZES.items():
+        config, key = path.split(".")
+        kinds[name] = next(str(item.type) for item in fields(getattr(scale, config)) if item.name == key)
+    return kinds
+
+
+def with_sizes(scale: Scale, changes: dict[str, Any]) -> Scale:
+    """`scale` with `changes` by size name (a field of the scale, or a config's field by its CONFIG_SIZES name)."""
+    own = {key: value for key, value in changes.items() if key not in CONFIG_SIZES}
+    configs: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        for path in CONFIG_SIZES.get(key, ()):
+            config, name = path.split(".")
+            configs.setdefault(config, {})[name] = value
+    replaced = {config: replace(getattr(scale, config), **values) for config, values in configs.items()}
+    return replace(scale, **own, **replaced)
 
 
 def _shown(value: Any) -> str:

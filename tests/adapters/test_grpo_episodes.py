@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import gymnasium as gym
@@ -187,7 +186,7 @@ def test_the_quick_e2e_experiment_reports_both_arms_at_the_same_rollout_turns(tm
     stored.write_text(json.dumps({**result, "scale": {**result["scale"], "device": "cuda"}}))
     (tmp_path / "seed-0" / "stale").write_text("from the other run")
     again = e2e.run("quick", tmp_path, [0], device="cpu")
-    assert json.loads(stored.read_text())["scale"] == asdict(e2e.sizes_of("quick"))
+    assert json.loads(stored.read_text())["scale"] == e2e.sizes_of("quick").to_dict()
     assert not (tmp_path / "seed-0" / "stale").exists() and again["verdict"] in (
         "reproduced",
         "not reproduced",
@@ -203,7 +202,11 @@ def test_the_e2e_comparison_starts_from_the_policy_and_device_the_run_was_given(
 
     assert e2e.sizes_of("cpu") == e2e.SCALES["cpu"]
     sizes = e2e.sizes_of("gpu", policy="hf:/models/qwen", device="cuda:1")
-    assert (sizes.policy, sizes.device, sizes.steps) == ("hf:/models/qwen", "cuda:1", e2e.SCALES["gpu"].steps)
+    assert (sizes.policy, sizes.device, sizes.e2e_rl) == (
+        "hf:/models/qwen",
+        "cuda:1",
+        e2e.SCALES["gpu"].e2e_rl,
+    )
     with pytest.raises(UnknownNameError, match="scale 'gpux'"):
         e2e.sizes_of("gpux")
 

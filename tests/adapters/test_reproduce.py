@@ -193,6 +193,8 @@ def test_compared_pivots_must_not_be_negative():
 
 
 def test_set_changes_any_size_of_a_scale_and_the_notes_say_which():
+    from dataclasses import replace
+
     from pivot_envs.adapters.reproduce.scales import get_scale
 
     scale = get_scale(
@@ -206,8 +208,15 @@ def test_set_changes_any_size_of_a_scale_and_the_notes_say_which():
             "learning_rate=3e-5",
         ],
     )
-    assert (scale.steps, scale.ks, scale.train_domains, scale.compared_pivots) == (2, (4, 8), ("search",), 0)
-    assert (scale.progress, scale.learning_rate, scale.name) == (False, 3e-5, "gpu")
+    assert (scale.train.steps, scale.ks, scale.train_domains, scale.compared_pivots) == (
+        2,
+        (4, 8),
+        ("search",),
+        0,
+    )
+    assert (scale.progress, scale.train.learning_rate, scale.name) == (False, 3e-5, "gpu")
+    # a size of a config is set in that config; the others keep the scale's
+    assert scale.train == replace(get_scale("gpu").train, steps=2, learning_rate=3e-5)
     assert scale.notes[-1] == (
         "sizes set on the command line: steps=2, ks=4,8, train_domains=search, compared_pivots=0, "
         "progress=False, learning_rate=3e-05"
@@ -488,7 +497,12 @@ def test_resizing_the_arms_keeps_the_base_and_the_profiles_but_reruns_the_arms(t
     from pivot_envs.adapters.reproduce.stages import Stages, digest
 
     scale = get_scale("quick")
-    resized = replace(scale, steps=scale.steps + 3, group_size=2, seeds=5, sft_epochs=3)
+    resized = replace(
+        scale,
+        train=replace(scale.train, steps=scale.train.steps + 3, group_size=2),
+        sft=replace(scale.sft, epochs=3),
+        seeds=5,
+    )
     one, two = (Experiments(s, tmp_path, Stages(tmp_path)) for s in (scale, resized))
     for fields in (BASE_FIELDS, MEASURE_FIELDS, PROFILE_FIELDS):
         assert digest(one.settings(fields, domain="search")) == digest(two.settings(fields, domain="search"))
@@ -499,7 +513,9 @@ def test_resizing_the_arms_keeps_the_base_and_the_profiles_but_reruns_the_arms(t
     wider = Experiments(replace(scale, base_examples=scale.base_examples + 1), tmp_path, Stages(tmp_path))
     assert digest(one.settings(BASE_FIELDS)) != digest(wider.settings(BASE_FIELDS))
     assert digest(one.settings(PROFILE_FIELDS)) != digest(
-        Experiments(replace(scale, k=scale.k * 2), tmp_path, Stages(tmp_path)).settings(PROFILE_FIELDS)
+        Experiments(
+            replace(scale, profile=replace(scale.profile, k=scale.profile.k * 2)), tmp_path, Stages(tmp_path)
+        ).settings(PROFILE_FIELDS)
     )
 
 
@@ -602,3 +618,34 @@ def test_the_committed_stages_of_the_sft_run_are_this_codes_cpu_scale_and_report
     assert stages.computed == [] and "sft-in-domain" in {
         c["claim"] for c in json.loads((tmp_path / "report.json").read_text())["claims"]
     }
+
+
+def test_the_cpu_scale_made_of_its_configs_records_the_sizes_its_committed_stages_were_digested_with():
+    """The scales hold the stages' own configs; the stages record them flat (Scale.to_dict), so the committed
+    stages' settings must be the cpu scale's, name for name (the digests follow, see the test above)."""
+    from pathlib import Path
+
+    from pivot_envs.adapters.reproduce.scales import CONFIG_SIZES, get_scale
+
+    committed = Path(__file__).resolve().parents[2] / "benchmarks" / "stages" / "reproduce-cpu-sft"
+    recorded = json.loads((committed / "train-search-pivotrl-s0" / "result.json").read_text())["settings"][
+        "scale"
+    ]
+    ours = json.loads(json.dumps(get_scale("cpu", compared_pivots=0).to_dict()))
+    assert set(CONFIG_SIZES) <= set(recorded)
+    assert set(ours) - set(recorded) == {"name", "seeds", "progress", "profile_domains", "notes"}
+    assert {key: ours[key] for key in recorded} == recorded
+
+
+def test_one_action_length_serves_profiling_training_and_measuring():
+    from dataclasses import replace
+
+    from pivot_envs.adapters.reproduce.scales import SCALES, get_scale
+
+    from pivot_envs.config import ConfigError
+
+    short = get_scale("cpu", sets=["max_new_tokens=12"])
+    assert short.train.max_new_tokens == short.profile.max_new_tokens == 12
+    cpu = SCALES["cpu"]
+    with pytest.raises(ConfigError, match=re.escape("profile.max_new_tokens=12 must be one value")):
+        replace(cpu, profile=replace(cpu.profile, max_new_tokens=12))
