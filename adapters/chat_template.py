@@ -16,6 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from pivot_envs.chat import parse_arguments, text_of, tool_to_chat
+from pivot_envs.errors import PivotEnvsError
+
+
+class ChatTemplateError(PivotEnvsError, ValueError):
+    """A model whose tokenizer has no chat template, or one that cannot cut an assistant turn out of a chat."""
+
 
 TOOLS_PREAMBLE = (
     "# Tools\n\n"
@@ -126,7 +132,9 @@ def render_prompt(
 ) -> str:
     """The generation prompt for a chat: the rendered messages ending with the assistant header."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
+        raise ChatTemplateError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template"
+        )
     if template_speaks_tools(tokenizer):
         return tokenizer.apply_chat_template(
             _native_messages(messages),
@@ -176,7 +184,7 @@ def encode_action(
     else:
         full = tokenizer.apply_chat_template(prompt_messages(chat, tools), tokenize=False)
     if not full.startswith(prompt):
-        raise ValueError(
+        raise ChatTemplateError(
             f"the chat template of {getattr(tokenizer, 'name_or_path', tokenizer)!r} does not render an assistant "
             "turn as a continuation of its generation prompt, so the expert turn's tokens cannot be cut out"
         )

@@ -29,7 +29,8 @@ from typing import Any
 
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
 
-from pivot_envs.config import progress_bar
+from pivot_envs.config import ConfigError, progress_bar
+from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
 
 
@@ -62,7 +63,7 @@ def expert_examples(
             policy.tokenizer, pivot.observation["messages"], pivot.observation.get("tools"), pivot.expert
         )
         if len(prompt) < 2 or not action:
-            raise ValueError(f"pivot {pivot.id}: empty prompt or expert action after encoding")
+            raise PivotSetError(f"pivot {pivot.id}: empty prompt or expert action after encoding")
         examples.append((prompt, action[:max_action_tokens]))
     return examples
 
@@ -138,16 +139,17 @@ def warm_up(
     """Fine-tune `policy`'s model (or `model`) on the pivots' expert turns in place; returns the
     per-step records (epoch, step, loss, tokens, seconds), also appended to `config.metrics`."""
     import torch
+    from pivot_envs.adapters.grpo.policy import UntrainablePolicyError
 
     config = config or SFTConfig()
     model = model if model is not None else getattr(policy, "model", None)
     if model is None:
-        raise ValueError(
+        raise UntrainablePolicyError(
             f"{getattr(policy, 'name', policy)!r} has no trainable model: the SFT warm-up needs an hf policy"
         )
     if config.epochs < 0 or config.batch_size < 1:
-        raise ValueError(
-            f"epochs must be >= 0 and batch_size >= 1 (got {config.epochs}, {config.batch_size})"
+        raise ConfigError(
+            f"SFTConfig: epochs must be >= 0 and batch_size >= 1 (got {config.epochs}, {config.batch_size})"
         )
     examples = expert_examples(policy, pivots, config.max_action_tokens)
     if not examples or config.epochs == 0:

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode
 
-from pivot_envs.errors import PivotEnvsError
+from pivot_envs.errors import PivotEnvsError, PivotSetError, UnknownNameError
 from pivot_envs.observations import ObservationCopies
 from pivot_envs.pivot import Pivot, domain_mismatch
 from pivot_envs.spaces import Chat, Completion
@@ -120,7 +120,7 @@ class PivotEnv(gym.Env):
     ) -> None:
         self.pivots: list[Pivot] = self._load_pivots(pivots)
         if not self.pivots:
-            raise ValueError(f"{type(self).__name__}: the pivot set is empty")
+            raise PivotSetError(f"{type(self).__name__}: the pivot set is empty")
         self._by_id = {pivot.id: i for i, pivot in enumerate(self.pivots)}
         self.verifier: Verifier = self._make_verifier(
             verifier or self.default_verifier, verifier_config or {}
@@ -137,7 +137,7 @@ class PivotEnv(gym.Env):
 
     def default_pivots(self) -> list[Pivot]:
         """The domain's bundled pivots, used when no `pivots` are given."""
-        raise ValueError(f"{type(self).__name__} has no bundled pivots: pass pivots=PATH")
+        raise PivotSetError(f"{type(self).__name__} has no bundled pivots: pass pivots=PATH")
 
     def parse(self, action: Any) -> ParsedAction:
         """Turn a raw completion or a message dict into a canonical assistant message."""
@@ -291,9 +291,7 @@ class PivotEnv(gym.Env):
         if not isinstance(verifier, str):
             return verifier
         if verifier not in self.verifiers:
-            raise ValueError(
-                f"unknown verifier {verifier!r} for {type(self).__name__}; choose one of {sorted(self.verifiers)}"
-            )
+            raise UnknownNameError(f"{type(self).__name__} verifier", verifier, self.verifiers)
         factory = self.verifiers[verifier]
         return factory(**config) if config else factory()
 

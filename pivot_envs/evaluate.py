@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pivot_envs.config import ConfigError, at_least, option
+from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
 from pivot_envs.policy import Completion, Policy, SamplingParams
 from pivot_envs.scoring import EnvFactory, EnvPool, resolve_env
@@ -231,7 +232,7 @@ def evaluate(
     """
     config = config or EvalConfig()
     if not pivots:
-        raise ValueError("no pivots to evaluate")
+        raise PivotSetError("no pivots to evaluate")
     if config.verifier:
         env_kwargs.setdefault("verifier", config.verifier)
     by_domain: dict[str, list[Pivot]] = defaultdict(list)

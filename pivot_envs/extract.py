@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, option
 from pivot_envs.errors import PivotSetError, UnknownNameError
 from pivot_envs.pivot import Pivot, write_pivots
 from pivot_envs.trajectory import ReadReport, Trajectory
@@ -308,7 +308,7 @@ def split_by_trajectory(
     other pivots.
     """
     if not 0.0 <= heldout_fraction <= 1.0:
-        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+        raise ConfigError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
     train, heldout = [], []
     for pivot in pivots:
         (heldout if heldout_side(pivot.trajectory_id, heldout_fraction, seed) else train).append(pivot)

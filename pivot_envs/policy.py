@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pivot_envs.config import ConfigError
 from pivot_envs.errors import PivotEnvsError
 
 
@@ -39,13 +40,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be >= 0 (0 keeps every token), got {self.top_k}")
+            raise ConfigError(f"sampling.top_k must be >= 0 (0 keeps every token), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"sampling.min_p must be in [0, 1], got {self.min_p}")
+            raise ConfigError(f"sampling.min_p must be in [0, 1], got {self.min_p}")
         if self.stop is not None and (
             isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop)
         ):
-            raise ValueError(f"sampling.stop must be a list of non-empty strings, got {self.stop!r}")
+            raise ConfigError(f"sampling.stop must be a list of non-empty strings, got {self.stop!r}")
 
     def chat_seeds(self, chats: int) -> list[int | None]:
         """The seed of each of `chats` chats: `seeds` (checked to hold one per chat), else `seed` for all."""

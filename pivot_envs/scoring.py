@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from pivot_envs.config import ConfigError
 from pivot_envs.errors import PivotEnvsError, PivotSetError
 from pivot_envs.pivot import Pivot
 
@@ -69,7 +70,7 @@ class EnvPool:
 
     def __init__(self, make_env: EnvFactory, size: int = 4) -> None:
         if size < 1:
-            raise ValueError(f"an env pool needs at least one env, got size={size}")
+            raise ConfigError(f"an env pool needs at least one env, got size={size}")
         self.make_env = make_env
         self.size = size
         self._idle: queue.Queue = queue.Queue()

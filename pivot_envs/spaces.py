@@ -17,6 +17,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import utils as vector_utils
 
+from pivot_envs.errors import PivotEnvsError
+
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -83,6 +85,10 @@ class Completion(spaces.Space[Any]):
 SHARED_OBSERVATION_BYTES = 4 << 20  # per env in AsyncVectorEnv's shared memory; prefixes are far smaller
 
 
+class ObservationTooLargeError(PivotEnvsError, ValueError):
+    """A pivot's observation that does not fit its env's slot in AsyncVectorEnv's shared memory."""
+
+
 class SharedChatBatch(Sequence):
     """The observations of an AsyncVectorEnv, read from shared memory when accessed.
 
@@ -119,7 +125,7 @@ def _write_to_shared_memory(space: Chat, index: int, value: Any, shared_memory: 
     # surrogatepass: a pivot's prefix may hold a lone surrogate (a \ud800 escape in its JSON); it must survive the trip
     data = json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
     if len(data) + 8 > SHARED_OBSERVATION_BYTES:
-        raise ValueError(
+        raise ObservationTooLargeError(
             f"observation of {len(data)} bytes exceeds the shared-memory slot of {SHARED_OBSERVATION_BYTES} bytes; "
             "use gym.make_vec(..., vector_kwargs={'shared_memory': False})"
         )

@@ -17,6 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
+
+
+class RunDirectoryError(PivotEnvsError, ValueError):
+    """An output directory that holds another run (a fresh run would mix with it), or a resume
+    whose settings differ from those its checkpoint's run trained with."""
+
 
 def save_checkpoint(
     path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: Any
@@ -66,7 +73,7 @@ def refuse_earlier_run(out: Path, resuming: bool = False) -> None:
             if resuming
             else ": continue it with --resume (resume=True) or train"
         )
-        raise ValueError(
+        raise RunDirectoryError(
             f"{out} holds an earlier run ({', '.join(found)}){advice} into another --out; "
             "nothing there was changed"
         )
@@ -98,7 +105,7 @@ def check_resumable(checkpoint: Path, saved: dict[str, Any], config: Any) -> Non
         if name not in RESUME_MAY_CHANGE and name in saved and saved[name] != value
     ]
     if differences:
-        raise ValueError(
+        raise RunDirectoryError(
             f"cannot resume {checkpoint} with other settings ({'; '.join(differences)}): resume with the run's "
             f"own, or start another run from its weights (--policy hf:{checkpoint} --out NEW)"
         )

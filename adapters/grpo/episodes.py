@@ -31,11 +31,16 @@ from pivot_envs.adapters.grpo.run import RunLog, prepare_run
 from pivot_envs.adapters.grpo.trainer import learn
 
 from pivot_envs.config import option
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 EPISODE_ENV = "pivot/terminal-episode-v0"
+
+
+class NoTasksError(PivotEnvsError, ValueError):
+    """An episode run given no task to train on."""
 
 
 @dataclass
@@ -182,7 +187,7 @@ def train_episodes(
 
     grpo, tasks, heldout = config.train, list(tasks), list(heldout or [])
     if not tasks:
-        raise ValueError("no tasks to train on")
+        raise NoTasksError(f"no tasks to train on: the task list given for {config.env} is empty")
     # the pivot trainer's set-up: policy, trainable module, frozen reference, optimizer, sampler, resume
     run = prepare_run(grpo, policy, model)
     batch_tasks = min(grpo.batch_pivots, len(tasks))

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pivot_envs.adapters.grpo.policy import UntrainablePolicyError
+
 
 @dataclass
 class Group:
@@ -32,7 +34,7 @@ def build_group(
     """The group trained on: prompt ids + sampled ids exactly as sampled (no decode/re-encode), invalid samples dropped."""
     prompts = {tuple(c.prompt_token_ids) for c in completions}
     if not completions or () in prompts:
-        raise ValueError(
+        raise UntrainablePolicyError(
             f"pivot {pivot_id}: the policy returned completions without prompt_token_ids; "
             "the GRPO trainer needs a local backend that reports the exact tokens it sampled (hf, vllm)"
         )

@@ -6,7 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from pivot_envs.errors import MissingExtraError
+from pivot_envs.errors import MissingExtraError, PivotEnvsError
+
+
+class NoMetricsError(PivotEnvsError, ValueError):
+    """A metrics file with no step recorded in it: nothing to plot."""
 
 
 def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Path:
@@ -24,7 +28,7 @@ def plot_metrics(metrics_jsonl: str | os.PathLike, png: str | os.PathLike) -> Pa
 
     records = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
     if not records:
-        raise ValueError(f"{metrics_jsonl}: no metrics to plot")
+        raise NoMetricsError(f"{metrics_jsonl}: no metrics to plot")
     steps = [r["step"] for r in records]
     mean = [r["reward_mean"] for r in records]
     std = [r["reward_std"] for r in records]

@@ -44,7 +44,8 @@ class PivotRLResult:
 
 
 class NoPivotsError(PivotEnvsError, ValueError):
-    """Line 4 kept no pivot: every profiled candidate was uniformly solved, uniformly failed or too easy."""
+    """No pivot to train at: `train` was given none, or line 4 kept none (every profiled candidate was
+    uniformly solved, uniformly failed or too easy)."""
 
     @classmethod
     def of(cls, profiled: int, k: int, mixed: int, filtering: FilterConfig) -> NoPivotsError:

@@ -27,6 +27,7 @@ from pivot_envs.adapters.grpo.results import NoPivotsError, PivotRLResult, Selec
 from pivot_envs.adapters.grpo.run import Run, RunLog, prepare_run, turn_accuracy
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
+from pivot_envs.config import at_least
 from pivot_envs.extract import dedup_pivots, extract_pivots, filter_pivots
 from pivot_envs.pivot import Pivot, read_pivots, write_pivots
 from pivot_envs.policy import SamplingParams, load_policy
@@ -286,11 +287,8 @@ def train(
 
     pivots, heldout = list(pivots), list(heldout or [])
     if not pivots:
-        raise ValueError("no pivots to train on")
-    if config.group_size < 2:
-        raise ValueError(
-            f"group_size must be >= 2 (Eq. 1 normalises within a group), got {config.group_size}"
-        )
+        raise NoPivotsError("no pivots to train on: the pivot set given to train() is empty")
+    at_least(config, 2, "group_size")  # Eq. 1 normalises within a group (the config checks it too when built)
     ranks = setup()
     check_split(ranks, min(config.batch_pivots, len(pivots)), config.reprofile_every > 0)
     run = prepare_run(config, policy, model, ranks)

@@ -21,10 +21,16 @@ from typing import Any
 from pivot_envs.adapters.chat_template import encode_prompt
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
 
+from pivot_envs.config import ConfigError
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
 EMBEDDED = "smollm2"
 MIN_SHARED_HEAD = 16  # a shorter common head is not worth a forward pass of its own
+
+
+class TokenizerError(PivotEnvsError, ValueError):
+    """A model whose tokenizer and generation config define no end-of-sequence token to stop at."""
 
 
 class HFPolicy:
@@ -67,7 +73,7 @@ class HFPolicy:
         max_prompt_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"HFPolicy batch_size must be >= 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.device = str(device) if device is not None else str(next(model.parameters()).device)
@@ -113,7 +119,7 @@ class HFPolicy:
             if isinstance(end, int) and end != self.tokenizer.unk_token_id:
                 ids.add(end)
         if not ids:
-            raise ValueError(
+            raise TokenizerError(
                 f"{self.name}: neither tokenizer nor model defines an end-of-sequence token to stop at"
             )
         return ids

@@ -57,7 +57,7 @@ def chat_completions_url(base_url: str) -> str:
     """`http://host:8000` or `http://host:8000/v1` -> `http://host:8000/v1/chat/completions`."""
     base = base_url.strip().rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise ValueError(f"base URL {base_url!r} must start with http:// or https://")
+        raise PolicySpecError(f"base URL {base_url!r} must start with http:// or https://")
     return base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
 
 
@@ -97,9 +97,9 @@ class OpenAIPolicy:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         urls = [u for part in urls for u in part.split(",") if u.strip()]
         if not urls:
-            raise ValueError("OpenAIPolicy needs at least one base URL")
+            raise PolicySpecError("OpenAIPolicy needs at least one base URL (openai:BASE_URL#MODEL)")
         if not model:
-            raise ValueError("OpenAIPolicy needs a model name")
+            raise PolicySpecError(f"OpenAIPolicy at {urls[0]} needs a model name (openai:BASE_URL#MODEL)")
         self.endpoints = [chat_completions_url(u) for u in urls]
         self.model = model
         self.timeout = timeout
@@ -217,6 +217,12 @@ def from_spec(rest: str, **options: Any) -> OpenAIPolicy:
     if not sep or not urls or not model:
         raise PolicySpecError(f"policy spec 'openai:{rest}' must be openai:BASE_URL[,BASE_URL...]#MODEL")
     options.pop("device", None)  # a remote server has no local device
+    dtype = options.pop("dtype", None)
+    if dtype is not None:
+        raise PolicySpecError(
+            f"policy spec 'openai:{rest}': a dtype (--dtype {dtype}) cannot apply, since the server "
+            "loads its weights in its own precision; leave it unset, or use hf:/vllm:"
+        )
     if options.pop("max_prompt_tokens", None):
         raise PolicySpecError(
             f"policy spec 'openai:{rest}': a prompt budget (--max-prompt-tokens) cannot apply, since the "

@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pivot_envs.errors import UnknownNameError
 from pivot_envs.formats import read_as_pivots
 from pivot_envs.pivot import Pivot
 from pivot_envs.trajectory import ReadReport
@@ -62,7 +63,7 @@ def as_swe_pivot(
 ) -> Pivot:
     """One external pivot made an SWE pivot (see the module docstring)."""
     if harness is not None and harness not in HARNESSES:
-        raise ValueError(f"unknown harness {harness!r}: choose one of {HARNESSES}")
+        raise UnknownNameError("harness", harness, HARNESSES)
     context: dict[str, Any] = dict(pivot.context)
     chosen = harness or str(context.get("harness") or infer_harness(pivot))
     context["harness"] = chosen

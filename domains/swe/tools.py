@@ -35,6 +35,7 @@ from pivot_envs.sandboxes import SandboxError
 from pivot_envs.sandboxes.protocol import command_problem
 
 from pivot_envs.chat import parse_arguments
+from pivot_envs.errors import UnknownNameError
 
 HARNESSES = ("persistent", "fresh")
 KINDS = ("search", "view", "edit", "run", "test", "submit", "other")
@@ -327,7 +328,7 @@ def execute_call(
     Raises SandboxError only when the sandbox itself fails.
     """
     if harness not in HARNESSES:
-        raise ValueError(f"unknown harness {harness!r}: choose one of {HARNESSES}")
+        raise UnknownNameError("harness", harness, HARNESSES)
     tool = canonical_name(str(name))
     args, ok = parse_arguments(arguments)
     kind = action_kind(tool, args if ok else {})

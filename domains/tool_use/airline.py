@@ -33,6 +33,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
+
 TABLES = ("flights", "users", "reservations")
 DATA_PACKAGE = "pivot_envs.domains.tool_use"
 
@@ -66,6 +68,10 @@ AIRPORTS = {
     "PHL": "Philadelphia",
     "LGA": "LaGuardia",
 }
+
+
+class AirlineDatabaseError(PivotEnvsError, FileNotFoundError):
+    """A directory given as the airline database that lacks one of its tables."""
 
 
 class ToolError(Exception):
@@ -105,7 +111,7 @@ class AirlineDatabase:
                         tables[table] = json.load(handle)
                     break
             else:
-                raise FileNotFoundError(f"airline database: no {table}.json(.gz) in {directory}")
+                raise AirlineDatabaseError(f"airline database: no {table}.json(.gz) in {directory}")
         return cls(**tables)
 
 

@@ -20,6 +20,7 @@ from pivot_envs.domains.tool_use.parser import arguments_of, canonical_arguments
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
+from pivot_envs.errors import PivotSetError, UnknownNameError, did_you_mean
 from pivot_envs.pivot import Pivot, iter_pivots
 
 PIVOTS_RESOURCE = ("data", "airline_pivots.jsonl.gz")
@@ -88,9 +89,7 @@ class ToolUseEnv(PivotEnv):
             self.verifier if isinstance(self.verifier, FunctionalVerifier) else FunctionalVerifier()
         )
         if isinstance(backend, str) and backend not in BACKENDS:
-            raise ValueError(
-                f"unknown tool backend {backend!r}; choose one of {list(BACKENDS)} or pass a Backend"
-            )
+            raise UnknownNameError("tool backend", backend, BACKENDS)
         self.backend_choice = backend
         self.backend_config = dict(backend_config or {})
         self._backends: dict[str, Backend] = {}
@@ -151,8 +150,8 @@ class ToolUseEnv(PivotEnv):
             elif choice == "http":
                 backend = HttpBackend(**self.backend_config)
             else:
-                raise ValueError(
-                    f"pivot {pivot.id}: unknown tool backend {choice!r}; choose one of {list(BACKENDS)}"
+                raise PivotSetError(
+                    f"pivot {pivot.id}: unknown tool backend {choice!r}{did_you_mean(choice, BACKENDS)}"
                 )
             self._backends[choice] = backend
         return backend

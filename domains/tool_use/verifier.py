@@ -35,7 +35,7 @@ from pivot_envs.domains.tool_use.content import ContentCheck, ExpertMessage, Exp
 from pivot_envs.domains.tool_use.parser import arguments_of
 
 from pivot_envs.chat import text_of, tool_name, tool_parameters
-from pivot_envs.config import between, option
+from pivot_envs.config import ConfigError, between, option
 from pivot_envs.registry import import_object
 from pivot_envs.verifiers import StrictVerifier, Verdict
 
@@ -152,9 +152,9 @@ class FunctionalConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"FunctionalConfig.mode must be one of {MODES}, got {self.mode!r}")
+            raise ConfigError(f"FunctionalConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.message_check not in ("similarity", "judge", "any"):
-            raise ValueError(
+            raise ConfigError(
                 f"FunctionalConfig.message_check must be similarity, judge or any, got {self.message_check!r}"
             )
         for name in ("text_recall", "text_precision", "message_recall", "message_precision"):
@@ -162,7 +162,7 @@ class FunctionalConfig:
         for name in ("message_surplus_allowance", "message_surplus_ceiling", "message_echo"):
             between(self, name, 0, math.inf)
         if self.message_check == "judge" and self.message_judge is None:
-            raise ValueError("FunctionalConfig: message_check='judge' needs a message_judge")
+            raise ConfigError("FunctionalConfig: message_check='judge' needs a message_judge")
         if isinstance(self.message_judge, str):
             self.message_judge = import_object(self.message_judge)
         self.unordered_arrays = tuple(self.unordered_arrays)
@@ -312,7 +312,7 @@ class FunctionalVerifier:
             known = {f.name for f in fields(FunctionalConfig)}
             unknown = sorted(set(overrides) - known)
             if unknown:
-                raise ValueError(f"unknown functional verifier option(s) {unknown}; known: {sorted(known)}")
+                raise ConfigError(f"unknown functional verifier option(s) {unknown}; known: {sorted(known)}")
             config = FunctionalConfig(**overrides)
         self.config = config
         self._id_re = re.compile(config.id_pattern)

@@ -88,7 +88,7 @@ def test_infrastructure_failure_is_invalid_not_reward_zero() -> None:
 
 
 def test_unknown_verifier_names_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"unknown verifier 'fuzzy'.*\['strict'\]"):
+    with pytest.raises(ValueError, match=r"unknown EchoEnv verifier 'fuzzy' \(choose from strict\)"):
         EchoEnv(verifier="fuzzy")
 
 

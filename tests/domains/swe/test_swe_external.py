@@ -11,6 +11,7 @@ from pivot_envs.domains.swe.external import read_external
 from swe_helpers import call_message
 
 from pivot_envs.chat import assistant_message, tool_call
+from pivot_envs.errors import UnknownNameError
 
 OPENHANDS_TOOLS = [
     {
@@ -120,6 +121,12 @@ def test_an_openhands_chat_reads_as_persistent_pivots_with_its_own_tools(tmp_pat
         "finish",
     ]
     assert pivots[2].expert["tool_calls"][0]["function"]["name"] == "submit"  # finish, in this harness's name
+
+
+def test_forcing_an_unknown_harness_is_an_unknown_name_error_naming_the_choices(tmp_path):
+    with pytest.raises(UnknownNameError, match="unknown harness 'fres'; did you mean 'fresh'") as raised:
+        read_external(openhands_chat(tmp_path), harness="fres")
+    assert isinstance(raised.value, ValueError)  # what callers caught before the error had a type
 
 
 def test_with_its_image_an_external_trace_runs_on_docker_at_the_effect_level(tmp_path, has_docker):

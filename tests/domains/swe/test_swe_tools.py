@@ -8,6 +8,8 @@ from pivot_envs.domains.swe import action_kind, default_tools, execute_call, tre
 from pivot_envs.domains.swe.repo import start_sandbox
 from swe_helpers import BUGGY, FIX_NEW, FIX_OLD, bug_patch
 
+from pivot_envs.errors import UnknownNameError
+
 OPS = "/repo/calc/ops.py"
 
 
@@ -192,3 +194,8 @@ def test_the_default_tools_are_bash_the_editor_and_submit_as_openai_functions():
     ]
     tools[0]["function"]["name"] = "changed"
     assert default_tools()[0]["function"]["name"] == "bash"
+
+
+def test_a_call_under_an_unknown_harness_is_refused_by_name_before_the_sandbox_is_touched():
+    with pytest.raises(UnknownNameError, match="unknown harness 'persisten'; did you mean 'persistent'"):
+        execute_call(None, "bash", {"command": "true"}, harness="persisten")

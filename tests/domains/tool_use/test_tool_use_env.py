@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 
@@ -9,10 +10,12 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from pivot_envs.domains.tool_use import DOMAIN, ToolUseEnv
+from pivot_envs.domains.tool_use.airline import AirlineDatabase, AirlineDatabaseError
 from pivot_envs.domains.tool_use.backends import UNAVAILABLE
 from tool_use_helpers import hermes, step
 
 import pivot_envs  # noqa: F401
+from pivot_envs.errors import PivotSetError, UnknownNameError
 
 
 def test_the_env_passes_gymnasiums_checker():
@@ -84,8 +87,27 @@ def test_nemo_gym_pivot_rows_load_and_run_on_the_recorded_backend(shared_data):
 
 
 def test_an_unknown_backend_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown tool backend 'sql'"):
+    with pytest.raises(
+        UnknownNameError, match="unknown tool backend 'sql' \\(choose from http, recorded, tau-airline\\)"
+    ):
         gym.make("pivot/tool-use-v0", backend="sql")
+
+
+def test_a_pivot_naming_an_unknown_backend_is_a_pivot_set_error_naming_the_pivot(pivots):
+    pivot = dataclasses.replace(pivots[0], context={**pivots[0].context, "backend": "recordd"})
+    env = ToolUseEnv([pivot])
+    with pytest.raises(
+        PivotSetError, match=f"pivot {pivot.id}: unknown tool backend 'recordd'; did you mean 'recorded'"
+    ):
+        env.reset(options={"pivot": pivot.id})
+
+
+def test_an_airline_database_directory_missing_a_table_is_a_typed_file_not_found_error(tmp_path):
+    with pytest.raises(
+        AirlineDatabaseError, match=f"airline database: no flights.json\\(.gz\\) in {tmp_path}"
+    ) as raised:
+        AirlineDatabase.from_directory(tmp_path)
+    assert isinstance(raised.value, FileNotFoundError)
 
 
 def test_the_env_works_under_make_vec(pivots):

@@ -14,6 +14,7 @@ from tool_use_helpers import expert_call, first, hermes, step
 
 from pivot_envs import Pivot
 from pivot_envs.chat import assistant_message, canonical_action, tool_call
+from pivot_envs.config import ConfigError
 from pivot_envs.formats import read_as_pivots
 
 
@@ -239,11 +240,14 @@ def test_a_pluggable_judge_decides_messages_and_its_failure_is_an_invalid_sample
     assert info["valid"] is False and info["category"] == "infrastructure_error"
 
 
-def test_the_verifier_config_is_validated():
-    with pytest.raises(ValueError, match="unknown functional verifier option"):
+def test_the_verifier_config_is_validated_as_config_errors_naming_the_setting():
+    with pytest.raises(ConfigError, match=r"unknown functional verifier option\(s\) \['threshold'\]"):
         FunctionalVerifier(threshold=0.3)
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ConfigError, match="FunctionalConfig.mode must be one of .*, got 'sometimes'"):
         FunctionalConfig(mode="sometimes")
+    with pytest.raises(ConfigError, match="message_check='judge' needs a message_judge") as raised:
+        FunctionalConfig(message_check="judge")
+    assert isinstance(raised.value, ValueError)  # what callers caught before the error had a type
 
 
 @pytest.fixture(scope="module")
