@@ -1,4 +1,4 @@
-"""Helpers the latency benchmarks share."""
+"""Helpers the benchmarks share: nearest-rank percentiles, the machine a run was on, its table and JSON."""
 
 from __future__ import annotations
 
@@ -9,3 +9,31 @@ def percentile(values: list[float], q: float) -> float:
         raise ValueError("percentile of no values")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def machine() -> dict:
+    """What a benchmark's figures depend on: the CPUs, the platform and the load average before it ran
+    (the caller adds `load_after` when it is done: these machines are shared and noisy)."""
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()}
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """`rows` (the first the header) as left-aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+
+def write_results(results: dict, out) -> None:
+    """Print the load average before and after (from `results["machine"]`) and write `results` as JSON to `out`."""
+    import json
+
+    print(
+        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")

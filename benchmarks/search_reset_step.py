@@ -26,10 +26,8 @@ benchmarks/out/search_reset_step.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import statistics
 import tempfile
 import threading
@@ -38,7 +36,7 @@ from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
-from percentiles import percentile
+from percentiles import machine, percentile, print_table, write_results
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.engine import FtsEngine, build_index, index_for_corpus, open_engine
 from pivot_envs.domains.search.env import bundled_pivots
@@ -210,9 +208,7 @@ def main() -> None:
     )
     parser.add_argument("--builds", type=int, default=3, help="index builds timed (best kept)")
     args = parser.parse_args()
-    results: dict = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()}
-    }
+    results: dict = {"machine": machine()}
     results["index"] = bench_build(args.builds)
     pivots = bundled_pivots()
     results["pivots"] = len(pivots)
@@ -250,21 +246,14 @@ def main() -> None:
     row("env, first pass (replays the prefixes): all", env["first_pass"]["all"])
     for kind in ("search", "all"):
         row(f"naive (replays every prefix call): {kind}", naive[kind])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    print_table(rows)
     memory = results["memory"]
     print(f"steps/s/core: env {env['steps_per_s_per_core']:.0f} (target >= 200), naive {naive['steps_per_s_per_core']:.0f}; "
           f"speed-up {env['steps_per_s_per_core'] / naive['steps_per_s_per_core']:.1f}x")  # fmt: skip
     print(f"naive with the index built per env: + {results['index']['build_s']:.2f} s per env")
     print(f"memory: {memory['per_env_mb']:.2f} MB per env with {ENVS} more envs on one index (target <= 5); "
           f"one engine shared: {memory['engines_shared']}")  # fmt: skip
-    print(
-        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
-    )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
-    print(f"wrote {OUT}")
+    write_results(results, OUT)
 
 
 if __name__ == "__main__":

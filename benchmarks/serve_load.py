@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-from percentiles import percentile
+from percentiles import machine, percentile, print_table, write_results
 
 import pivot_envs
 
@@ -248,11 +248,7 @@ def main() -> None:
     sys.setswitchinterval(0.0005)  # the client threads too, as the servers do (pivot_envs.serve.server)
     work = jobs()
     results: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_before": os.getloadavg(),
-        },
+        "machine": {**machine(), "python": platform.python_version()},
         "env": ENV,
         "pivots": len(work),
         "in_process": in_process(work),
@@ -270,8 +266,7 @@ def main() -> None:
             server.stop()
     results["machine"]["load_after"] = os.getloadavg()
     report(results)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
+    write_results(results, OUT)
 
 
 def report(results: dict) -> None:
@@ -289,12 +284,7 @@ def report(results: dict) -> None:
         rows.append((str(r["servers"]), str(r["clients"]), f"{r['actions_per_s']:.0f}", f"{r['p50_ms']:.2f}",
                      f"{r['p99_ms']:.2f}", str(r["errors"]), str(r["lost_or_doubled"]),
                      f"{r['server_cpu_s']:.1f}", f"{r['client_cpu_s']:.1f}", f"{r['seconds']:.1f}"))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
-    print(
-        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
-    )
+    print_table(rows)
 
 
 if __name__ == "__main__":

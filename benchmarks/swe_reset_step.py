@@ -12,14 +12,12 @@ prefix steps; test actions within 1.2x of running the same tests directly in the
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
-from percentiles import percentile
+from percentiles import machine, percentile, print_table, write_results
 from pivot_envs.domains.swe import SweEnv, canonical_call, execute_call
 from pivot_envs.domains.swe.repo import bundled_repo, repo_context, start_sandbox
 
@@ -167,7 +165,7 @@ def main() -> None:
         "group": args.group,
         "rounds": args.rounds,
         "prefix_calls": len(PREFIX),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()},
+        "machine": machine(),
     }
     backends = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
     actions = args.kinds.split(",")
@@ -193,15 +191,8 @@ def main() -> None:
                 )
             )
     results["machine"]["load_after"] = os.getloadavg()
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
-    print(
-        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
-    )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
-    print(f"wrote {OUT}")
+    print_table(rows)
+    write_results(results, OUT)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,14 @@ Docker p50 <= 100 ms, Docker >= 5x faster than naive. Also sustained samples/s w
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from percentiles import percentile
+from percentiles import machine, percentile, print_table, write_results
 from pivot_envs.domains.terminal import TerminalEnv, canonical_message
 
 from pivot_envs.pivot import Pivot
@@ -159,7 +157,7 @@ def main() -> None:
         "group": args.group,
         "rounds": args.rounds,
         "prefix_commands": len(PREFIX),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()},
+        "machine": machine(),
     }
     kinds = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
     for kind in kinds:
@@ -201,17 +199,10 @@ def main() -> None:
     if "bwrap_floor" in results:
         r = results["bwrap_floor"]
         rows.append(("floor: bare `bwrap true`", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", "-", "-", "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    print_table(rows)
     if "docker_speedup_vs_naive" in results:
         print(f"docker speed-up vs naive (p50): {results['docker_speedup_vs_naive']:.1f}x")
-    print(
-        f"load average before/after: {results['machine']['load_before']} / {results['machine']['load_after']}"
-    )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
-    print(f"wrote {OUT}")
+    write_results(results, OUT)
 
 
 if __name__ == "__main__":
