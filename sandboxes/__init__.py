@@ -10,12 +10,16 @@ One module per job:
 - `output`, `manifest`: command output cleaned and cut; the workspace's files and disk use read from
   the host;
 - `channel`: the host's end of the FIFO channel to a command server (`Channel`);
+- `pool`: the contract both backends keep (`SandboxBackend`: fork, prewarm, release, close, one
+  process's own) and the warm pools, close and fork safety they share (`PooledBackend`);
 - `bwrap_backend`, `processes`, `cgroups`: the bubblewrap backend, its host processes, its cgroups;
 - `docker_backend`: the Docker backend;
+- `backends`: choosing and making a backend; `SandboxedEnv`, what a sandboxed domain's env does with it;
 - `available`: which backends this machine has; `cleanup`: ownership labels and `gc`;
 - `image`: a Debian root filesystem (debootstrap) and its Docker image;
 - `shell`: an interactive bash inside a sandbox (pexpect);
-- `snapshot_cache`: a least-recently-used cache of snapshot-holding states (prefix and start states).
+- `snapshot_cache`: a least-recently-used cache of snapshot-holding states, and `PrefixCache`, the
+  prefix-state cache both sandboxed domains build on.
 
 Importing this package is light: nothing here imports docker or pexpect until a backend needs it.
 """

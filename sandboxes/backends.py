@@ -2,11 +2,14 @@
 
 `resolve_sandbox` turns a requested kind ("auto", "docker", "bwrap") into the backend this machine
 can run; `make_backend` makes it on a base root filesystem, imported as a Docker image first for
-Docker. Importing this module is light: the backends are imported when one is made.
+Docker; `SandboxedEnv` is the part of a sandboxed domain's env that does this on its first reset,
+holds its prefix cache and current fork, and closes them. Importing this module is light: the
+backends are imported when one is made.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -65,3 +68,72 @@ def make_backend(
 
         return BwrapBackend(rootfs, limits, warm_pool=warm_pool), ""
     raise UnknownNameError("sandbox backend", kind, SANDBOXES[1:])
+
+
+class SandboxedEnv:
+    """What the sandboxed domains' envs (terminal, SWE) share: the backend chosen and made on first use,
+    with the base image and the domain's prefix cache; the fork of the current sample; closing all.
+
+    An env using it has `config` (`sandbox`, `warm_pool`), `limits`, and says which base image it runs on
+    (`base_image`) and how to make its prefix cache (`make_prefixes`). `backend`, `prefixes` and
+    `sandbox` are None until first use.
+    """
+
+    config: Any
+    limits: SandboxLimits
+    backend: Any = None
+    prefixes: Any = None
+    sandbox: Any = None
+    _sandbox_kind: str | None = None
+
+    def base_image(self) -> tuple[Path, str]:
+        """The root filesystem the env's sandboxes start from, and its Docker image's tag (built if asked)."""
+        raise NotImplementedError
+
+    def make_prefixes(self, rootfs: Path, docker_base: str) -> Any:
+        """The env's prefix cache on `self.backend` (`docker_base`: the base image's Docker tag, "" on bubblewrap)."""
+        raise NotImplementedError
+
+    @property
+    def sandbox_kind(self) -> str:
+        """'docker' or 'bwrap': chosen on first use (see `resolve_sandbox`), not when the env is made."""
+        if self._sandbox_kind is None:
+            self._sandbox_kind = resolve_sandbox(self.config.sandbox)
+        return self._sandbox_kind
+
+    def _ensure_backend(self) -> None:
+        """Choose the backend and make it, with the base image and the prefix cache, on first use."""
+        if self.backend is not None:
+            return
+        rootfs, image_tag = self.base_image()
+        self.backend, tag = make_backend(
+            self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image_tag
+        )
+        self.prefixes = self.make_prefixes(rootfs, tag)
+
+    def _fork_state(self, pivot_id: str, state: Any) -> Any:
+        """Fork the sample's sandbox from a replayable prefix `state` into `self.sandbox`; returns the state,
+        marked not replayable (with the reason) when the fork fails."""
+        if state.replayable:
+            try:
+                self.sandbox = self.backend.fork(state.snapshot)
+            except SandboxError as error:
+                return dataclasses.replace(
+                    state, replayable=False, reason=f"pivot {pivot_id}: fork failed: {error}"
+                )
+        return state
+
+    def _close_fork(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+
+    def _close_sandboxes(self) -> None:
+        """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
+        self._close_fork()
+        if self.prefixes is not None:
+            self.prefixes.clear()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+            self.prefixes = None

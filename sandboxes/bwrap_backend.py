@@ -18,24 +18,18 @@ own user namespace), so RLIMIT_NPROC bounds fork bombs.
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-import weakref
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
-from contextlib import nullcontext
 from pathlib import Path
 
-from .background import YIELD_AT_MOST, QuietGate
-from .channel import Channel, DiskFloor, LimitExceeded, ServerDown, ServerTimeout, disk_check
+from .background import YIELD_AT_MOST
+from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import BWRAP_PREFIX
 from .manifest import KnownDigests, file_digests
 from .output import new_marker
+from .pool import PooledBackend, PooledSandbox
 from .processes import (
     NOBODY,
     BwrapServer,
@@ -56,7 +50,6 @@ from .runner import (
     result_from_files,
     runner_argv,
     runner_env,
-    stop_processes,
 )
 
 # The warm pool's copies and removals run at the lowest CPU priority, so they yield to commands.
@@ -71,10 +64,21 @@ def _stop_all(servers: set[BwrapServer], root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-class BwrapBackend:
-    """Makes bubblewrap sandboxes on one root filesystem; `close()` kills their processes and removes every directory it made."""
+def _remove_tree(directory: Path) -> None:
+    # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
+    if subprocess.run(
+        [*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)], capture_output=True
+    ).returncode:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class BwrapBackend(PooledBackend["BwrapSandbox"]):
+    """Makes bubblewrap sandboxes on one root filesystem; `close()` kills their processes and removes every
+    directory it made. Its warm pool, release, close and fork safety: `pool.PooledBackend`."""
 
     name = "bwrap"
+    workers = 3
+    thread_name = "pivot-bwrap"
 
     def __init__(
         self,
@@ -88,29 +92,18 @@ class BwrapBackend:
             raise SandboxError(
                 f"{self.rootfs} is not a root filesystem with bash: run `pivotrl sandbox build-image`"
             )
-        self.limits = limits or SandboxLimits()
-        parent = Path(root_dir or tempfile.gettempdir())
-        self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=parent))
-        self.root.chmod(0o755)
+        self._parent = Path(root_dir or tempfile.gettempdir())
         self._drop = drop_privileges()
         self._system = self._system_binds()
-        # Forks of each snapshot made ahead in the background: a copy with its server started.
-        self.warm_pool = warm_pool
-        self._pools: dict[str, queue.SimpleQueue] = {}
-        # Per snapshot: its workspace files' (size, mtime, digest), hashed once for every fork's manifest.
-        self._digests: dict[str, dict[str, tuple[int, int, str]]] = {}
-        # Per snapshot: a command each warm fork runs once its server is up (see `prewarm`).
-        self._setups: dict[str, str] = {}
+        super().__init__(limits, warm_pool)
+
+    def _own_resources(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=self._parent))
+        self.root.chmod(0o755)
         self._servers: set[BwrapServer] = set()
-        self._lock = threading.Lock()
-        # The commands running in this backend's sandboxes; the pool's work waits for a gap (`_yield`).
-        self._gate = QuietGate()
-        self._workers = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pivot-bwrap")
-        self._pending: set[Future] = set()
-        self._closed = False
         # A backend that is never closed still kills its sandboxes and removes its directories
         # when collected or at exit.
-        self._finalizer = weakref.finalize(self, _stop_all, self._servers, self.root)
+        self._on_collect(_stop_all, self._servers, self.root)
 
     def _system_binds(self) -> list[str]:
         args: list[str] = []
@@ -220,6 +213,7 @@ class BwrapBackend:
 
     def create(self, workdir: str = "/app") -> BwrapSandbox:
         """A fresh sandbox with an empty workspace at `workdir`."""
+        self._here()
         directory = self._new_dir()
         for part in ("work", "home", "tmp", "state"):
             (directory / part).mkdir()
@@ -238,78 +232,29 @@ class BwrapBackend:
             raise SandboxError(
                 f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}"
             )
-        return directory, KnownDigests.of_copy(directory / "work", self._snapshot_digests(snapshot))
+        # The snapshot's tree is never written after it is made: hashing it once holds for every fork.
+        digests = self._once(
+            snapshot, lambda: file_digests(Path(snapshot.ref) / "work", self.limits.manifest_files)
+        )
+        return directory, KnownDigests.of_copy(directory / "work", digests)
 
-    def _snapshot_digests(self, snapshot: Snapshot) -> dict[str, tuple[int, int, str]]:
-        with self._lock:
-            digests = self._digests.get(snapshot.ref)
-        if digests is None:
-            # The snapshot's tree is never written after it is made: hashing it once holds for every fork.
-            digests = file_digests(Path(snapshot.ref) / "work", self.limits.manifest_files)
-            with self._lock:
-                self._digests[snapshot.ref] = digests
-        return digests
+    def _make(self, snapshot: Snapshot) -> BwrapSandbox:
+        """A copy of the snapshot's tree with its server started (not yet handed out)."""
+        directory, known = self._copy(snapshot)
+        server = self.start_server(directory, snapshot.workdir)
+        return BwrapSandbox(self, directory, snapshot.workdir, server, known, foreground=False)
 
-    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
-        """A new sandbox from the snapshot: a warm one (copied, server started) when ready, else made now."""
-        with self._lock:
-            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
-        try:
-            directory, server, known = pool.get_nowait()
-        except queue.Empty:
-            directory, known = self._copy(snapshot)
-            server = self.start_server(directory, snapshot.workdir)
+    def _hand_out(self, sandbox: BwrapSandbox) -> None:
         # From here on commands may write the workspace: what is older than this stamp is the copy's.
-        known.seal(directory / "stamp")
-        self._gate.touch()  # a command follows: the refill waits for the gap after it
-        self._refill(snapshot, pool)
-        return BwrapSandbox(self, directory, snapshot.workdir, server, known)
+        assert sandbox.known is not None
+        sandbox.known.seal(sandbox.directory / "stamp")
 
-    def _refill(self, snapshot: Snapshot, pool: queue.SimpleQueue) -> None:
-        def make_one() -> None:
-            self._yield()
-            if not self._closed and pool.qsize() < self.warm_pool and snapshot.ref in self._pools:
-                try:
-                    directory, known = self._copy(snapshot)
-                    server = self.start_server(directory, snapshot.workdir)
-                except (OSError, SandboxError):
-                    return  # the next fork makes its sandbox synchronously
-                setup = self._setups.get(snapshot.ref)
-                if setup:
-                    self._yield()
-                    try:
-                        BwrapSandbox(self, directory, snapshot.workdir, server, foreground=False).run(setup)
-                    except SandboxError:
-                        self.discard(directory, server)
-                        return
-                with self._lock:
-                    # The snapshot may have been released (or the backend closed) while this fork was
-                    # made: a pool nobody reads would keep its sandbox running until close().
-                    handed = not self._closed and self._pools.get(snapshot.ref) is pool
-                    if handed:
-                        pool.put((directory, server, known))
-                if not handed:
-                    self.discard(directory, server)
-
-        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
-            self._submit(make_one)
-
-    def prewarm(self, snapshot: Snapshot, setup: str = "") -> None:
-        """Start making forks of the snapshot in the background; each runs `setup` (a command, when
-        given) before it is handed out, e.g. to start a process its first command will talk to."""
-        with self._lock:
-            pool = self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
-            if setup:
-                self._setups[snapshot.ref] = setup
-        self._refill(snapshot, pool)
-
-    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
-        """Block until the snapshot's warm forks are ready (benchmarks use this)."""
-        deadline = time.monotonic() + timeout
-        pool = self._pools.get(snapshot.ref)
-        while pool is not None and pool.qsize() < self.warm_pool and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return pool is not None and pool.qsize() >= self.warm_pool
+    def _discard(self, sandbox: BwrapSandbox) -> None:
+        sandbox.closed = True
+        if sandbox.server is not None:
+            self.stop_server(sandbox.server)
+            sandbox.server = None
+        _remove_tree(sandbox.directory)
 
     def discard(self, directory: Path, server: BwrapServer | None) -> None:
         """Kill a sandbox and delete its directory (in the background while the backend is open)."""
@@ -317,65 +262,25 @@ class BwrapBackend:
         def remove() -> None:
             if server is not None:
                 self.stop_server(server)
-            self._yield()
-            # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
-            if subprocess.run(
-                [*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)], capture_output=True
-            ).returncode:
-                shutil.rmtree(directory, ignore_errors=True)
+            self._gate.wait_quiet()
+            _remove_tree(directory)
 
         if server is not None:
             server.channel.close_ends()  # now: the removal may wait for a quiet gap
-        if self._closed:
+        if self.closed:
             remove()
         else:
             self._submit(remove)
 
-    def running(self) -> QuietGate:
-        """A context for one command in a sandbox of this backend: the pool's work waits until it ends."""
-        return self._gate
-
-    def _yield(self) -> None:
-        # Wait (at most YIELD_AT_MOST) for a quiet gap: background work fills the gaps between commands.
-        self._gate.wait_quiet()
-
-    def _submit(self, work: Callable[[], None]) -> None:
-        future = self._workers.submit(work)
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
-
-    def release(self, snapshot: Snapshot) -> None:
-        """Delete a snapshot's directory and its warm forks."""
-        with self._lock:
-            pool = self._pools.pop(snapshot.ref, None)
-            self._digests.pop(snapshot.ref, None)
-            self._setups.pop(snapshot.ref, None)
-        while pool is not None and not pool.empty():
-            directory, server, _ = pool.get_nowait()
-            self.stop_server(server)
-            shutil.rmtree(directory, ignore_errors=True)
+    def _drop_snapshot(self, snapshot: Snapshot) -> None:
         shutil.rmtree(snapshot.ref, ignore_errors=True)
 
-    def close(self) -> None:
-        """Kill every sandbox and remove every sandbox and snapshot directory this backend made."""
-        self._closed = True
-        self._gate.close()
-        # A bwrap dies with the thread that started it (bubblewrap's parent-death signal follows
-        # the thread), leaving its namespace's init to the host's PID 1. So the workers outlive
-        # the sandboxes they started: finish the work in flight, stop every sandbox, then end them.
-        wait_for(list(self._pending))
-        self._pools.clear()
+    def _close_resources(self) -> None:
+        assert self._finalizer is not None
         self._finalizer()
-        self._workers.shutdown(wait=True)
-
-    def __enter__(self) -> BwrapBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
-class BwrapSandbox:
+class BwrapSandbox(PooledSandbox):
     """One bubblewrap sandbox: a directory tree on the host and a bwrap running the command server on it."""
 
     backend = "bwrap"
@@ -389,29 +294,11 @@ class BwrapSandbox:
         known: KnownDigests | None = None,
         foreground: bool = True,
     ) -> None:
-        self.owner = owner
+        super().__init__(owner, workdir, foreground)
         self.directory = directory
-        self.workdir = workdir
         self.server = server
         # The digests its workspace was forked with, reused by each manifest for files left alone.
         self.known = known
-        # A foreground sandbox's commands hold the pool's background work back while they run.
-        self.foreground = foreground
-        self.closed = False
-        self._disk = DiskFloor()
-
-    def run(
-        self, command: str, timeout: float | None = None, files: bool = False, clean: bool = False
-    ) -> CommandResult:
-        """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run) through the sandbox's command server."""
-        if self.closed:
-            raise SandboxError("this sandbox is closed")
-        with self.owner.running() if self.foreground else nullcontext():
-            return self._run(command, timeout, files, clean)
-
-    def stop_processes(self, timeout: float = 5.0) -> bool:
-        """Kill every process earlier commands left running; whether none is left (runner.stop_processes)."""
-        return stop_processes(self, timeout)
 
     def system_writes(self) -> list[str]:
         """Paths written outside the writable roots: none can be, the system directories are read-only."""
@@ -490,10 +377,6 @@ class BwrapSandbox:
         target.rmdir()
         subprocess.run(["cp", "-a", "--reflink=auto", str(self.directory), str(target)], check=True)
         return Snapshot("bwrap", str(target), self.workdir)
-
-    def fork(self, snapshot: Snapshot) -> BwrapSandbox:
-        """A new sandbox from `snapshot`."""
-        return self.owner.fork(snapshot)
 
     def interactive_argv(self) -> list[str]:
         """The argv of an interactive bash inside this sandbox (for InteractiveShell)."""

@@ -15,23 +15,18 @@ and the workspace from the container's overlay2 directories.
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import time
 import uuid
-import weakref
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from pathlib import Path
 
 from .available import docker_sdk
-from .background import QuietGate
-from .channel import Channel, DiskFloor, LimitExceeded, ServerDown, ServerTimeout, disk_check
+from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned
 from .manifest import KnownDigests, writes_outside
 from .output import new_marker
+from .pool import PooledBackend, PooledSandbox
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import (
     CHANNEL_DIR,
@@ -43,7 +38,6 @@ from .runner import (
     result_from_files,
     runner_argv,
     runner_env,
-    stop_processes,
 )
 
 # The keep-alive of a container without a channel; docker-init (init=True) reaps orphaned processes.
@@ -52,10 +46,12 @@ KEEPALIVE = ["sleep", "infinity"]
 DOCKER_MOUNT_POINTS = ("/sbin/docker-init", "/usr/sbin/docker-init")
 
 
-class DockerBackend:
-    """Makes Docker sandboxes; snapshots are commits, forks come from a warm pool per snapshot."""
+class DockerBackend(PooledBackend["DockerSandbox"]):
+    """Makes Docker sandboxes; snapshots are commits, forks come from a warm pool per snapshot
+    (its pool, release, close and fork safety: `pool.PooledBackend`)."""
 
     name = "docker"
+    thread_name = "pivot-docker"
 
     def __init__(
         self,
@@ -64,34 +60,28 @@ class DockerBackend:
         client_timeout: float = 120.0,
         channel: bool = True,
     ) -> None:
-        docker = docker_sdk("the Docker sandbox")
-        self.limits = limits or SandboxLimits()
+        self._docker = docker_sdk("the Docker sandbox")
+        self._client_timeout = client_timeout
+        # The FIFO channel needs the daemon on this machine (it bind-mounts a local directory).
+        self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+        super().__init__(limits, warm_pool)
+
+    def _own_resources(self) -> None:
         try:
-            self.client = docker.from_env(timeout=int(max(client_timeout, self.limits.timeout + 30)))
+            self.client = self._docker.from_env(
+                timeout=int(max(self._client_timeout, self.limits.timeout + 30))
+            )
             self.client.ping()
         except Exception as error:
             raise SandboxError(f"the Docker daemon does not answer: {error}") from error
-        self.warm_pool = warm_pool
         self.owner = owner_id()
-        # The FIFO channel needs the daemon on this machine (it bind-mounts a local directory).
-        self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
         self.root = Path(tempfile.mkdtemp(prefix=f"{DOCKER_PREFIX}{os.getpid()}-")) if self.channel else None
-        self._pools: dict[str, queue.SimpleQueue] = {}
-        # Per snapshot: a command each warm container runs before it is handed out (see `prewarm`).
-        self._setups: dict[str, str] = {}
-        # Per snapshot: its workspace files' digests with their stat in the image's layers.
-        self._digests: dict[str, KnownDigests] = {}
         # Released snapshots whose image a container still used: removed when that container goes.
         self._released: set[str] = set()
         # The channels of containers not yet removed: their host ends close with the backend.
         self._channels: set[Channel] = set()
-        self._lock = threading.Lock()
-        # The commands running in this backend's sandboxes; the pool's work waits for a gap.
-        self._gate = QuietGate()
-        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pivot-docker")
-        self._closed = False
         # A backend that is never closed still removes its containers and images when collected or at exit.
-        self._finalizer = weakref.finalize(self, remove_owned, self.owner, self.root)
+        self._on_collect(remove_owned, self.owner, self.root)
 
     def labels(self, kind: str) -> dict[str, str]:
         return {LABEL: kind, OWNER_LABEL: self.owner}
@@ -138,6 +128,7 @@ class DockerBackend:
         """A fresh sandbox from `image` (which must exist locally: nothing is pulled)."""
         import docker
 
+        self._here()
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound as error:
@@ -149,15 +140,18 @@ class DockerBackend:
         sandbox.run(f"mkdir -p {workdir}", timeout=30)
         return sandbox
 
-    def fork(self, snapshot: Snapshot) -> DockerSandbox:
-        """A sandbox from the snapshot image: a warm container when one is ready, else a new one."""
-        pool = self._pool(snapshot)
+    def _make(self, snapshot: Snapshot) -> DockerSandbox:
+        """A container started from the snapshot image, with its snapshot's digests (not yet handed out)."""
+        container, channel = self._start(snapshot.ref, snapshot.workdir)
+        sandbox = DockerSandbox(self, container, snapshot.workdir, channel, foreground=False)
         try:
-            sandbox = pool.get_nowait()
-        except queue.Empty:
-            container, channel = self._start(snapshot.ref, snapshot.workdir)
-            sandbox = DockerSandbox(self, container, snapshot.workdir, channel)
             self._known(snapshot, sandbox)
+        except Exception:
+            self._discard(sandbox)
+            raise
+        return sandbox
+
+    def _hand_out(self, sandbox: DockerSandbox) -> None:
         # From here on commands may write the workspace: what is older than this stamp is the image's.
         try:
             if sandbox.known is None or sandbox.upper is None:
@@ -166,81 +160,23 @@ class DockerBackend:
             sandbox.known.seal(sandbox.upper.parent / "pivot-stamp")
         except OSError:  # e.g. a layer directory this user cannot write: every file is hashed
             sandbox.known = None
-        sandbox.foreground = True
-        self._gate.touch()  # a command follows: the refill waits for the gap after it
-        self._refill(snapshot)
-        return sandbox
 
     def _known(self, snapshot: Snapshot, sandbox: DockerSandbox) -> None:
         """Give a container no command has run in yet its snapshot's digests (hashing them on first use)."""
         workspace = sandbox.workspace()
         if workspace is None:
             return
-        with self._lock:
-            digests = self._digests.get(snapshot.ref)
-        if digests is None:
-            # The image's files never change; a container's write copies a file up with a new ctime.
-            digests = KnownDigests.of_tree(workspace, self.limits.manifest_files, beneath=sandbox.merged)
-            with self._lock:
-                self._digests[snapshot.ref] = digests
+        # The image's files never change; a container's write copies a file up with a new ctime.
+        digests = self._once(
+            snapshot,
+            lambda: KnownDigests.of_tree(workspace, self.limits.manifest_files, beneath=sandbox.merged),
+        )
         sandbox.known = digests.fork()
 
-    def _pool(self, snapshot: Snapshot) -> queue.SimpleQueue:
-        with self._lock:
-            return self._pools.setdefault(snapshot.ref, queue.SimpleQueue())
-
-    def _refill(self, snapshot: Snapshot) -> None:
-        if self.warm_pool <= 0 or self._closed:
-            return
-        pool = self._pool(snapshot)
-
-        def start_one() -> None:
-            self._gate.wait_quiet()
-            if self._closed or pool.qsize() >= self.warm_pool or snapshot.ref not in self._pools:
-                return
-            try:
-                container, channel = self._start(snapshot.ref, snapshot.workdir)
-            except Exception:  # a failed warm start only costs the next fork a cold start
-                return
-            sandbox = DockerSandbox(self, container, snapshot.workdir, channel, foreground=False)
-            setup = self._setups.get(snapshot.ref)
-            try:
-                self._known(snapshot, sandbox)
-                if setup:
-                    # Its exit status is not checked: a set-up that did not work (no python3 in an
-                    # image) leaves a fork that works without it (the editor falls back).
-                    self._gate.wait_quiet()
-                    sandbox.run(setup)
-            except Exception:  # the container failed: the next fork starts one of its own
-                sandbox.close()
-                return
-            with self._lock:
-                # The snapshot may have been released (or the backend closed) while this container
-                # started: a pool nobody reads would keep it, and its image, until close().
-                handed = not self._closed and self._pools.get(snapshot.ref) is pool
-                if handed:
-                    pool.put(sandbox)
-            if not handed:  # removing it also removes its released image (see remove_container)
-                self.remove_container(sandbox.container, sandbox.channel, wait=True)
-
-        for _ in range(max(self.warm_pool - pool.qsize(), 0)):
-            self._workers.submit(start_one)
-
-    def prewarm(self, snapshot: Snapshot, setup: str = "") -> None:
-        """Start filling the snapshot's warm pool now (in the background); each container runs `setup`
-        (a command, when given) before it is handed out, e.g. to start a process its first command talks to."""
-        if setup:
-            with self._lock:
-                self._setups[snapshot.ref] = setup
-        self._refill(snapshot)
-
-    def wait_warm(self, snapshot: Snapshot, timeout: float = 30.0) -> bool:
-        """Block until the snapshot's warm pool is full (benchmarks use this); returns whether it is."""
-        deadline = time.monotonic() + timeout
-        pool = self._pool(snapshot)
-        while pool.qsize() < self.warm_pool and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return pool.qsize() >= self.warm_pool
+    def _discard(self, sandbox: DockerSandbox) -> None:
+        sandbox.closed = True
+        # Removing it also removes its released image (see remove_container).
+        self.remove_container(sandbox.container, sandbox.channel, wait=True)
 
     def remove_container(self, container, channel: Channel | None = None, wait: bool = False) -> None:
         """Remove a container and its channel directory (in the background unless `wait`)."""
@@ -252,27 +188,19 @@ class DockerBackend:
                 pass
             if channel is not None:
                 channel.close()
-            if self._released and not self._closed:
+            if self._released and not self.closed:
                 self._remove_released_images()
 
         if channel is not None:
             channel.close_ends()  # now: the removal may wait its turn
             with self._lock:
                 self._channels.discard(channel)
-        if wait or self._closed:
+        if wait or self.closed:
             remove()
         else:
-            self._workers.submit(remove)
+            self._submit(remove)
 
-    def release(self, snapshot: Snapshot) -> None:
-        """Drop a snapshot: its warm containers, then its image."""
-        with self._lock:
-            pool = self._pools.pop(snapshot.ref, None)
-            self._setups.pop(snapshot.ref, None)
-            self._digests.pop(snapshot.ref, None)
-        while pool is not None and not pool.empty():
-            warm = pool.get_nowait()
-            self.remove_container(warm.container, warm.channel, wait=True)
+    def _drop_snapshot(self, snapshot: Snapshot) -> None:
         with self._lock:
             self._released.add(snapshot.ref)
         self._remove_released_images()
@@ -294,32 +222,21 @@ class DockerBackend:
             with self._lock:
                 self._released.discard(ref)
 
-    def close(self) -> None:
-        """Remove every container and snapshot image this backend (this process) made."""
-        self._closed = True
-        self._gate.close()
-        self._workers.shutdown(wait=True)
-        with self._lock:
-            self._pools.clear()
+    def _close_resources(self) -> None:
         remove_labelled(self.client, owner=self.owner)
         with self._lock:
             for channel in self._channels:
                 channel.close_ends()  # sandboxes never closed: their containers are gone now
             self._channels.clear()
         self.client.close()
+        assert self._finalizer is not None
         self._finalizer.detach()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> DockerBackend:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class DockerSandbox:
-    """One Docker container; each command is one `docker exec` of the runner."""
+class DockerSandbox(PooledSandbox):
+    """One Docker container; each command is one request to its command server (or a `docker exec`)."""
 
     backend = "docker"
 
@@ -331,14 +248,9 @@ class DockerSandbox:
         channel: Channel | None = None,
         foreground: bool = True,
     ) -> None:
-        self.owner = owner
+        super().__init__(owner, workdir, foreground)
         self.container = container
-        self.workdir = workdir
         self.channel = channel
-        self.closed = False
-        self._disk = DiskFloor()
-        # A foreground sandbox's commands hold the pool's background work back while they run.
-        self.foreground = foreground
         # The digests its workspace was forked with, reused by each manifest for files left alone.
         self.known: KnownDigests | None = None
         # With overlay2 and a local daemon, the container's filesystem is readable from here: the
@@ -355,23 +267,10 @@ class DockerSandbox:
             return None
         return self.merged / self.workdir.lstrip("/")
 
-    def run(
-        self, command: str, timeout: float | None = None, files: bool = False, clean: bool = False
-    ) -> CommandResult:
-        """Run one command (see pivot_envs.sandboxes.protocol.Sandbox.run): through the channel, else `docker exec`."""
-        if self.closed:
-            raise SandboxError("this sandbox is closed")
-        with self.owner._gate if self.foreground else nullcontext():
-            return self._run(command, timeout, files, clean)
-
     @property
     def channel_isolated(self) -> bool | None:
         """Whether commands run below the command server (None before its first command or without a channel)."""
         return self.channel.isolated if self.channel is not None else None
-
-    def stop_processes(self, timeout: float = 5.0) -> bool:
-        """Kill every process earlier commands left running; whether none is left (runner.stop_processes)."""
-        return stop_processes(self, timeout)
 
     def system_writes(self, limit: int = 50) -> list[str]:
         """Absolute paths outside the writable roots (the workspace, /root, /tmp, /.pivot) that this
@@ -481,10 +380,6 @@ class DockerSandbox:
             changes=[f"LABEL {LABEL}=snapshot", f"LABEL {OWNER_LABEL}={self.owner.owner}"],
         )
         return Snapshot("docker", image.id, self.workdir)
-
-    def fork(self, snapshot: Snapshot) -> DockerSandbox:
-        """A new sandbox from `snapshot`."""
-        return self.owner.fork(snapshot)
 
     def interactive_argv(self) -> list[str]:
         """The argv of an interactive bash in this container (for InteractiveShell)."""

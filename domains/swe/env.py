@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from pivot_envs.sandboxes import SandboxError, SandboxLimits
-from pivot_envs.sandboxes.backends import SANDBOXES, resolve_sandbox
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
@@ -72,7 +72,7 @@ def executable(pivot: Pivot) -> bool:
     return pivot.context.get("executable", True) is not False
 
 
-class SweEnv(PivotEnv):
+class SweEnv(SandboxedEnv, PivotEnv):
     """The SWE domain's env (see the module docstring)."""
 
     domain = "swe"
@@ -110,18 +110,7 @@ class SweEnv(PivotEnv):
             self.limits = limits
         else:
             self.limits = SandboxLimits(**{**DEFAULT_LIMITS, **(limits or {})})
-        self._sandbox_kind: str | None = None
-        self.backend: Any = None
-        self.prefixes: Any = None
-        self.sandbox: Any = None
         self._state: Any = None
-
-    @property
-    def sandbox_kind(self) -> str:
-        """'docker' or 'bwrap': chosen on first use (see `pivot_envs.sandboxes.backends.resolve_sandbox`)."""
-        if self._sandbox_kind is None:
-            self._sandbox_kind = resolve_sandbox(self.config.sandbox)
-        return self._sandbox_kind
 
     @staticmethod
     def _canonical(pivot: Pivot) -> Pivot:
@@ -146,14 +135,7 @@ class SweEnv(PivotEnv):
         if not executable(pivot):
             return
         self._ensure_backend()
-        self._state = self.prefixes.get(pivot)
-        if self._state.replayable:
-            try:
-                self.sandbox = self.backend.fork(self._state.snapshot)
-            except SandboxError as error:
-                self._state = dataclasses.replace(
-                    self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}"
-                )
+        self._state = self._fork_state(pivot.id, self.prefixes.get(pivot))
 
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
         name, arguments = call_of(action)
@@ -215,36 +197,19 @@ class SweEnv(PivotEnv):
 
     # -- sandbox management ------------------------------------------------------------------------
 
-    def _close_fork(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
+    def base_image(self) -> tuple[Any, str]:
+        # the terminal domain's base image: its package list serves the SWE tasks too
+        from pivot_envs.domains.terminal.image import base_rootfs, image_tag
 
-    def _ensure_backend(self) -> None:
-        """Choose the backend and make it, with the base image, on first use."""
-        if self.backend is not None:
-            return
-        from pivot_envs.domains.terminal import image
-        from pivot_envs.sandboxes.backends import make_backend
+        return base_rootfs(build=self.config.build_image), image_tag()
 
+    def make_prefixes(self, rootfs: Any, docker_base: str) -> Any:
         from .prefix import PrefixCache
 
-        rootfs = image.base_rootfs(build=self.config.build_image)
-        self.backend, _ = make_backend(
-            self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag()
-        )
         verify_effects = isinstance(self.verifier, EffectVerifier)
-        self.prefixes = PrefixCache(
-            self.backend, self.config.harness, self.config.prefix_cache, verify_effects
-        )
+        return PrefixCache(self.backend, self.config.harness, self.config.prefix_cache, verify_effects)
 
     def close(self) -> None:
         """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
-        self._close_fork()
-        if self.prefixes is not None:
-            self.prefixes.clear()
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
-            self.prefixes = None
+        self._close_sandboxes()
         super().close()

@@ -26,8 +26,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pivot_envs.sandboxes import SandboxError, Snapshot
-from pivot_envs.sandboxes.snapshot_cache import SnapshotCache
+from pivot_envs.sandboxes import SandboxError, Snapshot, snapshot_cache
+from pivot_envs.sandboxes.snapshot_cache import SnapshotCache, freeze
 
 from pivot_envs.pivot import Pivot
 
@@ -40,14 +40,9 @@ SETUP_TIMEOUT = 120.0
 
 
 @dataclass
-class PrefixState:
+class PrefixState(snapshot_cache.PrefixState):
     """A built prefix: its snapshot, manifest and tree hash, and the expert call's effect there."""
 
-    key: str
-    replayable: bool
-    reason: str = ""
-    snapshot: Snapshot | None = None
-    before: dict[str, str] = field(default_factory=dict)
     tree_hash: str = ""
     expert: ToolResult | None = None
     expert_edit: EditEffect | None = None
@@ -96,7 +91,7 @@ def _digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class PrefixCache:
+class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
     """Builds start and prefix states on demand; keeps at most `capacity` of each (LRU).
 
     `builds` counts prefix builds (G resets at one pivot: one build, G forks); `starts` start-state builds.
@@ -105,34 +100,17 @@ class PrefixCache:
     def __init__(
         self, backend: Any, harness: str | None, capacity: int = 16, verify_effects: bool = True
     ) -> None:
-        self.backend = backend
+        super().__init__(backend, capacity)
         self.harness = harness
-        self.builds = 0
         self.starts = 0
-        self._states: SnapshotCache[PrefixState] = SnapshotCache(
-            backend, capacity, lambda state: state.snapshot
-        )
         self._starts: SnapshotCache[Snapshot] = SnapshotCache(backend, capacity, lambda snapshot: snapshot)
-        # Each pivot's key, by the pivot object (every reset asks; making it costs ~3 ms).
-        self._keys: dict[int, tuple[Pivot, str]] = {}
 
     def harness_of(self, pivot: Pivot) -> str:
         """The pivot's shell harness: the env's choice, else the pivot's `context["harness"]`, else persistent."""
         return self.harness or str(pivot.context.get("harness") or "persistent")
 
-    def key(self, pivot: Pivot) -> str:
-        """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's
-        (remembered per pivot object)."""
-        known = self._keys.get(id(pivot))
-        if known is not None and known[0] is pivot:
-            return known[1]
-        if len(self._keys) >= 4096:
-            self._keys.clear()
-        key = self._key(pivot)
-        self._keys[id(pivot)] = (pivot, key)
-        return key
-
-    def _key(self, pivot: Pivot) -> str:
+    def prefix_key(self, pivot: Pivot) -> str:
+        """What identifies a prefix state: repository, bug, harness, the prefix's calls and the expert's."""
         return _digest(
             [
                 repo_of(pivot).to_dict(),
@@ -143,11 +121,6 @@ class PrefixCache:
                 pivot.context.get("tree_hash"),
             ]
         )
-
-    def get(self, pivot: Pivot) -> PrefixState:
-        """The prefix state of `pivot`, built now if it is not cached."""
-        key = self.key(pivot)
-        return self._states.get(key, lambda: self._build(pivot, key))
 
     def _start(self, pivot: Pivot) -> Snapshot:
         """The task's start state (built once per repository and bug)."""
@@ -174,10 +147,9 @@ class PrefixCache:
 
         return self._starts.get(_digest([repo.to_dict(), bug]), build)
 
-    def _build(self, pivot: Pivot, key: str) -> PrefixState:
+    def build(self, pivot: Pivot, key: str) -> PrefixState:
         from .repo import RepoError
 
-        self.builds += 1
         harness = self.harness_of(pivot)
         sandbox = None
         try:
@@ -199,17 +171,15 @@ class PrefixCache:
                     f"pivot {pivot.id} is stale: its prefix leaves the repository at tree "
                     f"{digest[:12]}, the pivot recorded {str(recorded)[:12]}",
                 )
-            before = sandbox.run(":", files=True).files or {}
-            snapshot = sandbox.snapshot()
+            before, snapshot = freeze(sandbox)
         except (SandboxError, RepoError) as error:
             return PrefixState(key, False, f"pivot {pivot.id}: {error}")
         finally:
             if sandbox is not None:
                 sandbox.close()
         state = PrefixState(key, True, snapshot=snapshot, before=before, tree_hash=digest)
-        if hasattr(self.backend, "prewarm"):
-            # Each warm fork starts the editor ahead: an editor call there starts no Python.
-            self.backend.prewarm(snapshot, setup=EDITOR_WARM_UP)
+        # Each warm fork starts the editor ahead: an editor call there starts no Python.
+        self.backend.prewarm(snapshot, setup=EDITOR_WARM_UP)
         return state
 
     def expert_effect(self, pivot: Pivot, state: PrefixState) -> None:
@@ -242,9 +212,6 @@ class PrefixCache:
             fork.close()
 
     def clear(self) -> None:
-        """Release every cached snapshot."""
-        self._states.clear()
+        """Release every cached snapshot (prefix and start states)."""
+        super().clear()
         self._starts.clear()
-
-    def __len__(self) -> int:
-        return len(self._states)

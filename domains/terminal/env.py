@@ -19,7 +19,7 @@ from importlib import resources
 from typing import Any
 
 from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
-from pivot_envs.sandboxes.backends import SANDBOXES, resolve_sandbox
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
 
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
@@ -54,7 +54,7 @@ def bundled_pivots() -> list[Pivot]:
         return read_pivots(file)
 
 
-class TerminalEnv(PivotEnv):
+class TerminalEnv(SandboxedEnv, PivotEnv):
     """The terminal domain's env (see the module docstring); `sandbox="auto"|"docker"|"bwrap"`.
 
     Keystrokes that end the interactive shell (`{"keystrokes": "C-d"}`) are the action's doing:
@@ -84,19 +84,8 @@ class TerminalEnv(PivotEnv):
         self.pivots = [self._canonical_expert(pivot) for pivot in self.pivots]
         self.config = TerminalConfig(sandbox, prefix_cache, warm_pool, build_image)
         self.limits = SandboxLimits(**limits) if isinstance(limits, dict) else (limits or SandboxLimits())
-        self._sandbox_kind: str | None = None
-        self.backend: Any = None
-        self.prefixes: Any = None
-        self.sandbox: Any = None
         self._state: Any = None
         self._shell_exited = False
-
-    @property
-    def sandbox_kind(self) -> str:
-        """'docker' or 'bwrap': chosen on first use (see `resolve_sandbox`), not when the env is made."""
-        if self._sandbox_kind is None:
-            self._sandbox_kind = resolve_sandbox(self.config.sandbox)
-        return self._sandbox_kind
 
     @staticmethod
     def _canonical_expert(pivot: Pivot) -> Pivot:
@@ -116,17 +105,8 @@ class TerminalEnv(PivotEnv):
 
     def restore(self, pivot: Pivot) -> None:
         self._ensure_backend()
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
-        self._state = self.prefixes.get(pivot)
-        if self._state.replayable:
-            try:
-                self.sandbox = self.backend.fork(self._state.snapshot)
-            except SandboxError as error:
-                self._state = dataclasses.replace(
-                    self._state, replayable=False, reason=f"pivot {pivot.id}: fork failed: {error}"
-                )
+        self._close_fork()
+        self._state = self._fork_state(pivot.id, self.prefixes.get(pivot))
 
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
         state = self._state
@@ -144,8 +124,7 @@ class TerminalEnv(PivotEnv):
             raise InfrastructureError(f"pivot {pivot.id}: {error}") from error
         finally:
             # One sample per fork: drop it now rather than at the next reset.
-            self.sandbox.close()
-            self.sandbox = None
+            self._close_fork()
         changes = file_changes(state.before, result.files) if result.files is not None else []
         reply = (
             result.output
@@ -191,32 +170,19 @@ class TerminalEnv(PivotEnv):
         finally:
             shell.close()
 
-    def _ensure_backend(self) -> None:
-        """Choose the backend and make it, with the base image, on first use (the first reset)."""
-        if self.backend is not None:
-            return
-        from pivot_envs.sandboxes.backends import make_backend
+    def base_image(self) -> tuple[Any, str]:
+        from .image import base_rootfs, image_tag
 
-        from . import image
+        return base_rootfs(build=self.config.build_image), image_tag()
+
+    def make_prefixes(self, rootfs: Any, docker_base: str) -> Any:
         from .prefix import PrefixCache
 
-        rootfs = image.base_rootfs(build=self.config.build_image)
-        self.backend, tag = make_backend(
-            self.sandbox_kind, self.limits, self.config.warm_pool, rootfs, image.image_tag()
-        )
-        self.prefixes = PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs, docker_base=tag)
+        return PrefixCache(self.backend, self.config.prefix_cache, rootfs=rootfs, docker_base=docker_base)
 
     def close(self) -> None:
         """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
-        if self.prefixes is not None:
-            self.prefixes.clear()
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
-            self.prefixes = None
+        self._close_sandboxes()
         super().close()
 
     def render(self) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 from gymnasium.error import ResetNeeded
 from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits
 
+from pivot_envs.config import ConfigError
 from pivot_envs.env import ParsedAction, json_safe
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
@@ -29,7 +30,7 @@ from pivot_envs.registry import DomainSpec
 
 from .env import TerminalEnv
 from .parse import BASH_TOOL, canonical_message, parse_action, parse_command
-from .tasks import SYSTEM_PROMPT, Task, load_tasks, run_check
+from .tasks import SYSTEM_PROMPT, Task, TaskFileError, load_tasks, run_check
 
 DONE = "done"  # the category of an episode the policy ended by answering without a command
 TAMPERED = "system_tampered"  # the category of an episode whose commands wrote outside the writable roots
@@ -90,12 +91,12 @@ class TerminalEpisodeEnv(TerminalEnv):
         build_image: bool = True,
     ) -> None:
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"TerminalEpisodeEnv max_turns must be >= 1, got {max_turns}")
         self.tasks = (
             load_tasks(tasks) if tasks is None or isinstance(tasks, (str, os.PathLike)) else list(tasks)
         )
         if not self.tasks:
-            raise ValueError("TerminalEpisodeEnv: the task set is empty")
+            raise TaskFileError("TerminalEpisodeEnv: the task set is empty")
         self._task_index = {task.id: index for index, task in enumerate(self.tasks)}
         super().__init__(
             [start_pivot(task) for task in self.tasks],
@@ -210,9 +211,7 @@ class TerminalEpisodeEnv(TerminalEnv):
                     detail=f"task {self.task.id}: check: {error}",
                     valid=False,
                 )
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
+        self._close_fork()
         return self._observation(), reward, not truncated, truncated, info
 
     def _observation(self) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot
-from pivot_envs.sandboxes.snapshot_cache import SnapshotCache
+from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot, snapshot_cache
+from pivot_envs.sandboxes.snapshot_cache import freeze
 
 from pivot_envs.pivot import Pivot
 
@@ -30,14 +30,9 @@ SETUP_TIMEOUT = 120.0
 
 
 @dataclass
-class PrefixState:
+class PrefixState(snapshot_cache.PrefixState):
     """A built prefix: its snapshot, the workspace manifest there, and the expert command's effect."""
 
-    key: str
-    replayable: bool
-    reason: str = ""
-    snapshot: Snapshot | None = None
-    before: dict[str, str] = field(default_factory=dict)
     expert: CommandResult | None = None
     expert_repeat: CommandResult | None = None  # the expert's command run again from the same state
 
@@ -87,39 +82,18 @@ def prefix_key(pivot: Pivot) -> str:
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
-class PrefixCache:
-    """Builds prefix states on demand and keeps at most `capacity` of them (least recently used evicted).
-
-    `builds` counts how many prefixes were built (G resets at one pivot: one build, G forks).
-    """
+class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
+    """Builds terminal prefix states on demand (see `snapshot_cache.PrefixCache`: LRU, `builds`)."""
 
     def __init__(
         self, backend: Any, capacity: int = 16, rootfs: Path | None = None, docker_base: str = ""
     ) -> None:
-        self.backend = backend
+        super().__init__(backend, capacity)
         self.rootfs = rootfs
         self.docker_base = docker_base
-        self.builds = 0
-        self._states: SnapshotCache[PrefixState] = SnapshotCache(
-            backend, capacity, lambda state: state.snapshot
-        )
-        self._keys: dict[int, tuple[Pivot, str]] = {}
 
-    def key(self, pivot: Pivot) -> str:
-        """`prefix_key(pivot)`, remembered per pivot object (it parses every earlier command)."""
-        known = self._keys.get(id(pivot))
-        if known is not None and known[0] is pivot:
-            return known[1]
-        if len(self._keys) >= 4096:
-            self._keys.clear()
-        key = prefix_key(pivot)
-        self._keys[id(pivot)] = (pivot, key)
-        return key
-
-    def get(self, pivot: Pivot) -> PrefixState:
-        """The prefix state of `pivot`, built now if it is not cached."""
-        key = self.key(pivot)
-        return self._states.get(key, lambda: self._build(pivot, key))
+    def prefix_key(self, pivot: Pivot) -> str:
+        return prefix_key(pivot)
 
     def _image(self, pivot: Pivot) -> str:
         image = pivot_image(pivot)
@@ -134,8 +108,7 @@ class PrefixCache:
             raise SandboxError(f"image {image!r} is not available to bubblewrap (only {BASE_IMAGE} is)")
         return image
 
-    def _build(self, pivot: Pivot, key: str) -> PrefixState:
-        self.builds += 1
+    def build(self, pivot: Pivot, key: str) -> PrefixState:
         commands, reason = prefix_commands(pivot)
         if reason:
             return PrefixState(key, False, f"pivot {pivot.id}: {reason}")
@@ -169,8 +142,7 @@ class PrefixCache:
                         f"pivot {pivot.id}: prefix command {index} {command[:200]!r} "
                         f"{'timed out' if result.timed_out else f'exited {result.exit_code}, expected {want}'}",
                     )
-            before = sandbox.run(":", files=True).files or {}
-            snapshot = sandbox.snapshot()
+            before, snapshot = freeze(sandbox)
         except SandboxError as error:
             return PrefixState(key, False, f"pivot {pivot.id}: {error}")
         finally:
@@ -181,8 +153,7 @@ class PrefixCache:
             # Twice: what of the effect differs between the two runs is what the verifier cannot measure.
             state.expert = self._run_expert(snapshot, expert)
             state.expert_repeat = self._run_expert(snapshot, expert) if state.expert is not None else None
-        if hasattr(self.backend, "prewarm"):
-            self.backend.prewarm(snapshot)
+        self.backend.prewarm(snapshot)
         return state
 
     def _run_expert(self, snapshot: Snapshot, expert: str) -> CommandResult | None:
@@ -195,10 +166,3 @@ class PrefixCache:
             return None
         finally:
             fork.close()
-
-    def clear(self) -> None:
-        """Release every cached snapshot."""
-        self._states.clear()
-
-    def __len__(self) -> int:
-        return len(self._states)

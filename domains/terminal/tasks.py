@@ -217,10 +217,10 @@ def task_pivots(run: TaskRun) -> list[Pivot]:
 
 def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None = None) -> int:
     """Replay every task and write their pivots to `out`; raises TaskError if a task's expert does not solve it."""
+    from pivot_envs.sandboxes.backends import resolve_sandbox
     from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
     from pivot_envs.sandboxes.docker_backend import DockerBackend
 
-    from .env import resolve_sandbox
     from .image import rootfs_path
 
     kind = resolve_sandbox(sandbox)

@@ -164,9 +164,14 @@ def test_an_unknown_task_is_named_with_the_close_match():
         env.step(bash("ls"))
 
 
-def test_max_turns_below_one_is_refused():
-    with pytest.raises(ValueError, match="max_turns"):
+def test_max_turns_below_one_and_an_empty_task_set_are_refused_as_typed_errors():
+    from pivot_envs.config import ConfigError
+    from pivot_envs.domains.terminal.tasks import TaskFileError
+
+    with pytest.raises(ConfigError, match="max_turns must be >= 1, got 0"):
         TerminalEpisodeEnv(max_turns=0)
+    with pytest.raises(TaskFileError, match="task set is empty"):
+        TerminalEpisodeEnv(tasks=[])
 
 
 def test_the_episodes_check_is_bounded_by_the_tasks_check_timeout_not_the_command_limit(has_bwrap):
