@@ -26,7 +26,7 @@ from typing import Any
 
 from pivot_envs.adapters.grpo import GRPOConfig, PivotRLResult
 
-from pivot_envs.cli.options import policy_field
+from pivot_envs.cli.options import check_dtype, policy_field
 from pivot_envs.config import add_config, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.evaluate import EvalConfig
@@ -134,6 +134,7 @@ class RunConfig:
     )
     policy: str = policy_field("policy", "hf:smollm2")  # the reference and initial policy
     device: str = policy_field("device", "cpu")
+    dtype: str | None = policy_field("dtype", None)
     max_prompt_tokens: int | None = policy_field(
         "max_prompt_tokens", None, means="the domain's, 2048 for swe, else 1024"
     )
@@ -180,6 +181,7 @@ class RunConfig:
         at_least(self, 0, "max_prompt_tokens", "candidates", "sft_epochs", "sft_examples", "eval_pivots")
         at_least(self, 1, "max_new_tokens")
         between(self, "sft_learning_rate", 0, 1, open_low=True)
+        check_dtype(self.dtype)
 
     def derived(self) -> dict[str, tuple[Any, str]]:
         """Each stage setting left unset, with the value the run gives it and the run setting that
@@ -346,6 +348,28 @@ class WarmUp:
         return f"{self.examples} expert turns x {self.epochs} epochs, {how}"
 
 
+def warm_up_settings(config: RunConfig, epochs: int, examples: list[str]) -> dict[str, Any]:
+    """The settings that make the warm-up's weights (of the examples with these ids): an earlier
+    run's weights are reused when its settings are equal."""
+    from pivot_envs.profile import reference_of
+
+    settings = {
+        "policy": reference_of(config.policy),
+        "epochs": epochs,
+        "examples": sorted(examples),
+        "learning_rate": config.sft_learning_rate,
+        "seed": config.seed,
+        "max_prompt_tokens": config.budget().max_prompt_tokens,
+    }
+    # Recorded only when given, so a run without --dtype keeps the digest it had before the option.
+    return settings | ({"dtype": config.dtype} if config.dtype else {})
+
+
+def settings_digest(settings: dict[str, Any]) -> str:
+    """The warm-up's digest: the reference policy's identity in the profiles made after it."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def warm_up_stage(
     config: RunConfig,
     policy: Any,
@@ -364,8 +388,6 @@ def warm_up_stage(
     from pivot_envs.adapters.grpo.policy import sync_weights
     from pivot_envs.adapters.sft import SFTConfig, warm_up
 
-    from pivot_envs.profile import reference_of
-
     if not epochs:
         return WarmUp()
     # SFT then RL on the same data, as usual: pivots where the warm-up did not make the policy
@@ -377,15 +399,8 @@ def warm_up_stage(
     examples += random.Random(f"{config.seed}/sft").sample(
         others, min(max(wanted - len(examples), 0), len(others))
     )
-    settings = {
-        "policy": reference_of(config.policy),
-        "epochs": epochs,
-        "examples": sorted(p.id for p in examples),
-        "learning_rate": config.sft_learning_rate,
-        "seed": config.seed,
-        "max_prompt_tokens": config.budget().max_prompt_tokens,
-    }
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    settings = warm_up_settings(config, epochs, [p.id for p in examples])
+    digest = settings_digest(settings)
     saved, record = out / "sft" / "weights.pt", out / "sft" / "warm_up.json"
     saved.parent.mkdir(parents=True, exist_ok=True)
     figures = json.loads(record.read_text()) if saved.exists() and record.exists() else {}
@@ -451,15 +466,23 @@ def run(config: RunConfig) -> Path:
     from pivot_envs.adapters.grpo import PivotRLConfig, pivotrl
     from pivot_envs.adapters.grpo.policy import trainable_module
 
-    from pivot_envs.cli._checks import check_domain, check_env_id, check_output, load_named_policy
+    from pivot_envs.cli._checks import (
+        check_domain,
+        check_env_id,
+        check_output,
+        load_named_policy,
+        policy_options,
+    )
     from pivot_envs.diagnostics import diagnose, format_report
     from pivot_envs.evaluate import evaluate
     from pivot_envs.extract import split_by_trajectory, write_pivot_file
     from pivot_envs.registry import env_id
 
     config = config.composed()
-    # The domain and --out are checked before any work (the settings were, when the config was made).
+    # The domain, the policy's options and --out are checked before any work (the settings were, when
+    # the config was made).
     check_env_id(env_id(check_domain(config.domain)))
+    options = policy_options(config.device, config.budget().max_prompt_tokens, config.dtype)
     out = check_output(config.out, "--out", directory=True)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -486,9 +509,7 @@ def run(config: RunConfig) -> Path:
         )
     timings["split"] = stage.seconds
 
-    policy = load_named_policy(
-        config.policy, device=config.device, max_prompt_tokens=config.budget().max_prompt_tokens
-    )
+    policy = load_named_policy(config.policy, **options)
     # The module the warm-up and GRPO train: the hf policy's own, or an engine's checkpoint in transformers (vllm).
     model = trainable_module(policy)
     epochs = config.warm_up_epochs()
@@ -533,7 +554,12 @@ def run(config: RunConfig) -> Path:
             policy,
             method,
             env_id=env_id(config.domain),
-            reference_name=f"{config.policy} after SFT warm-up {warm.digest}" if epochs else config.policy,
+            # the profiles' reference: a warm-up's digest holds the dtype; without one it is named here
+            reference_name=(
+                f"{config.policy} after SFT warm-up {warm.digest}"
+                if epochs
+                else config.policy + (f" in {config.dtype}" if config.dtype else "")
+            ),
             model=model,
         )
         selection = result.selection
@@ -627,7 +653,7 @@ def write_report(
     lines = [
         "# PivotRL run",
         "",
-        f"Policy `{config.policy}` on `{config.device}`, domain `{config.domain}`, seed {config.seed}, "
+        f"Policy `{config.policy}` on `{config.device}`{f' in {config.dtype}' if config.dtype else ''}, domain `{config.domain}`, seed {config.seed}, "
         f"actions up to {budget.max_new_tokens} tokens, prompts fitted to {budget.max_prompt_tokens or 'any number of'} tokens.",
         "",
         "| stage | result | seconds |",

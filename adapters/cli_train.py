@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keyword arguments of gym.make for --env, as a JSON object "
         '(pivot/remote-v0: \'{"urls": ["http://HOST:PORT"]}\')',
     )
-    add_policy_options(parser, "device", "max_prompt_tokens")  # --policy is GRPOConfig's
+    add_policy_options(parser, "device", "dtype", "max_prompt_tokens")  # --policy is GRPOConfig's
     parser.add_argument(
         "--plot", action="store_true", help="also write OUT/rewards.png (reward mean and std per step)"
     )
@@ -78,7 +78,9 @@ def main(args: argparse.Namespace) -> int:
     check_output(config.out, "--out", directory=True)
     if args.plot:
         check_plotting("train --plot")
-    policy = load_named_policy(config.policy, **policy_options(args.device, args.max_prompt_tokens))
+    policy = load_named_policy(
+        config.policy, **policy_options(args.device, args.max_prompt_tokens, args.dtype)
+    )
     result = train(config, pivots, policy=policy, env_id=args.env, heldout=heldout, **env_kwargs)
     last = result.history[-1] if result.history else {}
     print(f"trained {result.steps} steps; final weights in {result.final}; metrics in {result.metrics_path}")

@@ -335,8 +335,9 @@ def profile(
     policy:  a Policy or a policy spec (`hf:smollm2`, `openai:URL#MODEL`, ...).
     out:     the profiled JSONL; ids already in it are skipped (resume), except those none of
              whose samples was valid: their rows are dropped and they are profiled again.
-    policy_options: options of the backend when `policy` is a spec (device, batch_size, ...);
-             the policy is only built when some candidate is left to profile.
+    policy_options: options of the backend when `policy` is a spec (device, dtype, batch_size, ...);
+             the policy is only built when some candidate is left to profile; a dtype given is
+             recorded with the reference.
     reference: the reference policy's spec or name as recorded (default: `policy`'s; see
              `reference_of`); needed when the policy object was changed in memory (a warm-up)
              or its name does not say which weights it holds, so a resume can tell it apart.
@@ -349,7 +350,10 @@ def profile(
     config = config or ProfileConfig()
     if isinstance(pivots, (str, os.PathLike)):
         pivots = iter_pivots(pivots)
-    settings = config.settings(reference_of(reference or policy))
+    identity = reference_of(reference or policy)
+    if (policy_options or {}).get("dtype"):  # bfloat16 weights are another reference (recorded only when set)
+        identity["dtype"] = str(policy_options["dtype"])
+    settings = config.settings(identity)
     done, failed = _read_output(out)
     run = ProfileRun()
     try:

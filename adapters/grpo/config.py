@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pivot_envs.cli.options import policy_help
 from pivot_envs.config import at_least, between, one_of, option
 from pivot_envs.extract import ExtractConfig, FilterConfig
 from pivot_envs.profile import ProfileConfig
@@ -23,9 +24,7 @@ class GRPOConfig:
     """Hyperparameters of the GRPO update at pivots (paper Eq. 1, 7 and Algorithm 1)."""
 
     # -- the policy trained ------------------------------------------------------------------------
-    policy: str = option(
-        "hf:smollm2", "policy spec to train (a local backend: hf:PATH, hf:smollm2, vllm:PATH, vllm:smollm2)"
-    )
+    policy: str = option("hf:smollm2", policy_help("policy"))
     lora: bool = option(
         False, "train LoRA adapters (peft) instead of all weights; the reference is the base model"
     )

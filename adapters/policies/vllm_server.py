@@ -421,6 +421,11 @@ def from_spec(rest: str, **options: Any) -> VLLMServerPolicy:
             raise PolicySpecError(
                 f"policy spec 'vllm-server:{rest}' must be vllm-server:BASE_URL[,BASE_URL...]#MODEL"
             )
+        if options.pop("dtype", None) is not None:
+            raise PolicySpecError(
+                f"policy spec 'vllm-server:{rest}': a dtype (--dtype) cannot apply to a running server, which "
+                "loaded its weights in its own precision; leave it unset, or start one here: vllm-server:PATH"
+            )
         return VLLMServerPolicy(urls.split(","), model, **options)
     server = VLLMServer(rest, **{key: options.pop(key) for key in SERVER_OPTIONS if key in options})
     try:

@@ -67,12 +67,18 @@ def load_named_policy(spec: str, **options: object) -> object:
         raise PolicyLoadError(f"--policy {spec}: cannot load it: {error}") from error
 
 
-def policy_options(device: str | None = None, max_prompt_tokens: int = 0) -> dict[str, object]:
-    """The options of a local policy backend (hf, vllm) a command line gave: `device` when set, and
-    `max_prompt_tokens` when above 0 (0: whole prompts). A negative budget is a ConfigError."""
+def policy_options(
+    device: str | None = None, max_prompt_tokens: int = 0, dtype: str | None = None
+) -> dict[str, object]:
+    """The options of a local policy backend (hf, vllm) a command line gave: `device` and `dtype`
+    when set, and `max_prompt_tokens` when above 0 (0: whole prompts). A negative budget or a dtype
+    not in `options.DTYPES` is a ConfigError naming it."""
+    from pivot_envs.cli.options import check_dtype
+
     if max_prompt_tokens < 0:
         raise ConfigError(f"--max-prompt-tokens {max_prompt_tokens}: must be >= 0 (0: whole prompts)")
-    options: dict[str, object] = {"device": device} if device else {}
+    given = {"device": device, "dtype": check_dtype(dtype)}
+    options: dict[str, object] = {name: value for name, value in given.items() if value}
     return options | ({"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {})
 
 

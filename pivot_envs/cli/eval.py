@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env", default=None, help="env id scoring every pivot (default: pivot/<domain>-v0 per domain)"
     )
-    add_policy_options(parser, "device", "max_prompt_tokens")
+    add_policy_options(parser, "device", "dtype", "max_prompt_tokens")
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
     add_config(parser, EvalConfig, "eval")
 
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     pivots = read_input(args.pivots)
     check_scoring(pivots, args.env, config.verifier)
     json_out = check_output(args.json, "--json") if args.json else None
-    policy = load_named_policy(args.policy, **policy_options(args.device, args.max_prompt_tokens))
+    policy = load_named_policy(args.policy, **policy_options(args.device, args.max_prompt_tokens, args.dtype))
     report = evaluate(policy, pivots, config, env=args.env)
     print(report.format())
     if json_out:

@@ -1,9 +1,11 @@
-"""The policy options every command takes, declared once: `--policy`, `--device`, `--max-prompt-tokens`.
+"""The policy options every command takes, declared once: `--policy`, `--device`, `--dtype`,
+`--max-prompt-tokens`.
 
 `PolicyOptions` holds each option's help text; a hand-written parser gets the flags from
 `add_policy_options`, a config dataclass (`pivotrl run`'s) its fields from `policy_field`, and
-`pivotrl train` has `--policy` from `GRPOConfig`. A command keeps its own default (required, a
-value, or unset meaning "the scale's"); the help text is the same everywhere.
+`pivotrl train` has `--policy` from `GRPOConfig`, whose field's help is `policy_help("policy")`. A
+command keeps its own default (required, a value, or unset meaning "the scale's"); the help text is
+the same everywhere. `check_dtype` is the one check of a `--dtype` value.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, option
 from pivot_envs.policy import SPEC_FORMS
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -23,11 +27,23 @@ class PolicyOptions:
 
     policy: str | None = option(None, f"policy spec: {SPEC_FORMS}")
     device: str | None = option(None, "device of a local policy (hf, vllm): cpu, cuda")
+    dtype: str | None = option(
+        None,
+        f"precision of a local policy's weights (hf, vllm): {', '.join(DTYPES)} (default: the backend's, "
+        "float32 on a CPU)",
+    )
     max_prompt_tokens: int = option(
         0,
         "prompt budget of a local policy: older turns, then the middle of long messages, are left out "
         "beyond it (0: whole prompts)",
     )
+
+
+def check_dtype(dtype: str | None) -> str | None:
+    """`dtype` when it is None or one of DTYPES, else a ConfigError naming it."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype}: must be one of {', '.join(DTYPES)}")
+    return dtype
 
 
 def _field(name: str) -> dataclasses.Field:

@@ -20,12 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pivots", metavar="PIVOTS", help="candidate pivots (JSONL, .jsonl.gz)")
     add_policy_options(parser, "policy", required=True)  # the reference policy
     parser.add_argument("--out", required=True, help="profiled output (JSONL); rerunning resumes it")
-    add_policy_options(parser, "device")
+    add_policy_options(parser, "device", "dtype")
     add_config(parser, ProfileConfig, "profile")
 
 
 def main(args: argparse.Namespace) -> int:
-    from pivot_envs.cli._checks import check_output, check_scoring, read_input
+    from pivot_envs.cli._checks import check_output, check_scoring, policy_options, read_input
     from pivot_envs.config import progress_disabled
     from pivot_envs.pivot import read_pivots
     from pivot_envs.profile import ProfileConfig, profile
@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     candidates = read_input(args.pivots)
     check_scoring(candidates, config.env, config.env_kwargs.get("verifier"))
     check_output(args.out)
-    options = {"device": args.device} if args.device else {}
+    options = policy_options(args.device, dtype=args.dtype)
     run = profile(candidates, args.policy, args.out, config, policy_options=options)
     if run.moved_aside:
         log.warning("%s held profiles made with other settings: moved to %s", args.out, run.moved_aside)

@@ -258,6 +258,14 @@ def test_a_prompt_budget_for_a_server_policy_is_refused_naming_why():
     assert isinstance(load_policy("openai:http://h:1#m", max_prompt_tokens=0), OpenAIPolicy)
 
 
+def test_a_dtype_for_a_server_policy_is_refused_naming_it():
+    from pivot_envs.policy import PolicySpecError
+
+    with pytest.raises(PolicySpecError, match=r"openai:http://h:1#m'.*--dtype bfloat16.*own precision"):
+        load_policy("openai:http://h:1#m", dtype="bfloat16")
+    assert isinstance(load_policy("openai:http://h:1#m", dtype=None), OpenAIPolicy)
+
+
 def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_writes_nothing_twice(
     server, tmp_path: Path
 ):

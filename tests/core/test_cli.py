@@ -106,7 +106,7 @@ def test_a_percent_sign_in_a_config_help_or_default_is_shown_as_is(capsys) -> No
     assert "as in 50% of them" in text and "%s-%d" in text
 
 
-def test_every_command_says_what_policy_device_and_prompt_budget_are_in_one_help_text() -> None:
+def test_every_command_says_what_policy_device_dtype_and_prompt_budget_are_in_one_help_text() -> None:
     from pivot_envs.cli.options import policy_help
 
     parser = build_parser("")
@@ -114,14 +114,16 @@ def test_every_command_says_what_policy_device_and_prompt_budget_are_in_one_help
     for name in ("eval", "profile", "train", "reproduce", "run"):
         command = parser.commands[name]
         command.print_help(io.StringIO())  # builds the flags of its configs
-        for flag in ("--policy", "--device", "--max-prompt-tokens"):
+        for flag in ("--policy", "--device", "--dtype", "--max-prompt-tokens"):
             action = command._option_string_actions.get(flag)
-            if action is not None and not (name == "train" and flag == "--policy"):  # GRPOConfig's field
+            if action is not None:
                 assert action.help.startswith(policy_help(flag[2:].replace("-", "_"))), (name, flag)
                 seen.setdefault(flag, []).append(name)
     assert seen == {
-        "--policy": ["eval", "profile", "reproduce", "run"],
+        "--policy": ["eval", "profile", "train", "reproduce", "run"],
         "--device": ["eval", "profile", "train", "reproduce", "run"],
+        # reproduce has none: a scale fixes its precision, and its stage digests stay as they were
+        "--dtype": ["eval", "profile", "train", "run"],
         "--max-prompt-tokens": ["eval", "train", "run"],
     }
     # Each command keeps its own default: required, a value, or the scale's.
@@ -132,6 +134,78 @@ def test_every_command_says_what_policy_device_and_prompt_budget_are_in_one_help
         ._option_string_actions["--device"]
         .help.endswith("(default: the scale's)")
     )
+
+
+def test_eval_with_dtype_bfloat16_loads_the_hf_checkpoint_in_bfloat16_and_evaluates(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import torch
+    from tiny_model import tiny_checkpoint
+
+    from pivot_envs.cli import _checks
+
+    loaded = []
+    load = _checks.load_named_policy
+
+    def keep(spec: str, **options: object) -> object:  # the real loader; the policy kept to look at
+        loaded.append(load(spec, **options))
+        return loaded[-1]
+
+    monkeypatch.setattr(_checks, "load_named_policy", keep)
+    checkpoint = tiny_checkpoint(tmp_path / "tiny")
+    argv = ["eval", "--pivots", str(candidates(tmp_path, count=1)), "--policy", f"hf:{checkpoint}"]
+    argv += ["--dtype", "bfloat16", "--max-prompt-tokens", "256", "--max-new-tokens", "4"]
+    assert main(argv) == 0
+    assert "turn accuracy" in capsys.readouterr().out.lower()
+    assert {parameter.dtype for parameter in loaded[0].model.parameters()} == {torch.bfloat16}
+
+
+def test_profiles_made_in_bfloat16_are_not_resumed_in_float32(tmp_path: Path, capsys) -> None:
+    from tiny_model import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path / "tiny")
+    pivots, out = str(candidates(tmp_path, count=1)), str(tmp_path / "profiled.jsonl")
+    argv = [
+        "profile",
+        pivots,
+        "--policy",
+        f"hf:{checkpoint}",
+        "--out",
+        out,
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "2",
+    ]
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    assert '"dtype": "bfloat16"' in Path(out).read_text()  # the reference recorded with its precision
+    capsys.readouterr()
+    assert main(argv) != 0  # the same weights in float32 are another reference: no mixed file
+    assert "settings" in error_line(capsys)
+
+
+def test_a_running_vllm_server_refuses_a_dtype_it_cannot_apply() -> None:
+    from pivot_envs.policy import PolicySpecError, load_policy
+
+    with pytest.raises(PolicySpecError, match="--dtype"):
+        load_policy("vllm-server:http://127.0.0.1:9#m", dtype="bfloat16")
+
+
+def test_a_dtype_that_is_not_a_precision_is_refused_naming_it_before_any_model_loads(
+    tmp_path: Path, capsys
+) -> None:
+    from pivot_envs.adapters.cli_run import RunConfig
+
+    from pivot_envs.config import ConfigError
+
+    pivots = str(candidates(tmp_path))
+    assert main(["eval", "--pivots", pivots, "--policy", NO_MODEL, "--dtype", "bf16"]) == 2
+    assert "--dtype bf16: must be one of float32, bfloat16, float16" in error_line(capsys)
+    out = str(tmp_path / "profiled.jsonl")
+    assert main(["profile", pivots, "--policy", NO_MODEL, "--out", out, "--dtype", "half"]) == 2
+    assert "--dtype half" in error_line(capsys)
+    with pytest.raises(ConfigError, match="--dtype fp8"):
+        RunConfig(dtype="fp8")
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason=f"console script not installed next to {sys.executable}")

@@ -7,7 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from pivot_envs.adapters.cli_run import Budget, RunConfig, Signal, evaluation_env_kwargs
+from pivot_envs.adapters.cli_run import (
+    Budget,
+    RunConfig,
+    Signal,
+    evaluation_env_kwargs,
+    settings_digest,
+    warm_up_settings,
+)
 from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
 
 from pivot_envs.cli import main
@@ -220,6 +227,17 @@ def test_a_config_file_naming_the_swe_domain_gets_the_swe_budgets(tmp_path: Path
     assert main(["run", "--config", str(config), "--print-config"]) == 0
     train = capsys.readouterr().out.split("[train]")[1].split("\n[")[0]
     assert "max_new_tokens = 128" in train
+
+
+def test_a_run_without_dtype_keeps_its_warm_up_digest_and_a_run_with_one_gets_another() -> None:
+    # Digests computed before --dtype existed: the profiles after a warm-up name the policy by it.
+    examples = ["p2", "p1"]
+    assert settings_digest(warm_up_settings(RunConfig(), 2, examples)) == "48accf1a29a4"
+    swe = RunConfig(domain="swe", seed=3, sft_learning_rate=1e-4)
+    assert settings_digest(warm_up_settings(swe, 2, examples)) == "2bcff60928c2"
+    assert "dtype" not in warm_up_settings(RunConfig(), 2, examples)
+    bfloat16 = warm_up_settings(RunConfig(dtype="bfloat16"), 2, examples)
+    assert bfloat16["dtype"] == "bfloat16" and settings_digest(bfloat16) != "48accf1a29a4"
 
 
 def test_a_negative_prompt_budget_stops_eval_before_any_model_loads(tmp_path: Path, capsys) -> None:
