@@ -6,6 +6,7 @@ import datetime
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import gymnasium as gym
 import pytest
@@ -151,29 +152,30 @@ def test_an_env_whose_reset_drops_part_of_the_prefix_fails_reset_restores_prefix
     assert "item 0" in failures[0].detail and "system" in failures[0].detail
 
 
-class NeverRightVerifier:
-    name = "never"
+@dataclass(frozen=True)
+class ConstantVerifier:
+    """Gives every action the same verdict."""
+
+    name: str
+    verdict: Verdict
 
     def verify(self, pivot: Pivot, action: dict, outcome: object = None) -> Verdict:
-        return Verdict(0.0, "never_right")
+        return self.verdict
+
+
+NEVER_RIGHT = ConstantVerifier("never", Verdict(0.0, "never_right"))
+ALWAYS_RIGHT = ConstantVerifier("always", Verdict(1.0, "fine"))
 
 
 def test_an_env_whose_expert_scores_zero_fails_expert_scores_one() -> None:
-    report = check(WeatherEnv(verifier=NeverRightVerifier()))
+    report = check(WeatherEnv(verifier=NEVER_RIGHT))
     assert {f.pivot for f in report.failed("expert_scores_one")} == {p.id for p in PIVOTS}
     assert "scored 0.0" in report.failed("expert_scores_one")[0].detail and "never_right" in str(report)
     assert "junk_scores_zero" in report.passed
 
 
-class AlwaysRightVerifier:
-    name = "always"
-
-    def verify(self, pivot: Pivot, action: dict, outcome: object = None) -> Verdict:
-        return Verdict(1.0, "fine")
-
-
 def test_an_env_that_rewards_junk_fails_junk_scores_zero_naming_the_action() -> None:
-    report = check(WeatherEnv(verifier=AlwaysRightVerifier()))
+    report = check(WeatherEnv(verifier=ALWAYS_RIGHT))
     detail = report.failed("junk_scores_zero")[0].detail
     assert (
         "empty text '' scored 1.0" in detail
@@ -323,7 +325,7 @@ def test_a_hook_that_can_break_no_pivot_checked_is_reported_as_skipped() -> None
 
 def test_a_failure_raises_an_assertion_error_holding_the_report() -> None:
     with pytest.raises(PivotEnvCheckError) as caught:
-        check_pivot_env(WeatherEnv(verifier=NeverRightVerifier()), pivots=1)
+        check_pivot_env(WeatherEnv(verifier=NEVER_RIGHT), pivots=1)
     assert isinstance(caught.value, AssertionError) and isinstance(caught.value, PivotEnvsError)
     assert caught.value.report.failed("expert_scores_one")
     assert "FAILED expert_scores_one at pivot weather/t0: the expert's action scored 0.0" in str(caught.value)

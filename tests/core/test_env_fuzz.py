@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 from echo_domain import EchoEnv
+from fuzz_common import assert_step_contract, content_parts, hermes_blocks, odd_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,17 +18,6 @@ from pivot_envs.env import json_safe
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True)
 
-# Any text, text holding a lone surrogate (what a broken decoder hands over), and syntax characters.
-odd_text = (
-    st.text(max_size=40)
-    | st.builds(
-        lambda a, s, b: a + s + b,
-        st.text(max_size=10),
-        st.characters(categories=["Cs"]),
-        st.text(max_size=10),
-    )
-    | st.text(st.sampled_from('\x00\n\t{}[]"<>/'), max_size=20)
-)
 odd_scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -65,34 +55,18 @@ tool_calls = st.lists(
     ),
     max_size=3,
 )
-content_parts = st.lists(
-    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
-)
 messages = st.fixed_dictionaries(
     {},
     optional={
         "role": odd_text,
-        "content": odd_text | content_parts | odd_values,
+        "content": odd_text | content_parts(odd_text, odd_values) | odd_values,
         "tool_calls": tool_calls | odd_values,
     },
 )
-hermes = st.builds(
-    lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}",
-    st.fixed_dictionaries({"name": st.text(max_size=20), "arguments": plain_json}),
-    odd_text,
+hermes = hermes_blocks(
+    st.fixed_dictionaries({"name": st.text(max_size=20), "arguments": plain_json}), odd_text
 )
 actions = odd_text | odd_values | messages | hermes
-
-
-def assert_contract(step: tuple) -> None:
-    """What every step returns, whatever the action."""
-    observation, reward, terminated, truncated, info = step
-    assert isinstance(reward, float) and 0.0 <= reward <= 1.0
-    assert terminated is True and truncated is False
-    assert isinstance(info["category"], str) and info["category"]
-    assert isinstance(info["valid"], bool)
-    json.dumps(info, ensure_ascii=False).encode("utf-8")
-    json.dumps(observation, ensure_ascii=False).encode("utf-8")
 
 
 @FUZZ
@@ -135,5 +109,5 @@ ENV = EchoEnv()
 def test_any_action_keeps_the_step_contract(action: object, index: int) -> None:
     ENV.reset(options={"index": index})
     step = ENV.step(action)
-    assert_contract(step)
-    assert step[4]["category"] != "env_error", step[4]["detail"]
+    assert isinstance(step[1], float)
+    assert_step_contract(step)

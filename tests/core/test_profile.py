@@ -548,18 +548,8 @@ def test_pivotrl_profile_names_the_mismatch_before_loading_the_policy(tmp_path: 
     write_pivots(pivots, candidates)
     profile(pivots[:1], ScriptedPolicy(pivots), out, ProfileConfig(k=2, env="test/flaky-v0", progress=False))
     before = out.read_bytes()
-    argv = [
-        "profile",
-        str(candidates),
-        "--policy",
-        "hf:/no/such/checkpoint",
-        "--out",
-        str(out),
-        "--k",
-        "2",
-        "--env",
-        "test/flaky-v0",
-    ]
+    flags = "--policy hf:/no/such/checkpoint --k 2 --env test/flaky-v0".split()
+    argv = ["profile", str(candidates), "--out", str(out), *flags]
     assert main(argv) == 1
     error = capsys.readouterr().err
     assert "pivotrl profile: error:" in error and "profiled.jsonl:1: profiled with other settings" in error

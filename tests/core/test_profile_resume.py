@@ -197,20 +197,8 @@ def test_pivotrl_profile_exits_non_zero_naming_the_cause_when_the_env_fails_on_e
 
     candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
     write_pivots(airline_pivots(3), candidates)
-    argv = [
-        "profile",
-        str(candidates),
-        "--policy",
-        f"hf:{tiny_checkpoint}",
-        "--out",
-        str(out),
-        "--k",
-        "2",
-        "--max-new-tokens",
-        "2",
-        "--env",
-        "test/backend-down-v0",
-    ]
+    flags = "--k 2 --max-new-tokens 2 --env test/backend-down-v0".split()
+    argv = ["profile", str(candidates), "--policy", f"hf:{tiny_checkpoint}", "--out", str(out), *flags]
     assert main(argv) == 1
     error = capsys.readouterr().err
     assert "every one of the run's 6 samples failed in the env" in error

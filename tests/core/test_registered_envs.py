@@ -4,13 +4,11 @@ runs check_env), make_vec (sync and async), seeding, a spec that round-trips thr
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import textwrap
 
 import gymnasium as gym
 import pytest
 from gymnasium.envs.registration import EnvSpec
+from python_process import run_python
 
 import pivot_envs
 from pivot_envs import PivotEnv, check_pivot_env
@@ -174,12 +172,6 @@ def test_a_spec_from_json_builds_the_env_in_a_fresh_process_importing_the_domain
         env = gym.make(EnvSpec.from_json({text!r}))
         print("BUILT", type(env.unwrapped).__name__, env.unwrapped.verifier.name, "pivot_envs.domains.tool_use" in sys.modules)
         """
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "IMPORTED False" in result.stdout and "BUILT ToolUseEnv strict True" in result.stdout

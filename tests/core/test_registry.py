@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 from gymnasium.envs.registration import EnvSpec
+from python_process import run_python
 
 from pivot_envs import registry
 from pivot_envs.registry import PluginError, register_domains
@@ -37,8 +36,14 @@ DOMAIN = DomainSpec(name="{name}", env_class=GreetEnv, description="a throwaway 
 """
 
 
-def install_plugin(root: Path, name: str, module_source: str | None, value: str | None = None) -> None:
-    """A real distribution on sys.path: a package plus a .dist-info with entry_points.txt."""
+def install_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+    root: Path,
+    name: str,
+    module_source: str | None,
+    value: str | None = None,
+) -> None:
+    """A real distribution on sys.path: a package plus a .dist-info with entry_points.txt, under `root`."""
     package = name.replace("-", "_") + "_plugin"
     if module_source is not None:
         (root / package).mkdir()
@@ -48,13 +53,13 @@ def install_plugin(root: Path, name: str, module_source: str | None, value: str 
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
     entry = value or f"{package}:DOMAIN"
     (info / "entry_points.txt").write_text(f"[pivot_envs.domains]\n{name} = {entry}\n")
+    monkeypatch.syspath_prepend(str(root))
 
 
 def test_a_plugin_distribution_registers_its_env_lazily(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "greet", PLUGIN_MODULE)
     assert "pivot/greet-v0" in register_domains()
     assert "greet_plugin" not in sys.modules  # registered without importing the plugin
     env = gym.make("pivot/greet-v0")
@@ -69,8 +74,7 @@ def test_a_plugin_distribution_registers_its_env_lazily(
 def test_a_broken_plugin_warns_with_its_name_and_does_not_break_import(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_plugin(tmp_path, "ghost", None, value="ghost_missing_module:DOMAIN")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "ghost", None, value="ghost_missing_module:DOMAIN")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ids = register_domains()
@@ -81,8 +85,7 @@ def test_a_broken_plugin_warns_with_its_name_and_does_not_break_import(
 def test_a_plugin_that_fails_on_import_names_itself_at_make(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_plugin(tmp_path, "crashy", "raise RuntimeError('boom at import')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "crashy", "raise RuntimeError('boom at import')\n")
     assert "pivot/crashy-v0" in register_domains()
     with pytest.raises(PluginError, match=r"'crashy'.*boom at import"):
         gym.make("pivot/crashy-v0")
@@ -91,8 +94,7 @@ def test_a_plugin_that_fails_on_import_names_itself_at_make(
 def test_a_plugin_env_spec_is_plain_data_and_rebuilds_the_env(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "greet", PLUGIN_MODULE)
     register_domains()
     env = gym.make("pivot/greet-v0", render_mode="ansi")
     text = env.spec.to_json()
@@ -105,8 +107,7 @@ def test_a_domain_specs_default_kwargs_apply_and_make_kwargs_override_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = PLUGIN_MODULE.replace('description="a throwaway plugin"', 'kwargs={"render_mode": "ansi"}')
-    install_plugin(tmp_path, "greet-ansi", source)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "greet-ansi", source)
     register_domains()
     assert gym.make("pivot/greet-ansi-v0").unwrapped.render_mode == "ansi"
     assert gym.make("pivot/greet-ansi-v0", render_mode=None).unwrapped.render_mode is None
@@ -115,8 +116,7 @@ def test_a_domain_specs_default_kwargs_apply_and_make_kwargs_override_them(
 def test_a_spec_naming_a_domain_that_is_not_installed_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_plugin(tmp_path, "greet", PLUGIN_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    install_plugin(monkeypatch, tmp_path, "greet", PLUGIN_MODULE)
     register_domains()
     spec = EnvSpec(id="pivot/greeet-v0", entry_point="pivot_envs.registry:domain[greeet]")
     with pytest.raises(PluginError, match=r"no domain plugin 'greeet' is installed.*did you mean 'greet'"):
@@ -127,12 +127,6 @@ def test_the_registry_module_resolves_only_domain_entry_points() -> None:
     assert callable(registry.__getattr__("domain[tool-use]"))
     with pytest.raises(AttributeError, match="no attribute 'discovr'"):
         registry.discovr  # noqa: B018
-
-
-def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_import_pivot_envs_imports_no_heavy_dependency(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
+from python_process import run_python
 
 from pivot_envs.cli import new_domain as command
 from pivot_envs.pivot import read_pivots
@@ -134,13 +134,7 @@ def test_a_scaffolded_domain_installs_into_the_venv_and_passes_its_own_test(tmp_
             env.reset(options={{"pivot": pivot.id}})
             print(type(env.unwrapped).__name__, len(env.unwrapped.pivots), env.step(pivot.expert)[1])
             """
-        made = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        made = run_python(code, tmp_path)
         assert made.returncode == 0, made.stderr
         env_class = "Scaffold" + name.split("-")[1] + "Env"
         assert made.stdout.split() == [env_class, "4", "1.0"] and name not in made.stderr

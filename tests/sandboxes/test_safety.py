@@ -372,36 +372,43 @@ def test_the_command_channel_refuses_a_request_holding_a_nul(tmp_path):
         Channel(tmp_path).call(["x\x00y", *["0"] * 9], time.monotonic() + 1, "a test sandbox")
 
 
-def test_a_bubblewrap_sandbox_cgroup_is_gone_once_the_sandbox_is(has_bwrap):
+@pytest.fixture
+def cgroups_here():
+    """A skip where bubblewrap sandboxes get no cgroup here."""
     if not cgroups.available():
         pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+
+
+@pytest.fixture
+def cgroup_backend(has_bwrap, cgroups_here):
+    """A bubblewrap backend without a warm pool whose sandboxes each get a cgroup."""
     backend = BwrapBackend(has_bwrap, LIMITS, warm_pool=0)
-    try:
-        sandbox = backend.create("/app")
-        sandbox.run("true")
-        paths = sandbox.server.cgroup.paths
-        assert all(path.is_dir() for path in paths)
-        assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
-        memory = next(
-            (
-                path
-                for path in paths
-                if (path / "memory.limit_in_bytes").exists() or (path / "memory.max").exists()
-            ),
-            None,
-        )
-        limit_file = "memory.limit_in_bytes" if (memory / "memory.limit_in_bytes").exists() else "memory.max"
-        assert int((memory / limit_file).read_text()) == LIMITS.memory_mb << 20
-        sandbox.close()
-        backend.close()
-        assert not any(path.exists() for path in paths)
-    finally:
-        backend.close()
+    yield backend
+    backend.close()
 
 
-def test_gc_removes_the_cgroups_a_dead_process_left():
-    if not cgroups.available():
-        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
+def test_a_bubblewrap_sandbox_cgroup_is_gone_once_the_sandbox_is(cgroup_backend):
+    sandbox = cgroup_backend.create("/app")
+    sandbox.run("true")
+    paths = sandbox.server.cgroup.paths
+    assert all(path.is_dir() for path in paths)
+    assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
+    memory = next(
+        (
+            path
+            for path in paths
+            if (path / "memory.limit_in_bytes").exists() or (path / "memory.max").exists()
+        ),
+        None,
+    )
+    limit_file = "memory.limit_in_bytes" if (memory / "memory.limit_in_bytes").exists() else "memory.max"
+    assert int((memory / limit_file).read_text()) == LIMITS.memory_mb << 20
+    sandbox.close()
+    cgroup_backend.close()
+    assert not any(path.exists() for path in paths)
+
+
+def test_gc_removes_the_cgroups_a_dead_process_left(cgroups_here):
     found = cgroups.hierarchy()
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -412,28 +419,22 @@ def test_gc_removes_the_cgroups_a_dead_process_left():
     assert not any(path.parent.exists() for path in made)
 
 
-def test_the_interactive_shell_shares_the_bubblewrap_sandboxs_cgroup(has_bwrap):
-    if not cgroups.available():
-        pytest.skip(f"no cgroup for bubblewrap sandboxes here: {cgroups.hierarchy()}")
-    backend = BwrapBackend(has_bwrap, LIMITS, warm_pool=0)
+def test_the_interactive_shell_shares_the_bubblewrap_sandboxs_cgroup(cgroup_backend):
+    sandbox = cgroup_backend.create("/app")
+    shell = subprocess.Popen(
+        sandbox.interactive_argv(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        sandbox = backend.create("/app")
-        shell = subprocess.Popen(
-            sandbox.interactive_argv(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            shell.stdin.write("ulimit -v; sleep 30\n")
-            shell.stdin.flush()
-            assert shell.stdout.readline().strip() == str(LIMITS.memory_mb * 1024)
-            # Seen from the host (inside, the cgroup namespace shows "/"): the shell's bwrap is in it.
-            assert shell.pid in sandbox.server.cgroup.pids()
-            assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
-        finally:
-            shell.kill()
-            shell.wait()
+        shell.stdin.write("ulimit -v; sleep 30\n")
+        shell.stdin.flush()
+        assert shell.stdout.readline().strip() == str(LIMITS.memory_mb * 1024)
+        # Seen from the host (inside, the cgroup namespace shows "/"): the shell's bwrap is in it.
+        assert shell.pid in sandbox.server.cgroup.pids()
+        assert sandbox.server.process.pid in sandbox.server.cgroup.pids()
     finally:
-        backend.close()
+        shell.kill()
+        shell.wait()

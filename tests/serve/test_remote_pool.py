@@ -149,6 +149,27 @@ def make_env(urls: list[str], **kwargs: Any) -> RemoteEnv:
     return RemoteEnv(urls, **{"retries": 2, "cooldown": 30.0, **kwargs})
 
 
+def with_its_holder_closed(servers: list[ScriptedServer], pivot: str) -> tuple[RemoteEnv, ScriptedServer]:
+    """An env over `servers` with a session at `pivot` whose server has closed since; the env and the other
+    server."""
+    env = make_env([server.url for server in servers])
+    env.reset(options={"pivot": pivot})
+    holder = next(server for server in servers if server.url == env.server)
+    holder.close()
+    return env, next(server for server in servers if server is not holder)
+
+
+def step_answered(server: ScriptedServer, pivot: str, failure: tuple) -> tuple[float, dict]:
+    """One step of an env on `server` at `pivot` whose first /step request is answered `failure`; its reward
+    and info."""
+    env = make_env([server.url])
+    env.reset(options={"pivot": pivot})
+    server.fail("/step", failure)
+    _, reward, _, _, info = env.step("x")
+    env.close()
+    return reward, info
+
+
 def test_a_5xx_is_retried_on_the_same_server_until_it_answers(servers: list[ScriptedServer]) -> None:
     one = servers[0]
     env = make_env([one.url])
@@ -205,12 +226,7 @@ def test_sessions_spread_over_the_servers(servers: list[ScriptedServer]) -> None
 def test_a_step_on_a_dead_server_moves_its_session_to_another_at_the_same_pivot(
     servers: list[ScriptedServer],
 ) -> None:
-    one, other = servers
-    env = make_env([one.url, other.url])
-    env.reset(options={"pivot": "p2"})
-    holder = next(server for server in servers if server.url == env.server)
-    spare = other if holder is one else one
-    holder.close()
+    env, spare = with_its_holder_closed(servers, "p2")
     _, reward, _, _, info = env.step("x")
     env.close()
     assert (reward, info["valid"], info["detail"]) == (1.0, True, spare.url)
@@ -219,11 +235,7 @@ def test_a_step_on_a_dead_server_moves_its_session_to_another_at_the_same_pivot(
 
 def test_a_forgotten_session_is_opened_again(servers: list[ScriptedServer]) -> None:
     one = servers[0]
-    env = make_env([one.url])
-    env.reset(options={"pivot": "p1"})
-    one.fail("/step", (404, {}, {"detail": "session is not open"}))
-    _, reward, _, _, info = env.step("x")
-    env.close()
+    reward, info = step_answered(one, "p1", (404, {}, {"detail": "session is not open"}))
     assert (reward, info["valid"], one.opened()) == (1.0, True, 2)
 
 
@@ -316,23 +328,14 @@ def test_a_step_answered_409_after_a_lost_answer_is_taken_on_a_session_opened_ag
     servers: list[ScriptedServer],
 ) -> None:
     one = servers[0]
-    env = make_env([one.url])
-    env.reset(options={"pivot": "p2"})
-    one.fail("/step", (409, {}, {"detail": "its episode ended"}))
-    _, reward, _, _, info = env.step("x")
-    env.close()
+    reward, info = step_answered(one, "p2", (409, {}, {"detail": "its episode ended"}))
     assert (reward, info["valid"], one.opened(), one.count("/step")) == (1.0, True, 2, 2)
 
 
 def test_a_reset_on_a_dead_server_opens_the_session_at_the_new_pivot_on_another(
     servers: list[ScriptedServer],
 ) -> None:
-    one, other = servers
-    env = make_env([one.url, other.url])
-    env.reset(options={"pivot": "p0"})
-    holder = next(server for server in servers if server.url == env.server)
-    spare = other if holder is one else one
-    holder.close()
+    env, spare = with_its_holder_closed(servers, "p0")
     _, info = env.reset(options={"pivot": "p1"})
     env.close()
     assert (info["pivot_id"], info["index"], env.server) == ("p1", 1, spare.url)

@@ -26,6 +26,7 @@ from pivot_envs.domains.search.engine import open_engine
 from pivot_envs.domains.search.env import bundled_pivots
 from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
 from pivot_envs.domains.search.verifier import turn_kind
+from scripted_cli import eval_scripted, profile_scripted
 
 from pivot_envs import PivotEnv, check_pivot_env
 from pivot_envs.chat import calls_of, text_of
@@ -151,54 +152,13 @@ def scripted(search_pivots):
 
 
 def test_pivotrl_profile_scores_every_sample_through_the_search_env(scripted, search_pivots, tmp_path: Path):
-    candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
-    write_pivots(search_pivots, candidates)
-    policy = f"openai:{scripted.url}#scripted"
-    assert (
-        main(
-            [
-                "profile",
-                str(candidates),
-                "--policy",
-                policy,
-                "--out",
-                str(out),
-                "--k",
-                "4",
-                "--progress",
-                "false",
-            ]
-        )
-        == 0
-    )
-    profiled = read_pivots(out)
-    assert [p.id for p in profiled] == [p.id for p in search_pivots]
-    for pivot in profiled:
-        assert pivot.profile.rewards == [1.0, 0.0, 1.0, 0.0], (pivot.id, pivot.profile.categories)
-        # A get_document step is not rewritten: only there does the strict verifier agree.
-        strict = [1.0, 0.0, 1.0, 0.0] if turn_kind(pivot.expert) == "open" else [0.0] * 4
-        assert pivot.profile.strict_rewards == strict and pivot.profile.var == 0.25
+    # A get_document step is not rewritten: only there does the strict verifier agree.
+    profile_scripted(scripted, search_pivots, tmp_path, lambda pivot: turn_kind(pivot.expert) == "open")
 
 
 def test_pivotrl_eval_reports_the_search_domains_accuracy(scripted, search_pivots, tmp_path: Path, capsys):
-    pivots, report = tmp_path / "heldout.jsonl", tmp_path / "report.json"
-    write_pivots(search_pivots, pivots)
-    assert (
-        main(
-            [
-                "eval",
-                "--pivots",
-                str(pivots),
-                "--policy",
-                f"openai:{scripted.url}#scripted",
-                "--json",
-                str(report),
-            ]
-        )
-        == 0
-    )
+    rows = eval_scripted(scripted, search_pivots, tmp_path)
     assert "search" in capsys.readouterr().out
-    rows = {(row["domain"], row["mode"]): row for row in json.loads(report.read_text())["rows"]}
     search = rows[("search", "greedy")]
     assert search["pivots"] == len(search_pivots) and search["invalid"] == 0
     opens = sum(1 for pivot in search_pivots if turn_kind(pivot.expert) == "open")
@@ -210,32 +170,11 @@ def test_pivotrl_run_goes_end_to_end_on_the_bundled_search_pivots(tmp_path: Path
     """The whole method on CPU with the embedded model at its smallest (about 3 CPU-minutes): the
     plumbing, not learning (8 new tokens cannot write a tool call)."""
     out = tmp_path / "run"
-    argv = [
-        "run",
-        "--domain",
-        "search",
-        "--out",
-        str(out),
-        "--candidates",
-        "2",
-        "--profile.k",
-        "2",
-        "--eval-pivots",
-        "1",
-        "--train.steps",
-        "1",
-        "--train.batch-pivots",
-        "1",
-        "--train.group-size",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--max-prompt-tokens",
-        "384",
-        "--sft-epochs",
-        "0",
-    ]
-    assert main(argv) == 0
+    flags = (
+        "--candidates 2 --profile.k 2 --eval-pivots 1 --train.steps 1 --train.batch-pivots 1"
+        " --train.group-size 2 --max-new-tokens 8 --max-prompt-tokens 384 --sft-epochs 0"
+    )
+    assert main(["run", "--domain", "search", "--out", str(out), *flags.split()]) == 0
     printed = capsys.readouterr().out
     assert all(f"[{stage}/6]" in printed for stage in range(1, 7))
     figures = json.loads((out / "report.json").read_text())

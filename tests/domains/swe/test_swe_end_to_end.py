@@ -21,11 +21,11 @@ from gymnasium.envs.registration import EnvSpec
 from pivot_envs.domains.swe import action_kind, bundled_pivots
 from pivot_envs.domains.swe.parse import call_of
 from sandbox_fixtures import FAST_LIMITS
+from scripted_cli import eval_scripted, profile_scripted
 from swe_helpers import FIX_NEW, FIX_OLD, call_message
 
 from pivot_envs import check_pivot_env
-from pivot_envs.cli import main
-from pivot_envs.pivot import read_pivots, write_pivots
+from pivot_envs.pivot import write_pivots
 
 LIMITS = dataclasses.asdict(FAST_LIMITS) | {"timeout": 10.0}
 # The expert's step at each turn of the tiny repository's trajectory, written differently.
@@ -96,63 +96,23 @@ def scripted():
 def test_pivotrl_profile_scores_every_sample_through_the_swe_env(
     scripted, calc_pivots, has_bwrap, tmp_path: Path
 ):
-    candidates, out = tmp_path / "candidates.jsonl", tmp_path / "profiled.jsonl"
-    write_pivots(calc_pivots, candidates)
     kwargs = json.dumps({"sandbox": "bwrap", "limits": LIMITS})
-    assert (
-        main(
-            [
-                "profile",
-                str(candidates),
-                "--policy",
-                f"openai:{scripted.url}#scripted",
-                "--out",
-                str(out),
-                "--k",
-                "4",
-                "--env-workers",
-                "1",
-                "--env-kwargs",
-                kwargs,
-                "--progress",
-                "false",
-            ]
-        )
-        == 0
+    # Only the submit is the expert's own call: only there does the strict verifier agree.
+    profile_scripted(
+        scripted,
+        calc_pivots,
+        tmp_path,
+        lambda pivot: pivot.id.endswith("/t4"),
+        *["--env-workers", "1", "--env-kwargs", kwargs],
     )
-    profiled = read_pivots(out)
-    assert [p.id for p in profiled] == [p.id for p in calc_pivots]
-    for pivot in profiled:
-        assert pivot.profile.rewards == [1.0, 0.0, 1.0, 0.0], (pivot.id, pivot.profile.categories)
-        # Only the submit is the expert's own call: only there does the strict verifier agree.
-        strict = [1.0, 0.0, 1.0, 0.0] if pivot.id.endswith("/t4") else [0.0] * 4
-        assert pivot.profile.strict_rewards == strict and pivot.profile.var == 0.25
 
 
 def test_pivotrl_eval_reports_the_swe_domains_accuracy(
     scripted, calc_pivots, has_bwrap, tmp_path: Path, capsys
 ):
     # eval makes pivot/swe-v0 with its defaults: sandbox "auto" (Docker where a daemon answers).
-    pivots, report = tmp_path / "heldout.jsonl", tmp_path / "report.json"
-    write_pivots(calc_pivots, pivots)
-    assert (
-        main(
-            [
-                "eval",
-                "--pivots",
-                str(pivots),
-                "--policy",
-                f"openai:{scripted.url}#scripted",
-                "--num-envs",
-                "1",
-                "--json",
-                str(report),
-            ]
-        )
-        == 0
-    )
+    rows = eval_scripted(scripted, calc_pivots, tmp_path, "--num-envs", "1")
     assert "swe" in capsys.readouterr().out
-    rows = {(row["domain"], row["mode"]): row for row in json.loads(report.read_text())["rows"]}
     swe = rows[("swe", "greedy")]
     assert swe["pivots"] == len(calc_pivots) and swe["invalid"] == 0
     assert swe["functional"]["mean"] == 1.0 and swe["strict"]["mean"] == 1 / len(calc_pivots)

@@ -165,8 +165,9 @@ def test_an_unknown_task_is_named_with_the_close_match():
 
 
 def test_max_turns_below_one_and_an_empty_task_set_are_refused_as_typed_errors():
-    from pivot_envs.config import ConfigError
     from pivot_envs.domains.terminal.tasks import TaskFileError
+
+    from pivot_envs.config import ConfigError
 
     with pytest.raises(ConfigError, match="max_turns must be >= 1, got 0"):
         TerminalEpisodeEnv(max_turns=0)

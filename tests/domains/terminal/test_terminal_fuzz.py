@@ -18,6 +18,14 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from fuzz_common import (
+    assert_step_contract,
+    assert_verdict,
+    hermes_blocks,
+    json_strategy,
+    malformed_messages,
+    odd_text_with,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pivot_envs.domains.terminal import TerminalVerifier, bundled_pivots, parse_action
@@ -30,21 +38,8 @@ STEP = settings(max_examples=120, deadline=None, derandomize=True)
 PIVOTS = bundled_pivots()[:6]  # each pivot's prefix is built once; a few keep the budget on the actions
 EXPERT_COMMANDS = [command_of_message(pivot.expert) for pivot in bundled_pivots()]
 
-odd_text = (
-    st.text(max_size=40)
-    | st.builds(
-        lambda a, s, b: a + s + b,
-        st.text(max_size=10),
-        st.characters(categories=["Cs"]),
-        st.text(max_size=10),
-    )
-    | st.text(st.sampled_from("\x00\n\t{}[]\"'<>/`$|;&"), max_size=20)
-)
-plain_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | odd_text,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-    max_leaves=15,
-)
+odd_text = odd_text_with("\x00\n\t{}[]\"'<>/`$|;&")
+plain_json = json_strategy(odd_text, key_size=10, size=4, leaves=15)
 odd_values = st.recursive(
     st.one_of(
         plain_json,
@@ -113,9 +108,7 @@ hermes = st.builds(
     tool_names,
     arguments,
 )
-hermes_random_json = st.builds(
-    lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text
-)
+hermes_random_json = hermes_blocks(plain_json, odd_text)
 fences = st.builds(
     lambda lang, command: f"```{lang}\n{command}\n```",
     st.sampled_from(["bash", "sh", "", "python"]),
@@ -127,23 +120,8 @@ terminus = st.builds(
         commands.map(lambda c: c + "\n") | st.sampled_from(["C-c", "Enter", "q"]), min_size=1, max_size=2
     ),
 )
-content_parts = st.lists(
-    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
-)
-odd_calls = st.lists(
-    st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}),
-    max_size=2,
-)
-odd_messages = st.fixed_dictionaries(
-    {},
-    optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values},
-)
+odd_messages = malformed_messages(odd_text, odd_values)
 actions = odd_text | odd_values | messages | hermes | hermes_random_json | fences | terminus | odd_messages
-
-
-def assert_verdict(reward: float, category: object) -> None:
-    assert 0.0 <= reward <= 1.0
-    assert isinstance(category, str) and category
 
 
 @PARSE
@@ -179,12 +157,7 @@ def env(has_bwrap):
 @given(action=actions, pivot=st.sampled_from(PIVOTS))
 def test_stepping_any_action_keeps_the_contract(env, action: object, pivot) -> None:
     env.reset(options={"pivot": pivot.id})
-    observation, reward, terminated, truncated, info = env.step(action)
-    assert_verdict(reward, info["category"])
-    assert (terminated, truncated) == (True, False) and isinstance(info["valid"], bool)
-    assert info["category"] != "env_error", info["detail"]
-    json.dumps(info, ensure_ascii=False).encode("utf-8")
-    json.dumps(observation, ensure_ascii=False).encode("utf-8")
+    assert_step_contract(env.step(action))
 
 
 def nested(depth: int) -> dict:

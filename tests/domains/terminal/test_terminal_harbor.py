@@ -35,9 +35,12 @@ def bundled(name: str) -> Path:
     return harbor.bundled_dir() / name
 
 
-def copy_task(tmp_path: Path, name: str = "log-error-summary") -> Path:
+def copy_task(tmp_path: Path, name: str = "log-error-summary", dockerfile: str | None = None) -> Path:
+    """A copy of bundled task `name` under `tmp_path`, its Dockerfile replaced by `dockerfile` if given."""
     target = tmp_path / name
     shutil.copytree(bundled(name), target)
+    if dockerfile is not None:
+        (target / "environment" / "Dockerfile").write_text(dockerfile)
     return target
 
 
@@ -109,10 +112,12 @@ def test_the_dockerfile_becomes_one_set_up_command_per_instruction():
 
 
 def test_continuation_lines_and_ignored_instructions(tmp_path):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\n# a comment\nLABEL maintainer=x\nWORKDIR /app\n"
-        'RUN echo one \\\n    && echo two > /app/two.txt\nENV A 1 2\nCMD ["bash"]\n'
+    task_dir = copy_task(
+        tmp_path,
+        dockerfile=(
+            "FROM pivot-envs/terminal-base\n# a comment\nLABEL maintainer=x\nWORKDIR /app\n"
+            'RUN echo one \\\n    && echo two > /app/two.txt\nENV A 1 2\nCMD ["bash"]\n'
+        ),
     )
     task = load_task(task_dir)
     assert len(task.setup) == 3
@@ -219,8 +224,7 @@ def test_a_malformed_task_directory_names_the_file_and_field(tmp_path, change, m
     ],
 )
 def test_a_dockerfile_the_sandboxes_cannot_build_is_refused_naming_the_line(tmp_path, dockerfile, message):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(dockerfile)
+    task_dir = copy_task(tmp_path, dockerfile=dockerfile)
     with pytest.raises(HarborTaskError, match=message):
         load_task(task_dir)
 
@@ -341,27 +345,20 @@ def test_a_built_image_is_refused_on_bubblewrap(bwrap):
 
 
 def test_a_build_that_fails_is_a_clear_error(tmp_path, has_docker):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN exit 3\n"
-    )
+    task_dir = copy_task(tmp_path, dockerfile="FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN exit 3\n")
     with pytest.raises(HarborTaskError, match=r"Dockerfile: docker build failed"):
         harbor.build_environment(load_task(task_dir))
 
 
 def test_a_failing_run_instruction_names_its_line(tmp_path, bwrap):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN exit 3\n"
-    )
+    task_dir = copy_task(tmp_path, dockerfile="FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN exit 3\n")
     with pytest.raises(TaskError, match=r"setup failed \(exit 3\): .*Dockerfile:3 \(RUN\)"):
         harbor.replay(bwrap, load_task(task_dir))
 
 
 def test_a_dockerfile_writing_outside_the_kept_folders_is_refused_on_bubblewrap(tmp_path, bwrap):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\nWORKDIR /app\nCOPY logs /opt/logs\n"
+    task_dir = copy_task(
+        tmp_path, dockerfile="FROM pivot-envs/terminal-base\nWORKDIR /app\nCOPY logs /opt/logs\n"
     )
     with pytest.raises(HarborTaskError, match=r"writes /opt/logs, outside the workdir /app.*use Docker"):
         harbor.replay(bwrap, load_task(task_dir))
@@ -501,10 +498,12 @@ def test_a_harbor_task_is_an_episode_of_the_end_to_end_env(has_bwrap):
 
 
 def test_copy_follows_docker_into_an_existing_directory_or_to_a_new_name(tmp_path, any_backend):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN mkdir -p conf\n"
-        "COPY logs/api.log /app/conf\nCOPY logs/worker.log renamed.log\nCOPY logs/*.log all/\n"
+    task_dir = copy_task(
+        tmp_path,
+        dockerfile=(
+            "FROM pivot-envs/terminal-base\nWORKDIR /app\nRUN mkdir -p conf\n"
+            "COPY logs/api.log /app/conf\nCOPY logs/worker.log renamed.log\nCOPY logs/*.log all/\n"
+        ),
     )
     commands = tmp_path / "commands.txt"
     commands.write_text("ls conf all && wc -l < renamed.log\n")
@@ -531,9 +530,8 @@ def test_a_task_on_the_prebuilt_base_image_needs_no_dockerfile(tmp_path, bwrap):
 def test_pivots_whose_set_up_writes_outside_the_workdir_replay_on_docker_only(
     tmp_path, docker_backend, has_bwrap
 ):
-    task_dir = copy_task(tmp_path)
-    (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM pivot-envs/terminal-base\nWORKDIR /app\nCOPY logs /opt/logs\n"
+    task_dir = copy_task(
+        tmp_path, dockerfile="FROM pivot-envs/terminal-base\nWORKDIR /app\nCOPY logs /opt/logs\n"
     )
     commands = tmp_path / "commands.json"
     commands.write_text(json.dumps(["ls /opt/logs", "wc -l /opt/logs/api.log"]))

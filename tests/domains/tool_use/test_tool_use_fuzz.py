@@ -17,6 +17,14 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from fuzz_common import (
+    assert_step_contract,
+    assert_verdict,
+    hermes_blocks,
+    json_strategy,
+    malformed_messages,
+    odd_text,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pivot_envs.domains.tool_use.env import bundled_pivots
@@ -31,22 +39,7 @@ PIVOTS = list(bundled_pivots())
 CALL_PIVOTS = [p for p in PIVOTS if p.expert.get("tool_calls")]
 TOOL_NAMES = sorted({tool["function"]["name"] for pivot in PIVOTS for tool in pivot.tools})
 
-# Any text, text holding a lone surrogate (what a broken decoder hands over), and syntax characters.
-odd_text = (
-    st.text(max_size=40)
-    | st.builds(
-        lambda a, s, b: a + s + b,
-        st.text(max_size=10),
-        st.characters(categories=["Cs"]),
-        st.text(max_size=10),
-    )
-    | st.text(st.sampled_from('\x00\n\t{}[]"<>/'), max_size=20)
-)
-plain_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-    max_leaves=15,
-)
+plain_json = json_strategy(st.text(max_size=20), key_size=10, size=4, leaves=15)
 odd_values = st.recursive(
     st.one_of(
         plain_json,
@@ -115,26 +108,9 @@ surrogate_calls = st.lists(
 surrogate_actions = st.builds(as_message, surrogate_calls, st.booleans(), st.none()) | st.builds(
     as_hermes, surrogate_calls, st.just(""), st.just(True)
 )
-hermes_random_json = st.builds(
-    lambda body, tail: f"<tool_call>{json.dumps(body)}</tool_call>{tail}", plain_json, odd_text
-)
-content_parts = st.lists(
-    st.fixed_dictionaries({"type": st.just("text"), "text": odd_text | odd_values}), max_size=3
-)
-odd_calls = st.lists(
-    st.fixed_dictionaries({}, optional={"id": odd_values, "function": odd_values, "name": odd_values}),
-    max_size=2,
-)
-odd_tool_calls = st.fixed_dictionaries(
-    {},
-    optional={"role": odd_text, "content": content_parts | odd_values, "tool_calls": odd_calls | odd_values},
-)
+hermes_random_json = hermes_blocks(plain_json, odd_text)
+odd_tool_calls = malformed_messages(odd_text, odd_values)
 actions = odd_text | odd_values | messages | hermes | hermes_random_json | odd_tool_calls | surrogate_actions
-
-
-def assert_verdict(reward: float, category: object) -> None:
-    assert 0.0 <= reward <= 1.0
-    assert isinstance(category, str) and category
 
 
 @FUZZ
@@ -172,12 +148,7 @@ def env():
 @given(action=actions, pivot=st.sampled_from(PIVOTS))
 def test_stepping_any_action_keeps_the_contract(env, action: object, pivot) -> None:
     env.reset(options={"pivot": pivot.id})
-    observation, reward, terminated, truncated, info = env.step(action)
-    assert_verdict(reward, info["category"])
-    assert (terminated, truncated) == (True, False) and isinstance(info["valid"], bool)
-    assert info["category"] != "env_error", info["detail"]
-    json.dumps(info, ensure_ascii=False).encode("utf-8")
-    json.dumps(observation, ensure_ascii=False).encode("utf-8")
+    assert_step_contract(env.step(action))
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,15 @@ def http_env(url: str, limits: dict | None = None, **config):
     ).unwrapped
 
 
+def send_json(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """Answer 200 with `body`, a JSON document."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _ToolServer(BaseHTTPRequestHandler):
     calls: list = []
     fail_next = 0
@@ -54,12 +63,9 @@ class _ToolServer(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b"no such tool")
             return
-        reply = json.dumps({"output": {"echo": body["arguments"], "pivot": body["pivot_id"]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
+        send_json(
+            self, json.dumps({"output": {"echo": body["arguments"], "pivot": body["pivot_id"]}}).encode()
+        )
 
     def log_message(self, *args):
         pass
@@ -114,20 +120,13 @@ class _HostileServer(BaseHTTPRequestHandler):
         self.wfile.write(b'"}')
 
     def nested(self):
-        self.reply(b"[" * 100_000 + b"]" * 100_000)
+        send_json(self, b"[" * 100_000 + b"]" * 100_000)
 
     def short(self):
         self.send_response(200)
         self.send_header("Content-Length", "1000")
         self.end_headers()
         self.wfile.write(b'{"output": ')
-
-    def reply(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def log_message(self, *args):
         pass

@@ -32,19 +32,22 @@ def limited_env(**limits):
     return gym.make("pivot/tool-use-v0", backend="tau-airline", limits=limits).unwrapped
 
 
+def assert_refused_unrun(result: tuple, pivot, category: str) -> dict:
+    """`step`'s result is a valid step scored 0 as `category` whose calls never ran (no output, no tool
+    result); its info."""
+    reward, info, observation = result
+    assert (reward, info["category"], info["valid"], info["output"]) == (0.0, category, True, None)
+    assert observation["messages"][len(pivot.messages) + 1 :] == []
+    return info
+
+
 def test_fifty_identical_cancels_are_refused_as_too_many_tool_calls_and_never_run(airline_env, pivots):
     pivot = first(pivots, "cancel_reservation")
     action = hermes_turn([expert_call(pivot)] * 50)
     airline_env.reset(options={"pivot": pivot.id})  # loads the database and the pivot's state, once
-    (reward, info, observation), seconds, peak = measured(step, airline_env, pivot, action)
-    assert (reward, info["category"], info["valid"], info["output"]) == (
-        0.0,
-        "too_many_tool_calls",
-        True,
-        None,
-    )
+    result, seconds, peak = measured(step, airline_env, pivot, action)
+    info = assert_refused_unrun(result, pivot, "too_many_tool_calls")
     assert "50 tool calls" in info["detail"] and "at most 16" in info["detail"]
-    assert observation["messages"][len(pivot.messages) + 1 :] == []  # nothing ran, no tool result
     assert seconds < 2 and peak < 16 * MB
 
 
@@ -136,17 +139,9 @@ def test_a_turn_with_more_argument_bytes_than_the_limit_scores_zero_and_runs_not
     # A `think` thought has no effect, so any thought had the expert call's effect: a megabyte one too.
     env = gym.make("pivot/tool-use-v0", backend=backend).unwrapped
     pivot = first(pivots, "think")
-    (reward, info, observation), seconds, peak = measured(
-        step, env, pivot, hermes("think", {"thought": "word " * (MB // 5)})
-    )
-    assert (reward, info["category"], info["valid"], info["output"]) == (
-        0.0,
-        "arguments_too_large",
-        True,
-        None,
-    )
+    result, seconds, peak = measured(step, env, pivot, hermes("think", {"thought": "word " * (MB // 5)}))
+    info = assert_refused_unrun(result, pivot, "arguments_too_large")
     assert "at most 65536" in info["detail"] and "ToolUseLimits.argument_bytes" in info["detail"]
-    assert observation["messages"][len(pivot.messages) + 1 :] == []
     assert seconds < 5 and peak < 64 * MB
     assert (
         step(env, pivot, hermes("think", {"thought": "word " * 10_000}))[1]["category"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from fuzz_common import json_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pivot_envs.domains.tool_use.parser import parse_action
@@ -130,13 +131,7 @@ def test_a_dict_that_is_not_an_assistant_message_is_unparseable():
     assert parse_action(42).category == "unparseable"
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = json_strategy(st.text(max_size=20), key_size=8, size=4, leaves=20)
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,6 +6,7 @@ import json
 
 import gymnasium as gym
 import pytest
+from fuzz_common import json_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pivot_envs.domains.tool_use.parser import parse_action
@@ -305,13 +306,7 @@ def test_a_wrong_value_in_one_parallel_call_names_that_call(parallel_pivots):
     assert (reward, category) == (pytest.approx(2 / 3), "argument_value_different")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=12,
-)
+json_values = json_strategy(st.text(max_size=12), key_size=6, size=3, leaves=12)
 
 
 @settings(max_examples=300, deadline=None)
