@@ -160,13 +160,7 @@ class PivotEnvironment:
         if self._reset_error:
             return Score(0.0, 0.0, False, "infrastructure_error", self._reset_error)
         _, reward, _, _, info = self._env.step(_completion_action(completion))
-        return Score(
-            float(reward),
-            float(info.get("strict_reward", 0.0)),
-            bool(info.get("valid", True)),
-            str(info.get("category", "")),
-            str(info.get("detail", "")),
-        )
+        return Score.from_step(reward, info)
 
     @property
     def pivot_id(self) -> str | None:

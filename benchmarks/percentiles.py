@@ -1,4 +1,5 @@
-"""Helpers the benchmarks share: nearest-rank percentiles, the machine a run was on, its table and JSON."""
+"""Helpers the benchmarks share: nearest-rank percentiles, the machine a run was on, its table and JSON,
+the sandbox backends to measure and the warm reset + step loop of the sandboxed domains."""
 
 from __future__ import annotations
 
@@ -18,6 +19,31 @@ def machine() -> dict:
     import platform
 
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()}
+
+
+def sandbox_kinds() -> list[str]:
+    """The sandbox backends this machine can run, of "bwrap" and "docker"."""
+    from pivot_envs.sandboxes.available import bwrap_available, docker_available
+
+    return [kind for kind, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
+
+
+def warm_latencies(env, action, group: int, rounds: int) -> list[float]:
+    """Seconds of each reset to pivot 0 + step of `action` (each must score 1.0): `rounds` groups of `group`.
+
+    Before each group the env's warm pool refills, as it does while the policy generates between groups."""
+    import time
+
+    latencies = []
+    for _ in range(rounds):
+        env.backend.wait_warm(env._state.snapshot, timeout=60)
+        for _ in range(group):
+            start = time.perf_counter()
+            env.reset(options={"index": 0})
+            _, reward, _, _, info = env.step(action)
+            latencies.append(time.perf_counter() - start)
+            assert reward == 1.0, info
+    return latencies
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:

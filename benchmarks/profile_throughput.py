@@ -31,33 +31,16 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "out" / "profile_throughput.json"
 
 
 def candidates(count: int, full: bool):
-    from pivot_envs.domains.tool_use.env import bundled_pivots
+    """The first `count` bundled airline pivots: whole (`full`), or shortened to a few hundred tokens."""
+    from pivot_envs.domains.tool_use.env import bundled_pivots, short_bundled_pivots
 
-    from pivot_envs.chat import tool_name
-
-    chosen = []
-    for pivot in bundled_pivots():
-        if full:
-            chosen.append(pivot)
-        elif len(pivot.messages) <= 8 and pivot.expert.get("tool_calls"):
-            names = {c["function"]["name"] for c in pivot.expert["tool_calls"]}
-            messages = [dict(m) for m in pivot.messages]
-            messages[0]["content"] = (
-                "You are an airline customer service agent. Use the tools to help the user."
-            )
-            chosen.append(
-                replace(pivot, messages=messages, tools=[t for t in pivot.tools if tool_name(t) in names])
-            )
-        if len(chosen) == count:
-            break
-    return chosen
+    return list(bundled_pivots()[:count]) if full else short_bundled_pivots(count)
 
 
 def baseline(model, tokenizer, prompts, k: int, new_tokens: int, batch: int) -> float:

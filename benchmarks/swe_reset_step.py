@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from percentiles import machine, percentile, print_table, write_results
+from percentiles import machine, percentile, print_table, sandbox_kinds, warm_latencies, write_results
 from pivot_envs.domains.swe import SweEnv, canonical_call, execute_call
 from pivot_envs.domains.swe.repo import bundled_repo, repo_context, start_sandbox
 
@@ -99,16 +99,7 @@ def bench_env(kind: str, action: str, group: int, rounds: int) -> dict:
     build = time.perf_counter() - start
     _, reward, _, _, info = env.step(env.pivot.expert)  # also runs the expert's reference call once
     assert reward == 1.0, info
-    latencies = []
-    for _ in range(rounds):
-        # Between groups the policy generates; the warm pool refills meanwhile.
-        env.backend.wait_warm(env._state.snapshot, timeout=60)
-        for _ in range(group):
-            start = time.perf_counter()
-            env.reset(options={"index": 0})
-            _, reward, _, _, info = env.step(env.pivot.expert)
-            latencies.append(time.perf_counter() - start)
-            assert reward == 1.0, info
+    latencies = warm_latencies(env, env.pivot.expert, group, rounds)
     builds = env.prefixes.builds
     direct = []
     if action == "test":  # the same tests run directly in a fork of the same state, no env around them
@@ -159,15 +150,13 @@ def main() -> None:
     parser.add_argument("--kinds", default="view,grep,edit,test", help="action kinds to measure")
     args = parser.parse_args()
 
-    from pivot_envs.sandboxes.available import bwrap_available, docker_available
-
     results: dict = {
         "group": args.group,
         "rounds": args.rounds,
         "prefix_calls": len(PREFIX),
         "machine": machine(),
     }
-    backends = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
+    backends = sandbox_kinds()
     actions = args.kinds.split(",")
     rows = [("backend", "action", "p50 ms", "p95 ms", "naive p50 ms", "speed-up", "direct p50 ms", "build s")]
     for backend in backends:

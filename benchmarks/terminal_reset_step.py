@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from percentiles import machine, percentile, print_table, write_results
+from percentiles import machine, percentile, print_table, sandbox_kinds, warm_latencies, write_results
 from pivot_envs.domains.terminal import TerminalEnv, canonical_message
 
 from pivot_envs.pivot import Pivot
@@ -52,17 +52,8 @@ def bench_env(kind: str, group: int, rounds: int) -> dict:
     build = time.perf_counter() - start
     _, reward, _, _, info = env.step(SAMPLE)
     assert reward == 1.0 and info["output"]["output"] == "500\n", info
-    latencies = []
-    for _ in range(rounds):
-        # Between groups the policy generates; the warm pool (started containers, or bwrap sandboxes
-        # with their command server) refills meanwhile.
-        env.backend.wait_warm(env._state.snapshot, timeout=60)
-        for _ in range(group):
-            start = time.perf_counter()
-            env.reset(options={"index": 0})
-            _, reward, _, _, info = env.step(SAMPLE)
-            latencies.append(time.perf_counter() - start)
-            assert reward == 1.0, info
+    # The warm pool: started containers, or bwrap sandboxes with their command server.
+    latencies = warm_latencies(env, SAMPLE, group, rounds)
     builds = env.prefixes.builds
     env.close()
     return {
@@ -151,15 +142,13 @@ def main() -> None:
     parser.add_argument("--naive-samples", type=int, default=8)
     args = parser.parse_args()
 
-    from pivot_envs.sandboxes.available import bwrap_available, docker_available
-
     results: dict = {
         "group": args.group,
         "rounds": args.rounds,
         "prefix_commands": len(PREFIX),
         "machine": machine(),
     }
-    kinds = [k for k, ok in (("bwrap", bwrap_available()), ("docker", docker_available())) if ok]
+    kinds = sandbox_kinds()
     for kind in kinds:
         results[kind] = bench_env(kind, args.group, args.rounds)
     if "bwrap" in kinds:

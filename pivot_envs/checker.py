@@ -365,22 +365,20 @@ class _Checker:
             raise _Failed("; ".join(problems))
 
     def observations_are_fresh(self, pivot: Pivot, expected: dict, record: dict) -> None:
-        observation, info = self.reset(pivot)
-        _vandalise(observation)
-        _vandalise(info)
-        again, _ = self.reset(pivot)
-        if again != expected:
-            raise _Failed(
-                f"editing reset's observation and info changed the next reset's: {_difference(expected, again)}"
-            )
+
+        def edit_then_reset(call: str, observation: Any, info: Any) -> None:
+            vandalise(observation)
+            vandalise(info)
+            again, _ = self.reset(pivot)
+            if again != expected:
+                raise _Failed(
+                    f"editing {call}'s observation and info changed the next reset's: "
+                    f"{_difference(expected, again)}"
+                )
+
+        edit_then_reset("reset", *self.reset(pivot))
         stepped, _, _, _, step_info = self.step(pivot, copy.deepcopy(pivot.expert), "the expert's action")
-        _vandalise(stepped)
-        _vandalise(step_info)
-        again, _ = self.reset(pivot)
-        if again != expected:
-            raise _Failed(
-                f"editing step's observation and info changed the next reset's: {_difference(expected, again)}"
-            )
+        edit_then_reset("step", stepped, step_info)
         if pivot.to_dict() != record:
             raise _Failed("editing the returned observations and infos changed the pivot in env.pivots")
         stepped, _, _, _, step_info = self.step(pivot, copy.deepcopy(pivot.expert), "the expert's action")
@@ -471,15 +469,15 @@ def _difference(expected: Any, got: Any) -> str:
     return f"{_SHORT.repr(got)}, expected {_SHORT.repr(expected)}"
 
 
-def _vandalise(value: Any) -> None:
+def vandalise(value: Any) -> None:
     """Edit every dict and list inside `value` in place, as careless caller code might."""
     if isinstance(value, dict):
         for key in list(value):
-            _vandalise(value[key])
+            vandalise(value[key])
             if isinstance(value[key], str):
                 value[key] = "vandalised"
         value["injected"] = ["by the caller"]
     elif isinstance(value, list):
         for item in value:
-            _vandalise(item)
+            vandalise(item)
         value.append({"role": "user", "content": "injected"})

@@ -78,20 +78,19 @@ class FilterConfig:
         one_of(self, "dedup_by", DEDUP_RULES)
 
 
+# bool before int: a bool is an int to isinstance.
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "null")
 
 
 def infer_tool_schemas(trajectories: Iterable[Trajectory]) -> list[dict]:

@@ -36,6 +36,17 @@ class Score:
     category: str
     detail: str = ""
 
+    @classmethod
+    def from_step(cls, reward: Any, info: dict[str, Any]) -> Score:
+        """The Score of one `env.step`: its reward and the info's strict reward, validity, category and detail."""
+        return cls(
+            float(reward),
+            float(info.get("strict_reward", 0.0)),
+            bool(info.get("valid", True)),
+            str(info.get("category", "")),
+            str(info.get("detail", "")),
+        )
+
 
 def resolve_env(env: str | EnvFactory | None, pivots: Sequence[Pivot], **env_kwargs: Any) -> EnvFactory:
     """A factory of envs that hold `pivots`: from an env id (`pivot/tool-use-v0`), a callable, or the pivots' domain.
@@ -96,13 +107,7 @@ class EnvPool:
             raise RuntimeError(f"pivot {pivot_id}: the env failed on an action: {error!r}") from error
         finally:
             self._idle.put(env)
-        return Score(
-            float(reward),
-            float(info.get("strict_reward", 0.0)),
-            bool(info.get("valid", True)),
-            str(info.get("category", "")),
-            str(info.get("detail", "")),
-        )
+        return Score.from_step(reward, info)
 
     def submit(self, pivot_id: str, action: Any) -> Future:
         """Step one action at a pivot on a pool thread; the future's result is its Score."""

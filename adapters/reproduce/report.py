@@ -118,40 +118,38 @@ def plots(
         figure.savefig(out / "signal_training.png", dpi=100)
         plt.close(figure)
         made["signal-training"] = "signal_training.png"
-    if "strict" in summaries:
-        labels = list(summaries["strict"])
-        made["strict-functional"] = _bars(
-            plt,
-            out / "strict_functional.png",
-            "miss rate of exact match",
-            labels,
-            [summaries["strict"][d] for d in labels],
-            ylabel="miss rate",
-        )
-    if "arms" in summaries:
-        paper_values = {"pivotrl": 0.6381, "cand-functional": 0.5968, "cand-strict": 0.5734, "sft": 0.5844}
-        labels = list(summaries["arms"])
-        made["arms"] = _bars(
-            plt,
-            out / "arms.png",
+    # (summary, the claim its figure belongs to, file, title, the paper's values by label, y axis)
+    bar_charts = (
+        ("strict", "strict-functional", "strict_functional.png", "miss rate of exact match", {}, "miss rate"),
+        (
+            "arms",
+            "arms",
+            "arms.png",
             "held-out turn accuracy by arm (paper: tau2-bench, Table 4)",
-            labels,
-            [summaries["arms"][a] for a in labels],
-            [paper_values.get(a) for a in labels],
+            {"pivotrl": 0.6381, "cand-functional": 0.5968, "cand-strict": 0.5734, "sft": 0.5844},
             "turn accuracy",
-        )
-    if "drift" in summaries:
-        labels = list(summaries["drift"])
-        paper_drift = {"pivotrl": 0.0021, "sft": -0.0983}
-        made["sft"] = _bars(
-            plt,
-            out / "ood_drift.png",
+        ),
+        (
+            "drift",
+            "sft",
+            "ood_drift.png",
             "change out of domain vs base (paper: Table 2)",
-            labels,
-            [summaries["drift"][a] for a in labels],
-            [paper_drift.get(a) for a in labels],
+            {"pivotrl": 0.0021, "sft": -0.0983},
             "change",
-        )
+        ),
+    )
+    for summary, claim, file, title, paper_values, ylabel in bar_charts:
+        if summary in summaries:
+            labels = list(summaries[summary])
+            made[claim] = _bars(
+                plt,
+                out / file,
+                title,
+                labels,
+                [summaries[summary][label] for label in labels],
+                [paper_values.get(label) for label in labels],
+                ylabel,
+            )
     return made
 
 

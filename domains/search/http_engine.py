@@ -30,8 +30,6 @@ import http.client
 import http.server
 import json
 import logging
-import socket
-import threading
 import time
 import urllib.parse
 from dataclasses import asdict
@@ -49,6 +47,7 @@ from pivot_envs.domains.search.engine import (
 )
 
 from pivot_envs.config import ConfigError
+from pivot_envs.exchange import ExchangeDeadline, connection_to
 
 logger = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 1 << 16
@@ -176,38 +175,25 @@ class HttpEngine:
 
     def _exchange(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         parts = self._parts
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        connection = kind(parts.netloc.rpartition("@")[2], timeout=self.timeout_s)
-        expired, opened = threading.Event(), []
-
-        def expire() -> None:  # wakes a read blocked in another thread, so the whole reply has one deadline
-            expired.set()
-            for sock in opened:
-                try:
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        watchdog = threading.Timer(self.timeout_s, expire)
-        watchdog.daemon = True
-        watchdog.start()
+        connection = connection_to(parts, self.timeout_s)
+        watchdog = ExchangeDeadline(self.timeout_s)
         try:
             connection.connect()
-            opened.append(connection.sock)  # kept: getresponse() may clear connection.sock
-            if expired.is_set():
+            watchdog.hold(connection.sock)
+            if watchdog.expired:
                 raise _Retry(f"no reply within timeout_s={self.timeout_s} s")
             headers = {"Content-Type": "application/json"} if body is not None else {}
             connection.request(method, f"{parts.path.rstrip('/')}/{path}", body=body, headers=headers)
             response = connection.getresponse()
             data = response.read(self.max_response_bytes + 1)
         except (OSError, http.client.HTTPException) as error:
-            if expired.is_set() or isinstance(error, TimeoutError):  # the socket's own timeout may come first
+            if watchdog.expired or isinstance(error, TimeoutError):  # the socket's own timeout may come first
                 raise _Retry(f"no complete reply within timeout_s={self.timeout_s} s") from None
             raise _Retry(f"{type(error).__name__}: {error}") from None
         finally:
             watchdog.cancel()
             connection.close()
-        if expired.is_set():
+        if watchdog.expired:
             raise _Retry(f"no complete reply within timeout_s={self.timeout_s} s")
         if len(data) > self.max_response_bytes:
             raise EngineError(

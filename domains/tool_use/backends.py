@@ -21,8 +21,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_
 
 from pivot_envs.config import ConfigError, at_least, between, option
 from pivot_envs.env import InfrastructureError
+from pivot_envs.exchange import ExchangeDeadline, connection_to
 
 if TYPE_CHECKING:
     from pivot_envs.pivot import Pivot
@@ -297,30 +296,13 @@ class HttpBackend:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Timeout
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        # host[:port] as written ("[::1]:8000" keeps its brackets), without any user:password@.
-        connection = kind(parts.netloc.rpartition("@")[2], timeout=remaining)
-        fired = threading.Event()
-        # The socket, held here: getresponse() hands it to the response and may clear connection.sock.
-        opened: list[socket.socket] = []
+        connection = connection_to(parts, remaining)
         response = None
-
-        def shut() -> None:
-            fired.set()
-            for sock in opened:
-                # The plain socket's shutdown (also under TLS) wakes a read blocked in another thread.
-                try:
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        watchdog = threading.Timer(remaining, shut)
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = ExchangeDeadline(remaining)
         try:
             connection.connect()
-            opened.append(connection.sock)
-            if fired.is_set():  # the watchdog fired while connecting, before there was a socket to shut
+            watchdog.hold(connection.sock)
+            if watchdog.expired:  # the watchdog fired while connecting, before there was a socket to shut
                 raise _Timeout
             path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
             connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
@@ -332,9 +314,9 @@ class HttpBackend:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-            short = not fired.is_set() and size <= limit and bool(response.length)
+            short = not watchdog.expired and size <= limit and bool(response.length)
         except (OSError, http.client.HTTPException):
-            if fired.is_set():
+            if watchdog.expired:
                 raise _Timeout from None
             raise
         finally:
@@ -342,7 +324,7 @@ class HttpBackend:
             if response is not None:
                 response.close()
             connection.close()
-        if fired.is_set():
+        if watchdog.expired:
             raise _Timeout
         if short:
             raise http.client.IncompleteRead(b"".join(chunks), response.length)

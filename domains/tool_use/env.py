@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -19,6 +20,7 @@ from pivot_envs.domains.tool_use.limits import ToolUseLimits, argument_bytes, bo
 from pivot_envs.domains.tool_use.parser import arguments_of, canonical_arguments, parse_action
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
+from pivot_envs.chat import tool_name
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import PivotSetError, UnknownNameError, did_you_mean
 from pivot_envs.pivot import Pivot, iter_pivots
@@ -31,6 +33,24 @@ def bundled_pivots() -> tuple[Pivot, ...]:
     """The bundled tau-bench airline pivots (read once per process; shared, treat as read-only)."""
     path = resources.files("pivot_envs.domains.tool_use").joinpath(*PIVOTS_RESOURCE)
     return tuple(iter_pivots(str(path)))
+
+
+def short_bundled_pivots(count: int) -> list[Pivot]:
+    """The first `count` bundled pivots of at most 8 messages whose expert calls tools, each with its long
+    policy prompt cut to one line and only the expert's tools kept: prompts of a few hundred tokens."""
+    chosen = []
+    for pivot in bundled_pivots():
+        if len(pivot.messages) <= 8 and pivot.expert.get("tool_calls"):
+            names = {call["function"]["name"] for call in pivot.expert["tool_calls"]}
+            messages = [dict(message) for message in pivot.messages]
+            messages[0]["content"] = (
+                "You are an airline customer service agent. Use the tools to help the user."
+            )
+            tools = [tool for tool in pivot.tools if tool_name(tool) in names]
+            chosen.append(replace(pivot, messages=messages, tools=tools))
+        if len(chosen) == count:
+            break
+    return chosen
 
 
 @cache

@@ -456,6 +456,14 @@ class FunctionalVerifier:
                 return found
         return None
 
+    def _is_default(self, value: Any, field: _Field | None, key: str) -> bool:
+        """Whether `value` equals the schema's default for the argument (absent or given, the same call)."""
+        return (
+            field is not None
+            and field.default is not _NO_DEFAULT
+            and self.compare(field.default, value, field, key) is None
+        )
+
     def compare_objects(
         self, expected: dict, actual: dict, field: _Field | None, path: str = ""
     ) -> Mismatch | None:
@@ -463,24 +471,10 @@ class FunctionalVerifier:
         properties = field.properties if field is not None else {}
         prefix = f"{path}." if path else ""
         for key, value in expected.items():
-            if key not in actual:
-                sub = properties.get(key)
-                if (
-                    sub is not None
-                    and sub.default is not _NO_DEFAULT
-                    and self.compare(sub.default, value, sub, key) is None
-                ):
-                    continue
+            if key not in actual and not self._is_default(value, properties.get(key), key):
                 return "missing_argument", f"{prefix}{key} is missing"
         for key, value in actual.items():
-            if key in expected:
-                continue
-            sub = properties.get(key)
-            if (
-                sub is not None
-                and sub.default is not _NO_DEFAULT
-                and self.compare(sub.default, value, sub, key) is None
-            ):
+            if key in expected or self._is_default(value, properties.get(key), key):
                 continue
             if not self.config.allow_extra_arguments:
                 return "extra_argument", f"{prefix}{key} was not expected"

@@ -40,7 +40,7 @@ from pivot_envs.env import json_safe
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.serve import nemo_gym
 from pivot_envs.serve.config import ServeConfig
-from pivot_envs.serve.sessions import QueueTimeout, Session, UnknownSession
+from pivot_envs.serve.sessions import QueueTimeout, Session, SessionPool, UnknownSession
 from pivot_envs.serve.state import HTTPError, ServerState, json_bytes, json_response, raw_json
 
 log = logging.getLogger(__name__)
@@ -295,17 +295,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/sessions/{session_id}/reset")
     async def reset_again(session_id: str, request: Request) -> Response:
         body = await parsed(request, ResetBody)
-        session = pool.get(session_id)
-        async with session.lock:
-            _check_open(session)
+        async with _held(pool, session_id) as session:
             return await reset(session, body)
 
     @app.post("/v1/sessions/{session_id}/step")
     async def step(session_id: str, request: Request) -> Response:
         body = await parsed(request, StepBody)
-        session = pool.get(session_id)
-        async with session.lock:
-            _check_open(session)
+        async with _held(pool, session_id) as session:
             if session.pivot_id is None or session.stepped:
                 raise HTTPError(
                     409,
@@ -330,9 +326,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 f"actions: {len(body.actions)} actions in one request; at most {state.config.max_batch} "
                 f"(--max-batch): split the group",
             )
-        session = pool.get(session_id)
-        async with session.lock:
-            _check_open(session)
+        async with _held(pool, session_id) as session:
             if session.pivot_id is None:
                 raise HTTPError(409, f"session {session_id}: never reset")
             options = {"pivot": session.pivot_id}
@@ -352,9 +346,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return Response(status_code=204)
 
 
-def _check_open(session: Session) -> None:
-    if session.closed:
-        raise UnknownSession(f"session {session.id!r} was closed while this request waited for it")
+@contextlib.asynccontextmanager
+async def _held(pool: SessionPool, session_id: str) -> AsyncIterator[Session]:
+    """The session, its lock held; refused (404) if it was closed while the request waited for the lock."""
+    session = pool.get(session_id)
+    async with session.lock:
+        if session.closed:
+            raise UnknownSession(f"session {session.id!r} was closed while this request waited for it")
+        yield session
 
 
 def _env_failure(session_id: str, what: str, error: Exception) -> HTTPError:

@@ -11,7 +11,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,24 +25,9 @@ SCRIPT = Path(sys.executable).parent / "pivotrl"
 
 
 def short_candidates(path: Path, count: int = 2) -> Path:
-    from pivot_envs.domains.tool_use.env import bundled_pivots
+    from pivot_envs.domains.tool_use.env import short_bundled_pivots
 
-    from pivot_envs.chat import tool_name
-
-    chosen = []
-    for pivot in bundled_pivots():
-        if len(pivot.messages) <= 8 and pivot.expert.get("tool_calls"):
-            names = {call["function"]["name"] for call in pivot.expert["tool_calls"]}
-            messages = [dict(message) for message in pivot.messages]
-            messages[0]["content"] = (
-                "You are an airline customer service agent. Use the tools to help the user."
-            )
-            chosen.append(
-                replace(pivot, messages=messages, tools=[t for t in pivot.tools if tool_name(t) in names])
-            )
-        if len(chosen) == count:
-            break
-    write_pivots(chosen, path)
+    write_pivots(short_bundled_pivots(count), path)
     return path
 
 

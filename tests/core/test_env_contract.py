@@ -16,6 +16,7 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
 from pivot_envs import Pivot, PivotEnv
+from pivot_envs.checker import vandalise
 from pivot_envs.env import Outcome, ParsedAction, json_safe
 from pivot_envs.verifiers import Verdict
 
@@ -37,20 +38,6 @@ def nested(depth: int, leaf: object = "x") -> dict:
     for _ in range(depth):
         value = {"a": value}
     return value  # type: ignore[return-value]
-
-
-def vandalise(value: object) -> None:
-    """Edit every dict and list inside `value` in place, as careless caller code might."""
-    if isinstance(value, dict):
-        for key in list(value):
-            vandalise(value[key])
-            if isinstance(value[key], str):
-                value[key] = "vandalised"
-        value["injected"] = ["by the caller"]
-    elif isinstance(value, list):
-        for item in value:
-            vandalise(item)
-        value.append({"role": "user", "content": "injected"})
 
 
 # -- fresh observations ---------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """The serve pool's slot gate: permits first come, first served; a waiter times out or is
-cancelled without losing or doubling a permit."""
+cancelled without losing or doubling a permit. A request waiting for a session's lock."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
-from pivot_envs.serve.sessions import SlotGate
+import pytest
+
+from pivot_envs.serve.server import _held
+from pivot_envs.serve.sessions import SlotGate, UnknownSession
 
 
 def run(coroutine):
@@ -60,3 +64,22 @@ def test_a_waiter_cancelled_after_a_permit_was_handed_to_it_gives_the_permit_bac
         return gate.free
 
     assert run(scenario()) == 1
+
+
+def test_a_request_waiting_for_a_session_that_is_closed_meanwhile_is_refused_as_unknown():
+    session = SimpleNamespace(id="s1", lock=asyncio.Lock(), closed=False)
+    pool = SimpleNamespace(get=lambda session_id: session)
+
+    async def request() -> None:
+        async with _held(pool, "s1"):
+            pytest.fail("the request went on with a closed session")
+
+    async def scenario() -> None:
+        async with session.lock:  # an earlier request holds the session
+            waiting = asyncio.create_task(request())
+            await asyncio.sleep(0.01)
+            session.closed = True
+        with pytest.raises(UnknownSession, match="'s1' was closed while this request waited for it"):
+            await waiting
+
+    run(scenario())

@@ -209,3 +209,19 @@ def test_steady_stepping_leaves_nothing_for_the_garbage_collector(call_pivots, c
     finally:
         gc.enable()
     assert left < 50, f"{left} objects outlived 1000 steps"
+
+
+def test_short_bundled_pivots_keep_the_experts_tools_and_a_one_line_policy_prompt() -> None:
+    from pivot_envs.domains.tool_use.env import bundled_pivots, short_bundled_pivots
+
+    from pivot_envs.chat import tool_name
+
+    short = short_bundled_pivots(3)
+    by_id = {pivot.id: pivot for pivot in bundled_pivots()}
+    assert len(short) == 3
+    for pivot in short:
+        called = {call["function"]["name"] for call in pivot.expert["tool_calls"]}
+        assert {tool_name(tool) for tool in pivot.tools} == called
+        assert "\n" not in pivot.messages[0]["content"] and len(pivot.messages) <= 8
+        assert pivot.messages[1:] == by_id[pivot.id].messages[1:]
+        assert len(by_id[pivot.id].messages[0]["content"]) > len(pivot.messages[0]["content"])
