@@ -80,7 +80,6 @@ def main(args: argparse.Namespace) -> int:
 
     from pivot_envs.adapters.reproduce.runner import check_only, reproduce
     from pivot_envs.adapters.reproduce.scales import get_scale
-
     from pivot_envs.cli._checks import check_domain, check_output
 
     only = check_only(args.only)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.adapters.grpo import GRPOConfig, PivotRLResult
-
 from pivot_envs.cli.options import check_dtype, policy_field
 from pivot_envs.config import add_config, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
@@ -385,6 +384,7 @@ def warm_up_stage(
     Either way the policy then generates with the warmed-up weights (an engine gets them through
     `update_weights`)."""
     import torch
+
     from pivot_envs.adapters.grpo.policy import sync_weights
     from pivot_envs.adapters.sft import SFTConfig, warm_up
 
@@ -465,7 +465,6 @@ def run(config: RunConfig) -> Path:
     """
     from pivot_envs.adapters.grpo import PivotRLConfig, pivotrl
     from pivot_envs.adapters.grpo.policy import trainable_module
-
     from pivot_envs.cli._checks import (
         check_domain,
         check_env_id,
@@ -618,7 +617,6 @@ def plot_rewards(metrics: Path, png: Path) -> str | None:
     installed (an optional extra: the report holds every figure without it), log a warning and
     return None."""
     from pivot_envs.adapters.grpo import plot_metrics
-
     from pivot_envs.errors import MissingExtraError
 
     try:

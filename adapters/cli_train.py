@@ -17,7 +17,6 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pivot_envs.adapters.grpo import GRPOConfig
-
     from pivot_envs.cli.options import add_policy_options
 
     parser.add_argument(
@@ -54,7 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from pivot_envs.adapters.grpo import GRPOConfig, plot_metrics, train
-
     from pivot_envs.cli._checks import (
         check_output,
         check_plotting,

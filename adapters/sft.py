@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
-
 from pivot_envs.config import ConfigError, progress_bar
 from pivot_envs.errors import PivotSetError
 from pivot_envs.pivot import Pivot
@@ -84,6 +83,7 @@ def turn_logprobs(
     the values are the same either way.
     """
     import torch
+
     from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs, right_pad, token_logprobs
 
     if not detach_prefix:
@@ -139,6 +139,7 @@ def warm_up(
     """Fine-tune `policy`'s model (or `model`) on the pivots' expert turns in place; returns the
     per-step records (epoch, step, loss, tokens, seconds), also appended to `config.metrics`."""
     import torch
+
     from pivot_envs.adapters.grpo.policy import UntrainablePolicyError
 
     config = config or SFTConfig()

@@ -42,6 +42,7 @@ def to_dataset(pivots: Sequence[Pivot], tokenizer: Any = None) -> Any:
     the exact prompt the bundled trainer and the hf policy use.
     """
     from datasets import Dataset
+
     from pivot_envs.adapters.chat_template import prompt_messages, render_prompt
 
     if not pivots:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pivot_envs.adapters.chat_template import prompt_messages
-
 from pivot_envs.errors import MissingExtraError, PivotEnvsError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.scoring import EnvPool, resolve_env

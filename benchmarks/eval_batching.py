@@ -64,7 +64,6 @@ def main() -> None:
     from pivot_envs.adapters.reproduce import measure
     from pivot_envs.adapters.reproduce.experiments import split
     from pivot_envs.adapters.reproduce.scales import get_scale
-
     from pivot_envs.evaluate import generate_all, length_batches
     from pivot_envs.policy import SamplingParams
     from pivot_envs.scoring import EnvPool, resolve_env

@@ -46,12 +46,12 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of a run: the training loop on the bundled tool-use pivots, metrics in args.out (rank 0)."""
     import gymnasium as gym
     import torch
-    from pivot_envs.adapters import smollm2
-    from pivot_envs.adapters.grpo import GRPOConfig, train
-    from pivot_envs.adapters.policies.hf import HFPolicy
     from transformers import AutoTokenizer
 
     import pivot_envs
+    from pivot_envs.adapters import smollm2
+    from pivot_envs.adapters.grpo import GRPOConfig, train
+    from pivot_envs.adapters.policies.hf import HFPolicy
 
     torch.set_num_threads(args.threads)
     gym.register_envs(pivot_envs)

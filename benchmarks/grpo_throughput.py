@@ -105,6 +105,7 @@ def make_batch(prefix: int, action: int, groups: int, group_size: int, vocab: in
 
 def ours(model, batch, device: str, repeats: int, tokens_per_pass: int):
     import torch
+
     from pivot_envs.adapters.grpo import Group, GRPOConfig, update
 
     config = GRPOConfig(learning_rate=LEARNING_RATE, max_grad_norm=0.0, tokens_per_pass=tokens_per_pass)
@@ -274,6 +275,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
     from pivot_envs.adapters.grpo import Group, pack_groups
 
     if args.threads:

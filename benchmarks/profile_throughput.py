@@ -95,6 +95,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
     from pivot_envs.adapters import smollm2
     from pivot_envs.adapters.policies.hf import HFPolicy
 

@@ -37,14 +37,14 @@ from pathlib import Path
 
 import gymnasium as gym
 from percentiles import machine, percentile, print_table, write_results
+
+import pivot_envs  # noqa: F401  (registers pivot/search-v0)
+from pivot_envs.chat import calls_of
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.engine import FtsEngine, build_index, index_for_corpus, open_engine
 from pivot_envs.domains.search.env import bundled_pivots
 from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
 from pivot_envs.domains.search.tools import BrowseState, run_call
-
-import pivot_envs  # noqa: F401  (registers pivot/search-v0)
-from pivot_envs.chat import calls_of
 
 OUT = Path(__file__).resolve().parent / "out" / "search_reset_step.json"
 ENVS = 16

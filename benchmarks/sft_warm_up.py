@@ -36,8 +36,8 @@ def main() -> None:
 
     import gymnasium as gym
     import torch
-    from pivot_envs.adapters.sft import common_prefix_length, expert_examples, turn_logprobs
 
+    from pivot_envs.adapters.sft import common_prefix_length, expert_examples, turn_logprobs
     from pivot_envs.policy import load_policy
 
     policy = load_policy("hf:smollm2", device=args.device, max_prompt_tokens=args.max_prompt_tokens)

@@ -76,6 +76,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
     from pivot_envs.adapters.policies.hf import HFPolicy
 
     if args.threads:

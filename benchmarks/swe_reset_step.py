@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from percentiles import machine, percentile, print_table, sandbox_kinds, warm_latencies, write_results
+
 from pivot_envs.domains.swe import SweEnv, canonical_call, execute_call
 from pivot_envs.domains.swe.repo import bundled_repo, repo_context, start_sandbox
-
 from pivot_envs.pivot import Pivot
 
 MORE = "/repo/more_itertools/more.py"

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from percentiles import machine, percentile, print_table, sandbox_kinds, warm_latencies, write_results
-from pivot_envs.domains.terminal import TerminalEnv, canonical_message
 
+from pivot_envs.domains.terminal import TerminalEnv, canonical_message
 from pivot_envs.pivot import Pivot
 
 PREFIX = ["mkdir -p data", "cd data", "seq 1 1000 > nums.txt", "export LIMIT=500", "git init -q"]

@@ -34,12 +34,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import gymnasium as gym
-from pivot_envs.domains.tool_use.content import expert_messages, word_counts
-from pivot_envs.domains.tool_use.env import bundled_pivots
-from pivot_envs.domains.tool_use.verifier import STOPWORDS, FunctionalVerifier
 
 import pivot_envs  # noqa: F401  (registers pivot/tool-use-v0)
 from pivot_envs.chat import text_of
+from pivot_envs.domains.tool_use.content import expert_messages, word_counts
+from pivot_envs.domains.tool_use.env import bundled_pivots
+from pivot_envs.domains.tool_use.verifier import STOPWORDS, FunctionalVerifier
 
 OUT = Path(__file__).resolve().parent / "out" / "tool_use_verifier.json"
 UNRELATED = "I like turtles. Bananas are yellow and grow on tall plants in warm places."

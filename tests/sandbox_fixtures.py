@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes import SandboxLimits
 from pivot_envs.sandboxes.available import bwrap_available, docker_available

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes.available import docker_available
 

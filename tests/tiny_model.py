@@ -26,8 +26,9 @@ SHAPE = dict(
 @functools.cache
 def smollm2_tokenizer() -> Any:
     """SmolLM2-135M-Instruct's tokenizer, from the embedded checkpoint (cached per process)."""
-    from pivot_envs.adapters import smollm2
     from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
 
     return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 

@@ -29,7 +29,6 @@ from pivot_envs.adapters.grpo.groups import Group, build_group
 from pivot_envs.adapters.grpo.policy import TrainablePolicy
 from pivot_envs.adapters.grpo.run import RunLog, prepare_run
 from pivot_envs.adapters.grpo.trainer import learn
-
 from pivot_envs.config import option
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, SamplingParams

@@ -32,7 +32,6 @@ from pivot_envs.adapters.grpo.distributed import Ranks
 from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
 from pivot_envs.adapters.grpo.reference import frozen_reference, with_lora
 from pivot_envs.adapters.grpo.results import TrainResult
-
 from pivot_envs.config import progress_bar
 from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.pivot import Pivot

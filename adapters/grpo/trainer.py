@@ -26,7 +26,6 @@ from pivot_envs.adapters.grpo.reference import reference_logprobs
 from pivot_envs.adapters.grpo.results import NoPivotsError, PivotRLResult, Selection, TrainResult
 from pivot_envs.adapters.grpo.run import Run, RunLog, prepare_run, turn_accuracy
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
-
 from pivot_envs.config import at_least
 from pivot_envs.extract import dedup_pivots, extract_pivots, filter_pivots
 from pivot_envs.pivot import Pivot, read_pivots, write_pivots

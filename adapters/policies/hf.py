@@ -20,7 +20,6 @@ from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
-
 from pivot_envs.config import ConfigError
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams

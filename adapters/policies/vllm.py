@@ -40,7 +40,6 @@ from copy import deepcopy
 from typing import Any
 
 from pivot_envs.adapters.chat_template import encode_prompt
-
 from pivot_envs.errors import MissingExtraError, PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 

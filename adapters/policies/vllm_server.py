@@ -39,7 +39,6 @@ from typing import Any
 from pivot_envs.adapters.chat_template import encode_prompt
 from pivot_envs.adapters.policies.openai import EndpointError, OpenAIPolicy, sampling_fields
 from pivot_envs.adapters.policies.vllm import trainable_checkpoint
-
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 

@@ -23,7 +23,6 @@ from pivot_envs.adapters.reproduce.stats import (
     verdict,
     wilson,
 )
-
 from pivot_envs.evaluate import Accuracy
 
 Rows = list[list[float | None]]

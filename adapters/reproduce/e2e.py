@@ -32,7 +32,6 @@ from pivot_envs.adapters.grpo.config import GRPOConfig
 from pivot_envs.adapters.grpo.episodes import EpisodeConfig
 from pivot_envs.adapters.reproduce.scales import FILTER as MAIN_FILTER
 from pivot_envs.adapters.reproduce.scales import SCALES as MAIN_SCALES
-
 from pivot_envs.config import ConfigError
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.extract import FilterConfig
@@ -166,7 +165,6 @@ SCALES = {
 def split_tasks(scale: E2EScale) -> tuple[list[str], list[str]]:
     """(training task ids, held-out task ids): the bundled terminal tasks split by trajectory, as the terminal pivots."""
     from pivot_envs.domains.terminal import bundled_pivots
-
     from pivot_envs.extract import split_by_trajectory
 
     train, heldout = split_by_trajectory(bundled_pivots(), scale.heldout, seed=0)

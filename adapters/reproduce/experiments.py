@@ -23,7 +23,6 @@ from typing import Any
 from pivot_envs.adapters.reproduce import measure
 from pivot_envs.adapters.reproduce.scales import Scale
 from pivot_envs.adapters.reproduce.stages import Stages, digest
-
 from pivot_envs.extract import split_by_trajectory
 from pivot_envs.pivot import Pivot
 
@@ -175,6 +174,7 @@ class Experiments:
 
     def _base(self, folder: Path) -> dict[str, Any]:
         import torch
+
         from pivot_envs.adapters.sft import warm_up
 
         # The policy as loaded: a stage run after another in this process must not start from trained weights.
@@ -306,6 +306,7 @@ class Experiments:
 
     def _arm(self, folder: Path, domain: str, arm: str, seed: int) -> dict[str, Any]:
         import torch
+
         from pivot_envs.adapters.grpo import train
         from pivot_envs.adapters.sft import warm_up
 

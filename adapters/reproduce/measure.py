@@ -39,9 +39,10 @@ def load_policy(spec: str, device: str, max_prompt_tokens: int) -> Any:
 
         return load_named_policy(spec, device=device, max_prompt_tokens=max_prompt_tokens)
     import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
     from pivot_envs.adapters import smollm2
     from pivot_envs.adapters.policies.hf import HFPolicy
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     torch.manual_seed(0)

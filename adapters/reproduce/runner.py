@@ -13,7 +13,6 @@ from pivot_envs.adapters.reproduce.experiments import ARMS, EXPERIMENT_ARMS, EXP
 from pivot_envs.adapters.reproduce.scales import Scale
 from pivot_envs.adapters.reproduce.stages import Stages
 from pivot_envs.adapters.reproduce.stats import bootstrap_mean
-
 from pivot_envs.errors import UnknownNameError
 
 # Which plot each claim shows.

@@ -21,7 +21,6 @@ from typing import Any
 from pivot_envs.adapters.grpo.config import GRPOConfig
 from pivot_envs.adapters.reproduce.measure import ENV_WORKERS
 from pivot_envs.adapters.sft import SFTConfig
-
 from pivot_envs.config import ConfigError, UnknownOptionError
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.extract import FilterConfig

@@ -9,7 +9,6 @@ the expert's reached, and answers are scored by normalised exact match.
 
 from pivot_envs.domains.search.env import SearchEnv, SearchLimits
 from pivot_envs.domains.search.verifier import LEVELS, SearchVerifier
-
 from pivot_envs.registry import DomainSpec
 
 DOMAIN = DomainSpec(

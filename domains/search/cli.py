@@ -100,7 +100,6 @@ def sample_bytes() -> bytes:
     from pivot_envs.domains.search.engine import open_engine
     from pivot_envs.domains.search.expert import build_pivots
     from pivot_envs.domains.search.tasks import read_tasks
-
     from pivot_envs.pivot import write_pivots
 
     pivots = build_pivots(read_tasks(), open_engine("bundled"), k=BUNDLED_K)
@@ -137,11 +136,10 @@ def write_sample(path: Path = PIVOTS_FILE) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from pivot_envs.cli._checks import check_output, file_errors
     from pivot_envs.domains.search.engine import open_engine
     from pivot_envs.domains.search.expert import BuildReport, build_pivots
     from pivot_envs.domains.search.tasks import read_tasks
-
-    from pivot_envs.cli._checks import check_output, file_errors
     from pivot_envs.pivot import write_pivots
 
     config: SearchBuildConfig = args.build

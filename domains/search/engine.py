@@ -48,9 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pivot_envs.domains.search.corpus import CorpusError, Document, bundled_corpus_path, read_corpus
-
 from pivot_envs.config import ConfigError
+from pivot_envs.domains.search.corpus import CorpusError, Document, bundled_corpus_path, read_corpus
 from pivot_envs.env import InfrastructureError
 from pivot_envs.errors import PivotEnvsError
 

@@ -32,14 +32,13 @@ from functools import cache, partial
 from importlib import resources
 from typing import Any
 
+from pivot_envs.chat import calls_of, text_of
+from pivot_envs.config import ConfigError, UnknownOptionError, at_least, between, option
 from pivot_envs.domains.search.corpus import CorpusError
 from pivot_envs.domains.search.engine import EngineError, SearchEngine, open_engine
 from pivot_envs.domains.search.tools import MAX_DOCUMENT_CHARS, BrowseState, CallResult, run_call
 from pivot_envs.domains.search.verifier import Reach, SearchVerifier
 from pivot_envs.domains.tool_use.parser import parse_action
-
-from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import ConfigError, UnknownOptionError, at_least, between, option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.pivot import Pivot, iter_pivots
 from pivot_envs.verifiers import StrictVerifier

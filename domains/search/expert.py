@@ -23,12 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pivot_envs.chat import assistant_message, tool_call
 from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import STOPWORDS, SearchEngine
 from pivot_envs.domains.search.tasks import SearchTask, TaskError, answer_in_evidence, resolve_evidence
 from pivot_envs.domains.search.tools import BrowseState, CallResult, bundled_tools, run_call
-
-from pivot_envs.chat import assistant_message, tool_call
 from pivot_envs.extract import ExtractConfig, extract_pivots
 from pivot_envs.pivot import Pivot
 from pivot_envs.trajectory import Trajectory

@@ -35,6 +35,7 @@ import urllib.parse
 from dataclasses import asdict
 from typing import Any
 
+from pivot_envs.config import ConfigError
 from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import (
     QUERY_CATEGORIES,
@@ -45,8 +46,6 @@ from pivot_envs.domains.search.engine import (
     check_k,
     query_terms,
 )
-
-from pivot_envs.config import ConfigError
 from pivot_envs.exchange import ExchangeDeadline, connection_to
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ from typing import Any
 
 from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import QueryError, SearchEngine
-
 from pivot_envs.errors import PivotEnvsError, did_you_mean
 from pivot_envs.jsonl import iter_records
 

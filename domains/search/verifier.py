@@ -46,11 +46,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pivot_envs.chat import calls_of, text_of
 from pivot_envs.domains.search.answer import answer_matches, extract_answer
 from pivot_envs.domains.search.engine import MAX_TERMS
 from pivot_envs.domains.search.tools import TOOL_NAMES, BrowseState, CallResult
-
-from pivot_envs.chat import calls_of, text_of
 from pivot_envs.env import Outcome
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot

@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from pivot_envs.sandboxes import SandboxError, SandboxLimits
-from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
-
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
+from pivot_envs.sandboxes import SandboxError, SandboxLimits
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import call_of, canonical_call, parse_action

@@ -26,10 +26,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pivot_envs.pivot import Pivot
 from pivot_envs.sandboxes import SandboxError, Snapshot, snapshot_cache
 from pivot_envs.sandboxes.snapshot_cache import SnapshotCache, freeze
-
-from pivot_envs.pivot import Pivot
 
 from .effects import EditEffect, TestReport, edit_effect, run_tests
 from .parse import call_of

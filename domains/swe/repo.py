@@ -39,10 +39,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.errors import PivotEnvsError
 from pivot_envs.sandboxes import SandboxError
 from pivot_envs.sandboxes.runner import SAFE_ENV
-
-from pivot_envs.errors import PivotEnvsError
 
 BUNDLED_NAME = "more-itertools"
 BUNDLED_ARCHIVE = "more_itertools-10.8.0.tar.gz"

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.sandboxes import SandboxError
-from pivot_envs.sandboxes.protocol import command_problem
-
 from pivot_envs.chat import parse_arguments
 from pivot_envs.errors import UnknownNameError
+from pivot_envs.sandboxes import SandboxError
+from pivot_envs.sandboxes.protocol import command_problem
 
 HARNESSES = ("persistent", "fresh")
 KINDS = ("search", "view", "edit", "run", "test", "submit", "other")

@@ -57,11 +57,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.sandboxes import SandboxError, file_changes
-
 from pivot_envs.config import option
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
+from pivot_envs.sandboxes import SandboxError, file_changes
 from pivot_envs.verifiers import Verdict
 
 from .effects import changed_test_files, edit_effect, run_tests

@@ -75,10 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def harbor_main(args: argparse.Namespace) -> int:
     """`pivotrl sandbox harbor`: exit 0 iff the replay passes the task's tests and the untouched environment does not."""
     from pivot_envs.domains.terminal import harbor, image
+    from pivot_envs.pivot import write_pivots
     from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
     from pivot_envs.sandboxes.protocol import SandboxError
-
-    from pivot_envs.pivot import write_pivots
 
     task = harbor.load_task(args.task_dir)
     kind = resolve_sandbox(args.sandbox)

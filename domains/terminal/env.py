@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
-from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
-
 from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
+from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import canonical_message, command_of_message, parse_action, parse_command

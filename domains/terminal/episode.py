@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from gymnasium.error import ResetNeeded
-from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits
 
 from pivot_envs.config import ConfigError
 from pivot_envs.env import ParsedAction, json_safe
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
 from pivot_envs.registry import DomainSpec
+from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits
 
 from .env import TerminalEnv
 from .parse import BASH_TOOL, canonical_message, parse_action, parse_command

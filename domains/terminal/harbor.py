@@ -609,6 +609,7 @@ def build_environment(task: HarborTask) -> str:
     the tag (`pivot-envs/harbor-<name>:<hash>`; built once per content, no network). HarborTaskError when
     the Dockerfile does not build."""
     import docker
+
     from pivot_envs.sandboxes.cleanup import LABEL
 
     from .image import base_rootfs, image_tag, import_image

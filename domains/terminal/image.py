@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pivot_envs.config import option
 from pivot_envs.sandboxes.available import docker_available
 from pivot_envs.sandboxes.image import (
     apt_mirror,
@@ -25,8 +26,6 @@ from pivot_envs.sandboxes.image import (
 )
 from pivot_envs.sandboxes.image import build_rootfs as build_debian_rootfs
 from pivot_envs.sandboxes.protocol import SandboxError
-
-from pivot_envs.config import option
 
 logger = logging.getLogger(__name__)
 

@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pivot_envs.sandboxes.protocol import command_problem
-
 from pivot_envs.chat import assistant_message, parse_arguments, tool_call
 from pivot_envs.env import ParsedAction
+from pivot_envs.sandboxes.protocol import command_problem
 
 COMMAND_TOOLS = ("bash", "execute_bash", "terminal", "shell", "run_command", "run_shell_command")
 BASH_TOOL = {

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.pivot import Pivot
 from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot, snapshot_cache
 from pivot_envs.sandboxes.snapshot_cache import freeze
-
-from pivot_envs.pivot import Pivot
 
 from .parse import parse_command
 

@@ -19,10 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.sandboxes import CommandResult
-
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.pivot import Pivot, write_pivots
+from pivot_envs.sandboxes import CommandResult
 
 from .parse import BASH_TOOL, canonical_message
 from .prefix import BASE_IMAGE

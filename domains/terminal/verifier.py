@@ -33,11 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.sandboxes import CommandResult, file_changes
-
 from pivot_envs.config import option
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
+from pivot_envs.sandboxes import CommandResult, file_changes
 from pivot_envs.verifiers import Verdict
 
 from .parse import Token, command_of_message, shell_tokens, syntax_error

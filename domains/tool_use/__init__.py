@@ -8,7 +8,6 @@ the expert's by tool schema, execution equivalence and message content.
 
 from pivot_envs.domains.tool_use.env import ToolUseEnv
 from pivot_envs.domains.tool_use.verifier import FunctionalConfig, FunctionalVerifier
-
 from pivot_envs.registry import DomainSpec
 
 DOMAIN = DomainSpec(

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_database, call_tool
-
 from pivot_envs.config import ConfigError, at_least, between, option
+from pivot_envs.domains.tool_use.airline import AirlineDatabase, State, bundled_database, call_tool
 from pivot_envs.env import InfrastructureError
 from pivot_envs.exchange import ExchangeDeadline, connection_to
 

@@ -61,7 +61,6 @@ def expert_tool_outputs(messages: list[dict[str, Any]], turn_index: int) -> list
 def build_pivots(source: Path) -> list[Pivot]:
     """Pivots of the successful trajectories, with our airline tool schemas and recorded outputs."""
     from pivot_envs.domains.tool_use.airline import tool_schemas
-
     from pivot_envs.extract import ExtractConfig, extract_pivots
     from pivot_envs.formats import read_trajectories
 

@@ -9,6 +9,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from pivot_envs.chat import tool_name
 from pivot_envs.domains.tool_use.backends import (
     BACKENDS,
     AirlineBackend,
@@ -19,8 +20,6 @@ from pivot_envs.domains.tool_use.backends import (
 from pivot_envs.domains.tool_use.limits import ToolUseLimits, argument_bytes, bounded_outputs
 from pivot_envs.domains.tool_use.parser import arguments_of, canonical_arguments, parse_action
 from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
-
-from pivot_envs.chat import tool_name
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import PivotSetError, UnknownNameError, did_you_mean
 from pivot_envs.pivot import Pivot, iter_pivots

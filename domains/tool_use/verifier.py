@@ -31,11 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pivot_envs.domains.tool_use.content import ContentCheck, ExpertMessage, ExpertText, corpus_weights
-from pivot_envs.domains.tool_use.parser import arguments_of
-
 from pivot_envs.chat import text_of, tool_name, tool_parameters
 from pivot_envs.config import ConfigError, between, option
+from pivot_envs.domains.tool_use.content import ContentCheck, ExpertMessage, ExpertText, corpus_weights
+from pivot_envs.domains.tool_use.parser import arguments_of
 from pivot_envs.registry import import_object
 from pivot_envs.verifiers import StrictVerifier, Verdict
 

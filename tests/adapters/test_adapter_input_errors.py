@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from pivot_envs.adapters.chat_template import ChatTemplateError, render_prompt
 from pivot_envs.adapters.grpo import GRPOConfig, NoPivotsError, train
 from pivot_envs.adapters.grpo.checkpoints import RunDirectoryError, check_resumable, refuse_earlier_run
@@ -15,9 +16,8 @@ from pivot_envs.adapters.grpo.groups import build_group
 from pivot_envs.adapters.grpo.policy import UntrainablePolicyError
 from pivot_envs.adapters.policies.hf import HFPolicy, TokenizerError
 from pivot_envs.adapters.policies.openai import OpenAIPolicy, chat_completions_url
-from pivot_envs.domains.tool_use.env import bundled_pivots
-
 from pivot_envs.config import ConfigError
+from pivot_envs.domains.tool_use.env import bundled_pivots
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError
 

@@ -7,20 +7,21 @@ import json
 import re
 
 import pytest
+
 from pivot_envs.adapters.chat_template import (
     encode_prompt,
     prompt_messages,
     render_prompt,
     template_speaks_tools,
 )
-
 from pivot_envs.chat import tool_call, tool_to_chat
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pivot_envs.adapters import smollm2
     from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
 
     return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 

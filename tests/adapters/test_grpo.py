@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
+from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402,F401  (tiny_policy: other test files import it from here)
+
 from pivot_envs.adapters.grpo import (  # noqa: E402
     Group,
     GRPOConfig,
@@ -35,8 +37,6 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
     update,
 )
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
-from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402,F401  (tiny_policy: other test files import it from here)
-
 from pivot_envs.pivot import read_pivots  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
 

@@ -21,10 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tiny_model, when run as a rank's program
 from echo_domain import real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from pivot_envs.adapters.grpo import train  # noqa: E402
-from pivot_envs.adapters.grpo.distributed import Ranks  # noqa: E402
 from test_grpo import make_env, tiny_config  # noqa: E402  (the has-letter env)
 from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402
+
+from pivot_envs.adapters.grpo import train  # noqa: E402
+from pivot_envs.adapters.grpo.distributed import Ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKS = 2
@@ -47,7 +48,6 @@ def smollm2_program(out: Path, steps: int, resume: bool) -> None:
     env (mixed groups, so the update and its all-reduce run), checkpoints every step; OUT/rank-R-steps.json is the
     steps this rank trained."""
     from pivot_envs.adapters.grpo import GRPOConfig
-
     from pivot_envs.policy import load_policy
 
     config = GRPOConfig(

@@ -20,7 +20,6 @@ from pivot_envs.adapters.grpo.episodes import (  # noqa: E402
     train_episodes,
 )
 from pivot_envs.adapters.grpo.trainer import GRPOConfig  # noqa: E402
-
 from pivot_envs.errors import UnknownNameError  # noqa: E402
 from pivot_envs.policy import Completion, SamplingParams, load_policy  # noqa: E402
 
@@ -229,7 +228,6 @@ def test_the_reproduce_run_hands_its_policy_and_device_to_the_e2e_comparison(tmp
     from pivot_envs.adapters.reproduce.experiments import Experiments
     from pivot_envs.adapters.reproduce.scales import get_scale
     from pivot_envs.adapters.reproduce.stages import Stages
-
     from pivot_envs.cli._checks import PolicyLoadError
 
     scale = replace(get_scale("quick"), policy="hf:/nonexistent/model")
@@ -270,9 +268,10 @@ class LetterEpisodes(gym.Env):
 
 
 def test_a_resumed_e2e_run_continues_as_if_it_had_not_stopped_its_rollout_turns_included(tmp_path):
-    from pivot_envs.adapters import smollm2
     from test_grpo import tiny_policy
     from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
 
     name = "test/letter-episodes-v0"
     if name not in gym.registry:

@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pivot_envs.adapters.grpo import Group, GRPOConfig, clipped_loss, loss_units  # noqa: E402
-
 from pivot_envs.config import UnknownOptionError  # noqa: E402
 
 EPS = 0.2

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402
-from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
-from pivot_envs.adapters.grpo import reprofile as online  # noqa: E402
 from test_grpo import HasLetterVerifier, tiny_config, tiny_policy  # noqa: E402
 
+from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
+from pivot_envs.adapters.grpo import reprofile as online  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
 
 PIVOTS = real_pivots()
@@ -24,8 +24,9 @@ PIVOTS = real_pivots()
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pivot_envs.adapters import smollm2
     from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
 
     return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 

@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 
 from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
 from pivot_envs.adapters.sft import SFTConfig, warm_up  # noqa: E402
-
 from pivot_envs.extract import filter_pivots  # noqa: E402
 from pivot_envs.pivot import read_pivots  # noqa: E402
 from pivot_envs.policy import SamplingParams, load_policy  # noqa: E402

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from pivot_envs.adapters.chat_template import encode_prompt
 from pivot_envs.adapters.policies.hf import HFPolicy
-
 from pivot_envs.chat import tool_to_chat
 from pivot_envs.policy import Policy, SamplingParams
 
@@ -32,6 +32,7 @@ CHATS = [
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
     import torch
+
     from pivot_envs.adapters import smollm2
 
     torch.set_num_threads(1)  # the test machine's cores are shared: one thread is much faster there

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from pivot_envs.adapters.policies.openai import EndpointError, OpenAIPolicy, chat_completions_url
 
+from pivot_envs.adapters.policies.openai import EndpointError, OpenAIPolicy, chat_completions_url
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
 
 CHAT = {"messages": [{"role": "user", "content": "Name a color."}], "tools": []}
@@ -115,6 +115,7 @@ class Server:
 @pytest.fixture(scope="module")
 def hf_policy():
     import torch
+
     from pivot_envs.adapters.policies.hf import HFPolicy
 
     torch.set_num_threads(1)  # the test machine's cores are shared: one thread is much faster there
@@ -271,9 +272,8 @@ def test_pivotrl_profile_runs_against_the_server_and_an_unreachable_endpoint_wri
 ):
     from dataclasses import replace
 
-    from pivot_envs.domains.tool_use.env import bundled_pivots
-
     from pivot_envs.cli import main
+    from pivot_envs.domains.tool_use.env import bundled_pivots
     from pivot_envs.pivot import read_pivots, write_pivots
 
     pivots = [

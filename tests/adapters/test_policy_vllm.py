@@ -47,9 +47,10 @@ def trainer_model(vllm_policy):
 
 @pytest.fixture(scope="module")
 def hf_policy(trainer_model):
+    from transformers import AutoTokenizer
+
     from pivot_envs.adapters import smollm2
     from pivot_envs.adapters.policies.hf import HFPolicy
-    from transformers import AutoTokenizer
 
     return HFPolicy(trainer_model, AutoTokenizer.from_pretrained(smollm2.checkpoint()))
 
@@ -57,6 +58,7 @@ def hf_policy(trainer_model):
 def trainer_logprobs(model, completions):
     """Per completion, the trainer's recomputed logprobs of its sampled tokens (the kernel of the GRPO update)."""
     import torch
+
     from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
     with torch.no_grad():
@@ -166,6 +168,7 @@ def test_a_stop_string_ends_the_completion_in_both_backends_alike(vllm_policy, h
 
 def test_trained_weights_reach_the_engine_and_its_logprobs_follow_them(vllm_policy, trainer_model):
     import torch
+
     from pivot_envs.adapters.grpo.policy import sync_weights
 
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=11)
@@ -196,8 +199,9 @@ def test_trained_weights_reach_the_engine_and_its_logprobs_follow_them(vllm_poli
 
 
 def test_sleep_mode_on_a_cpu_is_refused_naming_why():
-    from pivot_envs.adapters.policies.vllm import SleepModeUnavailableError
     from vllm.platforms import current_platform
+
+    from pivot_envs.adapters.policies.vllm import SleepModeUnavailableError
 
     if current_platform.is_sleep_mode_available():
         pytest.skip("this machine's GPU has sleep mode")

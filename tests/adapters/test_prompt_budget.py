@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
-from pivot_envs.adapters.chat_template import encode_prompt, fit_prompt, render_prompt
 
 import pivot_envs  # noqa: F401  (registers the envs)
+from pivot_envs.adapters.chat_template import encode_prompt, fit_prompt, render_prompt
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pivot_envs.adapters import smollm2
     from transformers import AutoTokenizer
+
+    from pivot_envs.adapters import smollm2
 
     return AutoTokenizer.from_pretrained(smollm2.checkpoint())
 

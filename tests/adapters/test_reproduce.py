@@ -22,7 +22,6 @@ from pivot_envs.adapters.reproduce.stats import (  # noqa: E402
     seeds_for_mdd,
     verdict,
 )
-
 from pivot_envs.errors import UnknownNameError  # noqa: E402
 
 CLAIMS = {
@@ -248,7 +247,6 @@ def test_set_changes_any_size_of_a_scale_and_the_notes_say_which():
 )
 def test_set_refuses_what_is_not_a_size_of_the_scale_and_names_it(item, message):
     from pivot_envs.adapters.reproduce.scales import get_scale
-
     from pivot_envs.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -641,7 +639,6 @@ def test_one_action_length_serves_profiling_training_and_measuring():
     from dataclasses import replace
 
     from pivot_envs.adapters.reproduce.scales import SCALES, get_scale
-
     from pivot_envs.config import ConfigError
 
     short = get_scale("cpu", sets=["max_new_tokens=12"])

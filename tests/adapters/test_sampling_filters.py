@@ -7,8 +7,8 @@ string cut on a stand-in tokenizer that decodes ids to letters.
 from __future__ import annotations
 
 import pytest
-from pivot_envs.adapters.policies.hf import HFPolicy
 
+from pivot_envs.adapters.policies.hf import HFPolicy
 from pivot_envs.policy import SamplingParams
 
 PROBS = [0.5, 0.25, 0.15, 0.1]

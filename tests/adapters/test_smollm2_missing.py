@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from pivot_envs.adapters import smollm2
 
+from pivot_envs.adapters import smollm2
 from pivot_envs.errors import PivotEnvsError
 
 

@@ -80,8 +80,9 @@ def environment() -> dict[str, str]:
 def trainer_logprobs(checkpoint: str | Path, prompt: list[int], tokens: list[int]) -> list[float]:
     """The logprobs of `tokens` after `prompt` under a checkpoint, as the GRPO trainer computes them."""
     import torch
-    from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
     from transformers import AutoModelForCausalLM
+
+    from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -158,8 +159,9 @@ def test_run_with_vllm_warms_up_profiles_trains_and_evaluates_through_the_engine
 def weights(path: Path | None) -> dict:
     """A state dict: the warm-up's file, a checkpoint directory, or (None) the embedded checkpoint."""
     import torch
-    from pivot_envs.adapters import smollm2
     from transformers import AutoModelForCausalLM
+
+    from pivot_envs.adapters import smollm2
 
     if path is not None and path.suffix == ".pt":
         return torch.load(path)

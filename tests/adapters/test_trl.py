@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
 from trl_cpu import cpu_grpo_trainer  # noqa: E402
 
+from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
 from pivot_envs.env import InfrastructureError  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
 
@@ -53,9 +53,10 @@ def test_dataset_rows_hold_the_conversational_prompt_tools_and_pivot_id():
 
 
 def test_dataset_with_a_tokenizer_holds_the_rendered_prompt():
+    from transformers import AutoTokenizer
+
     from pivot_envs.adapters import smollm2
     from pivot_envs.adapters.chat_template import render_prompt
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     pivot = real_pivots()[1]
@@ -82,9 +83,10 @@ def tool_parsing_tokenizer():
     TRL parses responses only for the chat templates it knows. Qwen3's is ChatML with Hermes
     `<tool_call>` blocks, the format SmolLM2 is prompted to write, so SmolLM2 gets Qwen3's template.
     """
-    from pivot_envs.adapters import smollm2
     from transformers import AutoTokenizer
     from trl.chat_template_utils import add_response_schema, qwen3_chat_template
+
+    from pivot_envs.adapters import smollm2
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
     tokenizer.chat_template = qwen3_chat_template
@@ -212,9 +214,9 @@ def test_trl_grpo_trainer_hands_the_env_the_tool_calls_its_chat_template_parsed(
 
 def test_reward_function_by_env_id_scores_with_the_registered_tool_use_domain():
     import gymnasium as gym
-    from pivot_envs.adapters.chat_template import prompt_messages
 
     import pivot_envs
+    from pivot_envs.adapters.chat_template import prompt_messages
 
     gym.register_envs(pivot_envs)
     pivots = [p for p in gym.make("pivot/tool-use-v0").unwrapped.pivots if p.expert.get("tool_calls")][:3]

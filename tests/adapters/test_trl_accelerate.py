@@ -17,10 +17,11 @@ pytest.importorskip("accelerate")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from echo_domain import real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from pivot_envs.adapters.trl import reward_function  # noqa: E402
 from test_grpo_distributed import launch  # noqa: E402  (a launcher's job, ended whole on a timeout)
 from test_trl import letter_env  # noqa: E402  (the echo env scored by has-letter: SmolLM2 passes about half)
 from trl_cpu import cpu_grpo_trainer  # noqa: E402
+
+from pivot_envs.adapters.trl import reward_function  # noqa: E402
 
 PROCESSES = 2
 STEPS = 2
@@ -31,6 +32,7 @@ def process_program(out: Path) -> None:
     (OUT/rewards-R.jsonl), and the main one TRL's log (OUT/log.json)."""
     import torch
     from accelerate import PartialState
+
     from pivot_envs.adapters import smollm2
 
     torch.set_num_threads(1)

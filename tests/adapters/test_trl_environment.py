@@ -13,6 +13,9 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
+from test_trl import letter_env, tool_parsing_tokenizer  # noqa: E402  (has-letter env; SmolLM2 with a tool template)
+from trl_cpu import cpu_grpo_trainer  # noqa: E402
+
 from pivot_envs.adapters.trl import (  # noqa: E402
     PivotEnvironment,
     TRLInputError,
@@ -20,9 +23,6 @@ from pivot_envs.adapters.trl import (  # noqa: E402
     pivot_environment_factory,
     to_dataset,
 )
-from test_trl import letter_env, tool_parsing_tokenizer  # noqa: E402  (has-letter env; SmolLM2 with a tool template)
-from trl_cpu import cpu_grpo_trainer  # noqa: E402
-
 from pivot_envs.env import InfrastructureError  # noqa: E402
 
 
@@ -85,9 +85,9 @@ def test_a_collected_environment_closes_its_env_as_trl_has_no_close_hook():
 
 def test_environments_built_by_env_id_score_the_registered_tool_use_domain():
     import gymnasium as gym
-    from pivot_envs.adapters.chat_template import prompt_messages
 
     import pivot_envs
+    from pivot_envs.adapters.chat_template import prompt_messages
 
     gym.register_envs(pivot_envs)
     pivot = next(p for p in gym.make("pivot/tool-use-v0").unwrapped.pivots if p.expert.get("tool_calls"))

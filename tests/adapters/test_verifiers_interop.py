@@ -13,8 +13,8 @@ vf = pytest.importorskip("verifiers.v1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from pivot_envs.adapters.verifiers_interop import PivotTask, pivot_taskset  # noqa: E402
 
+from pivot_envs.adapters.verifiers_interop import PivotTask, pivot_taskset  # noqa: E402
 from pivot_envs.env import InfrastructureError  # noqa: E402
 from pivot_envs.pivot import write_pivots  # noqa: E402
 
@@ -89,9 +89,9 @@ def test_verifiers_scoring_gives_the_envs_reward_for_the_rollouts_first_turn():
 
 def test_the_registered_tool_use_domain_scores_hermes_text_from_a_pivots_jsonl(tmp_path):
     import gymnasium as gym
-    from pivot_envs.adapters.chat_template import prompt_messages
 
     import pivot_envs
+    from pivot_envs.adapters.chat_template import prompt_messages
 
     gym.register_envs(pivot_envs)
     pivots = [p for p in gym.make("pivot/tool-use-v0").unwrapped.pivots if p.expert.get("tool_calls")][:2]

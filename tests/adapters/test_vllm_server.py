@@ -50,6 +50,7 @@ def policy():
 def trainer_logprobs(model, prompt_token_ids, completions_token_ids):
     """The trainer's recomputed logprobs of each completion after the prompt (the GRPO update's kernel)."""
     import torch
+
     from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 
     with torch.no_grad():
@@ -176,6 +177,7 @@ def test_two_grpo_steps_against_the_server_leave_it_serving_the_trained_weights(
 
 def test_a_sync_to_a_server_that_is_down_raises_weight_sync_error_naming_it():
     import torch
+
     from pivot_envs.adapters.policies.vllm_server import VLLMServerPolicy, WeightSyncError, free_port
 
     url = f"http://127.0.0.1:{free_port()}"
@@ -191,6 +193,7 @@ def test_a_sync_to_a_server_that_is_down_raises_weight_sync_error_naming_it():
 
 def test_a_sync_the_server_does_not_answer_in_time_raises_weight_sync_error_within_the_timeout():
     import torch
+
     from pivot_envs.adapters.policies.vllm_server import VLLMServerPolicy, WeightSyncError
 
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
@@ -221,6 +224,7 @@ def test_a_server_without_its_development_endpoints_raises_weight_sync_error_say
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import torch
+
     from pivot_envs.adapters.policies.vllm_server import VLLMServerPolicy, WeightSyncError
 
     class NotFound(

@@ -26,8 +26,9 @@ def cpu_grpo_trainer(
 ) -> Any:
     """A `GRPOTrainer` of `model` rewarded by `reward` on the pivots' prompts (`to_dataset`); `args` override
     `CPU_ARGS` in its `GRPOConfig`, `trainer_kwargs` go to the trainer (e.g. `environment_factory`)."""
-    from pivot_envs.adapters.trl import to_dataset
     from trl import GRPOConfig, GRPOTrainer
+
+    from pivot_envs.adapters.trl import to_dataset
 
     return GRPOTrainer(
         model=model,

@@ -195,7 +195,6 @@ def test_a_dtype_that_is_not_a_precision_is_refused_naming_it_before_any_model_l
     tmp_path: Path, capsys
 ) -> None:
     from pivot_envs.adapters.cli_run import RunConfig
-
     from pivot_envs.config import ConfigError
 
     pivots = str(candidates(tmp_path))
@@ -563,7 +562,6 @@ def _report_inputs(out: Path) -> dict:
     """Small real inputs of `write_report`: two profiled candidates, one pivot, two logged steps."""
     from pivot_envs.adapters.cli_run import RunConfig, Signal, WarmUp
     from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
-
     from pivot_envs.evaluate import Accuracy, EvalReport, EvalRow
     from pivot_envs.profile import ProfileRun
 

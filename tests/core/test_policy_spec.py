@@ -33,6 +33,7 @@ def test_an_openai_spec_without_a_model_says_how_to_write_one():
 
 def test_an_hf_spec_builds_the_named_local_model(tmp_path):
     import torch
+
     from pivot_envs.adapters import smollm2
 
     torch.set_num_threads(1)
@@ -43,7 +44,6 @@ def test_an_hf_spec_builds_the_named_local_model(tmp_path):
 
 def test_pivotrl_profile_with_a_bad_spec_exits_with_a_one_line_error(tmp_path, capsys):
     from pivot_envs.domains.tool_use.env import bundled_pivots
-
     from pivot_envs.pivot import write_pivots
 
     write_pivots(bundled_pivots()[:1], tmp_path / "c.jsonl")

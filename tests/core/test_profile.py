@@ -489,6 +489,7 @@ def test_a_bad_env_kwargs_flag_is_a_clear_error():
 @pytest.fixture(scope="module")
 def smollm2_policy():
     import torch
+
     from pivot_envs.adapters.policies.hf import HFPolicy
 
     torch.set_num_threads(1)  # the test machine's cores are shared: one thread is much faster there

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from pivot_envs.adapters.cli_run import (
     Budget,
     RunConfig,
@@ -16,7 +17,6 @@ from pivot_envs.adapters.cli_run import (
     warm_up_settings,
 )
 from pivot_envs.adapters.grpo import PivotRLResult, Selection, TrainResult
-
 from pivot_envs.cli import main
 from pivot_envs.pivot import Pivot, Profile, read_pivots, write_pivots
 from pivot_envs.profile import ProfileRun

@@ -17,6 +17,9 @@ import threading
 from functools import cache
 from typing import Any
 
+from redteam_common import Family
+
+from pivot_envs.chat import calls_of, text_of
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.engine import open_engine
 from pivot_envs.domains.search.env import SearchEnv
@@ -24,9 +27,6 @@ from pivot_envs.domains.search.expert import question_keywords
 from pivot_envs.domains.search.http_engine import serve_engine
 from pivot_envs.domains.search.tools import TOOL_NAMES
 from pivot_envs.domains.search.verifier import gold_answers, turn_kind
-from redteam_common import Family
-
-from pivot_envs.chat import calls_of, text_of
 
 DOMAIN = "search"
 BACKENDS = ("bundled", "http")

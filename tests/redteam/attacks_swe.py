@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from redteam_common import Family
+
 from pivot_envs.domains.swe import SweEnv, action_kind, canonical_call
 from pivot_envs.domains.swe.parse import call_of
 from pivot_envs.domains.swe.prefix import task_tests
-from redteam_common import Family
 
 DOMAIN = "swe"
 BACKENDS = ("bwrap", "docker")

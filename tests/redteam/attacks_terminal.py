@@ -25,10 +25,11 @@ import re
 import shlex
 from typing import Any
 
+from redteam_common import Family
+
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
 from pivot_envs.domains.terminal.parse import canonical_message, command_of_message, shell_tokens
 from pivot_envs.domains.terminal.verifier import effect_of
-from redteam_common import Family
 
 DOMAIN = "terminal"
 BACKENDS = ("bwrap", "docker")

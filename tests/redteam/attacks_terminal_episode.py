@@ -21,9 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from redteam_common import Family
+
 from pivot_envs.domains.terminal.episode import TerminalEpisodeEnv
 from pivot_envs.domains.terminal.parse import canonical_message
-from redteam_common import Family
 
 DOMAIN = "terminal-episode"
 BACKENDS = ("bwrap", "docker")

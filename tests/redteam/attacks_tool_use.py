@@ -25,12 +25,12 @@ from functools import cache
 from typing import Any
 
 import gymnasium as gym
-from pivot_envs.domains.tool_use.content import expert_messages, word_counts
-from pivot_envs.domains.tool_use.env import ToolUseEnv, bundled_pivots
-from pivot_envs.domains.tool_use.verifier import STOPWORDS
 from redteam_common import Family
 
 from pivot_envs.chat import text_of
+from pivot_envs.domains.tool_use.content import expert_messages, word_counts
+from pivot_envs.domains.tool_use.env import ToolUseEnv, bundled_pivots
+from pivot_envs.domains.tool_use.verifier import STOPWORDS
 
 DOMAIN = "tool-use"
 BACKENDS = ("tau-airline", "recorded")

@@ -117,6 +117,7 @@ def test_the_network_is_unreachable(sandbox):
 
 def test_docker_containers_and_snapshots_carry_the_label_and_close_removes_them(has_docker):
     import docker
+
     from pivot_envs.domains.terminal.image import image_tag
     from pivot_envs.sandboxes.docker_backend import DockerBackend
 

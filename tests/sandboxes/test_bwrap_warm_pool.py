@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from pivot_envs.sandboxes.bwrap_backend import YIELD_AT_MOST, BwrapBackend
 from sandbox_fixtures import FAST_LIMITS
+
+from pivot_envs.sandboxes.bwrap_backend import YIELD_AT_MOST, BwrapBackend
 
 
 def snapshot_and_busy(backend, seconds):

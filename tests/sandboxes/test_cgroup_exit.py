@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pivot_envs.sandboxes import cgroups
 
 SCRIPT = """

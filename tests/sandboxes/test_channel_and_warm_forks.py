@@ -8,14 +8,15 @@ import os
 import threading
 import time
 
-import pivot_envs.sandboxes.manifest as manifest_module
 import pytest
+from sandbox_fixtures import FAST_LIMITS
+
+import pivot_envs.sandboxes.manifest as manifest_module
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes.background import QuietGate
 from pivot_envs.sandboxes.channel import GO, REQUEST, Channel
 from pivot_envs.sandboxes.docker_backend import DockerBackend
 from pivot_envs.sandboxes.manifest import manifest
-from sandbox_fixtures import FAST_LIMITS
 
 # Longer than the 64 KiB a pipe holds, shorter than the 128 KiB one argument of a process may be.
 BIG = 100_000

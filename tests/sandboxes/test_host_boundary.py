@@ -8,8 +8,9 @@ import os
 import time
 import uuid
 
-import pivot_envs.sandboxes.manifest as manifest_module
 import pytest
+
+import pivot_envs.sandboxes.manifest as manifest_module
 from pivot_envs.sandboxes.manifest import manifest
 
 # The command server's processes: their command line is the server's script, which opens the

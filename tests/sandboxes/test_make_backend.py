@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from pivot_envs.domains.terminal import image
-from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
 from sandbox_fixtures import FAST_LIMITS
 
+from pivot_envs.domains.terminal import image
 from pivot_envs.errors import UnknownNameError
+from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
 
 
 def test_make_backend_gives_a_bubblewrap_backend_on_the_root_filesystem_with_the_limits(has_bwrap):

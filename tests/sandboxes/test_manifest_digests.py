@@ -126,8 +126,9 @@ def test_the_walk_keeps_os_walks_order_and_the_entry_limit(tmp_path):
 
 
 def test_a_bubblewrap_fork_reports_a_same_size_rewrite_whose_mtime_a_command_put_back(has_bwrap):
-    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
     from sandbox_fixtures import FAST_LIMITS
+
+    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
     with BwrapBackend(has_bwrap, FAST_LIMITS, warm_pool=1) as backend:
         sandbox = backend.create()

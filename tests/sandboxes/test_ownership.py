@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from pivot_envs.domains.terminal import TerminalEnv
-from pivot_envs.sandboxes.cleanup import owner_alive, owner_id
 from terminal_leftovers import left_behind
 
+from pivot_envs.domains.terminal import TerminalEnv
 from pivot_envs.evaluate import EvalConfig, evaluate
 from pivot_envs.policy import Completion
+from pivot_envs.sandboxes.cleanup import owner_alive, owner_id
 
 PIVOT = "terminal/sed-config-port/t1"
 THREADS = 8

@@ -11,10 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from test_release import a_snapshot
+
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes import Sandbox, SandboxError
 from pivot_envs.sandboxes.pool import SandboxBackend
-from test_release import a_snapshot
 
 
 def test_both_backends_keep_the_backend_contract_and_hand_out_sandboxes(backend):

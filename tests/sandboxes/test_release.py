@@ -7,10 +7,11 @@ import threading
 import time
 
 import pytest
+from sandbox_fixtures import FAST_LIMITS
+
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 from pivot_envs.sandboxes.docker_backend import DockerBackend
-from sandbox_fixtures import FAST_LIMITS
 
 
 def eventually(condition, seconds: float = 20.0) -> bool:

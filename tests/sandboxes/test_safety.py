@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots
 from pivot_envs.sandboxes import CommandRejected, SandboxLimits, cgroups
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend

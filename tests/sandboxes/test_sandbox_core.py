@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pivot_envs.sandboxes import SandboxError, SandboxLimits, file_changes
 from pivot_envs.sandboxes.manifest import manifest
 from pivot_envs.sandboxes.output import strip_ansi

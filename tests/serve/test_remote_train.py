@@ -16,9 +16,9 @@ pytest.importorskip("transformers", reason="the train extra is not installed")
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
 import httpx  # noqa: E402
-from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
 from tiny_model import tiny_policy  # noqa: E402
 
+from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
 from pivot_envs.serve.config import ServeConfig  # noqa: E402
 from pivot_envs.serve.server import start_server  # noqa: E402
 

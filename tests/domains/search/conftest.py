@@ -8,11 +8,11 @@ from the bundled pivot file.
 from __future__ import annotations
 
 import pytest
-from pivot_envs.domains.search.engine import SearchEngine, open_engine
-from pivot_envs.domains.search.tools import BrowseState, bundled_tools, run_call
 
 import pivot_envs  # noqa: F401  (registers pivot/search-v0)
 from pivot_envs.chat import assistant_message, tool_call
+from pivot_envs.domains.search.engine import SearchEngine, open_engine
+from pivot_envs.domains.search.tools import BrowseState, bundled_tools, run_call
 from pivot_envs.extract import ExtractConfig, extract_pivots
 from pivot_envs.pivot import Pivot
 from pivot_envs.trajectory import Trajectory

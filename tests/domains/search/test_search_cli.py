@@ -7,10 +7,10 @@ import json
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.search.cli import PIVOTS_FILE, StaleSampleError, check_sample
 
 import pivot_envs
 from pivot_envs.cli import main
+from pivot_envs.domains.search.cli import PIVOTS_FILE, StaleSampleError, check_sample
 from pivot_envs.pivot import read_pivots
 
 gym.register_envs(pivot_envs)

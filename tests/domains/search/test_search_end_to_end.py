@@ -22,15 +22,15 @@ import pytest
 from chat_completions_stub import ChatCompletionsStub
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.utils.env_checker import check_env
-from pivot_envs.domains.search.engine import open_engine
-from pivot_envs.domains.search.env import bundled_pivots
-from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
-from pivot_envs.domains.search.verifier import turn_kind
 from scripted_cli import eval_scripted, profile_scripted
 
 from pivot_envs import PivotEnv, check_pivot_env
 from pivot_envs.chat import calls_of, text_of
 from pivot_envs.cli import main
+from pivot_envs.domains.search.engine import open_engine
+from pivot_envs.domains.search.env import bundled_pivots
+from pivot_envs.domains.search.http_engine import HttpEngine, serve_engine
+from pivot_envs.domains.search.verifier import turn_kind
 from pivot_envs.pivot import Pivot, read_pivots, write_pivots
 
 

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from pivot_envs.config import ConfigError
 from pivot_envs.domains.search.corpus import CorpusError, Document, read_corpus
 from pivot_envs.domains.search.engine import (
     MAX_POSTINGS,
@@ -22,8 +24,6 @@ from pivot_envs.domains.search.engine import (
     open_engine,
     query_terms,
 )
-
-from pivot_envs.config import ConfigError
 from pivot_envs.env import InfrastructureError
 
 # The bundled corpus's fingerprint: pivots record it, so it must not change without notice.

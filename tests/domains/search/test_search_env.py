@@ -9,11 +9,11 @@ import json
 
 import gymnasium as gym
 import pytest
+
+from pivot_envs.config import ConfigError, UnknownOptionError
 from pivot_envs.domains.search import DOMAIN, SearchEnv
 from pivot_envs.domains.search.env import bundled_pivots, replay_prefix
 from pivot_envs.domains.search.verifier import turn_kind
-
-from pivot_envs.config import ConfigError, UnknownOptionError
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "Giuseppe Verdi"}}</tool_call>'
 

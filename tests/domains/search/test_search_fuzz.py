@@ -15,6 +15,7 @@ import gymnasium as gym
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pivot_envs.domains.search.tools import TOOL_NAMES
 
 FUZZ = settings(max_examples=250, deadline=None, derandomize=True, report_multiple_bugs=False)

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
+
 from pivot_envs.domains.search.engine import EngineError, QueryError, counted_terms, open_engine, query_terms
 from pivot_envs.domains.search.http_engine import MAX_REQUEST_BYTES, HttpEngine, serve_engine
 

@@ -6,6 +6,8 @@ import gzip
 import json
 
 import pytest
+
+from pivot_envs.chat import calls_of
 from pivot_envs.domains.search.cli import PIVOTS_FILE
 from pivot_envs.domains.search.engine import open_engine
 from pivot_envs.domains.search.expert import (
@@ -17,8 +19,6 @@ from pivot_envs.domains.search.expert import (
 )
 from pivot_envs.domains.search.tasks import MAX_EVIDENCE, SearchTask, TaskError, read_tasks, resolve_evidence
 from pivot_envs.domains.search.tools import BrowseState, run_call
-
-from pivot_envs.chat import calls_of
 
 
 @pytest.fixture(scope="module")

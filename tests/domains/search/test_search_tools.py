@@ -6,6 +6,7 @@ import json
 import socket
 
 import pytest
+
 from pivot_envs.domains.search.engine import EngineError, open_engine
 from pivot_envs.domains.search.http_engine import HttpEngine
 from pivot_envs.domains.search.tools import (

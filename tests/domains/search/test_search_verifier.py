@@ -14,12 +14,12 @@ import re
 
 import gymnasium as gym
 import pytest
+
+from pivot_envs.chat import calls_of
 from pivot_envs.domains.search.answer import answer_matches, extract_answer, normalize_answer
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.env import bundled_pivots
 from pivot_envs.domains.search.verifier import SearchVerifier, turn_kind
-
-from pivot_envs.chat import calls_of
 from pivot_envs.errors import UnknownNameError
 
 

@@ -4,10 +4,10 @@ tiny repository of swe_helpers.py with one pivot per expert turn."""
 from __future__ import annotations
 
 import pytest
-from pivot_envs.domains.swe.repo import RepoSpec
 from sandbox_fixtures import FAST_LIMITS, backend, has_bwrap, has_docker, kind, rootfs, sandbox
 from swe_helpers import EXPERT_CALLS, OPS, TESTS, calc_pivot
 
+from pivot_envs.domains.swe.repo import RepoSpec
 from pivot_envs.pivot import Pivot
 
 __all__ = ["FAST_LIMITS", "backend", "has_bwrap", "has_docker", "kind", "rootfs", "sandbox"]

@@ -8,10 +8,9 @@ from __future__ import annotations
 import difflib
 import json
 
+from pivot_envs.chat import assistant_message, tool_call
 from pivot_envs.domains.swe import default_tools
 from pivot_envs.domains.swe.repo import RepoSpec, repo_context
-
-from pivot_envs.chat import assistant_message, tool_call
 from pivot_envs.pivot import Pivot
 
 OPS = """def add(a, b):

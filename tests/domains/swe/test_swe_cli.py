@@ -10,6 +10,10 @@ import subprocess
 
 import gymnasium as gym
 import pytest
+from swe_helpers import BUGGY, OPS, bug_patch
+
+import pivot_envs
+from pivot_envs.cli import main
 from pivot_envs.domains.swe.cli import SampleMismatchError, check_sample
 from pivot_envs.domains.swe.expert import (
     ExpertError,
@@ -21,12 +25,8 @@ from pivot_envs.domains.swe.expert import (
 from pivot_envs.domains.swe.repo import bundled_repo, start_tree
 from pivot_envs.domains.swe.tasks import SweTask, bundled_tasks, make_patch, read_tasks, tasks_file
 from pivot_envs.domains.terminal.image import rootfs_path
-from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-from swe_helpers import BUGGY, OPS, bug_patch
-
-import pivot_envs
-from pivot_envs.cli import main
 from pivot_envs.pivot import read_pivots
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
 gym.register_envs(pivot_envs)
 

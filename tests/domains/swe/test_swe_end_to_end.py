@@ -18,13 +18,13 @@ import gymnasium as gym
 import pytest
 from chat_completions_stub import ChatCompletionsStub
 from gymnasium.envs.registration import EnvSpec
-from pivot_envs.domains.swe import action_kind, bundled_pivots
-from pivot_envs.domains.swe.parse import call_of
 from sandbox_fixtures import FAST_LIMITS
 from scripted_cli import eval_scripted, profile_scripted
 from swe_helpers import FIX_NEW, FIX_OLD, call_message
 
 from pivot_envs import check_pivot_env
+from pivot_envs.domains.swe import action_kind, bundled_pivots
+from pivot_envs.domains.swe.parse import call_of
 from pivot_envs.pivot import write_pivots
 
 LIMITS = dataclasses.asdict(FAST_LIMITS) | {"timeout": 10.0}

@@ -7,12 +7,12 @@ import dataclasses
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.swe import SweEnv
 from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import EXPERT_CALLS, FIX_NEW, FIX_OLD, calc_pivot, call_message
 
 import pivot_envs
 from pivot_envs.checker import check_pivot_env
+from pivot_envs.domains.swe import SweEnv
 from pivot_envs.errors import UnknownNameError
 
 gym.register_envs(pivot_envs)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from pivot_envs.domains.swe import SweEnv
-from pivot_envs.domains.swe.external import read_external
 from swe_helpers import call_message
 
 from pivot_envs.chat import assistant_message, tool_call
+from pivot_envs.domains.swe import SweEnv
+from pivot_envs.domains.swe.external import read_external
 from pivot_envs.errors import UnknownNameError
 
 OPENHANDS_TOOLS = [

@@ -12,9 +12,10 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pivot_envs.domains.swe import SweEnv, parse_action
 from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import call_message
+
+from pivot_envs.domains.swe import SweEnv, parse_action
 
 PARSE = settings(max_examples=300, deadline=None, derandomize=True, report_multiple_bugs=False)
 STEP = settings(max_examples=40, deadline=None, derandomize=True, report_multiple_bugs=False)

@@ -8,6 +8,8 @@ import subprocess
 import tarfile
 
 import pytest
+from swe_helpers import BUGGY, bug_patch
+
 from pivot_envs.domains.swe.repo import (
     COMMIT_MESSAGE,
     RepoError,
@@ -21,7 +23,6 @@ from pivot_envs.domains.swe.repo import (
 )
 from pivot_envs.domains.swe.tasks import run_unittest
 from pivot_envs.domains.swe.tools import tree_hash
-from swe_helpers import BUGGY, bug_patch
 
 
 def git(directory, *args):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from sandbox_fixtures import FAST_LIMITS
+from swe_helpers import FIX_OLD, calc_pivot, call_message
+
 from pivot_envs.domains.swe import SweEnv, canonical_call
 from pivot_envs.domains.swe.effects import is_test_file, run_tests
 from pivot_envs.domains.swe.repo import RepoSpec
 from pivot_envs.domains.swe.testruns import plain_test_run
-from sandbox_fixtures import FAST_LIMITS
-from swe_helpers import FIX_OLD, calc_pivot, call_message
 
 LIMITS = dataclasses.asdict(FAST_LIMITS) | {"timeout": 20.0}
 MEAN = "tests.test_ops.MeanTests"

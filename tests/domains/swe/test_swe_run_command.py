@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from pivot_envs.domains.swe import bundled_pivots
 
 from pivot_envs.cli import main
+from pivot_envs.domains.swe import bundled_pivots
 from pivot_envs.pivot import read_pivots, write_pivots
 
 pytestmark = pytest.mark.slow

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from pivot_envs.domains.swe.repo import bundled_repo, start_tree
 from pivot_envs.domains.swe.tasks import (
     KINDS,

@@ -4,10 +4,10 @@ SWE-agent), bash under both harnesses, submit, kinds, and the tree hash."""
 from __future__ import annotations
 
 import pytest
-from pivot_envs.domains.swe import action_kind, default_tools, execute_call, tree_hash
-from pivot_envs.domains.swe.repo import start_sandbox
 from swe_helpers import BUGGY, FIX_NEW, FIX_OLD, bug_patch
 
+from pivot_envs.domains.swe import action_kind, default_tools, execute_call, tree_hash
+from pivot_envs.domains.swe.repo import start_sandbox
 from pivot_envs.errors import UnknownNameError
 
 OPS = "/repo/calc/ops.py"

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pivot_envs.domains.swe import KindVerifier, NameVerifier, NemoVerifier, SweEnv, canonical_call
-from pivot_envs.domains.swe.verifier import coverage, named_tests, output_lines
 from sandbox_fixtures import FAST_LIMITS
 from swe_helpers import FIX_OLD, calc_pivot, call_message
+
+from pivot_envs.domains.swe import KindVerifier, NameVerifier, NemoVerifier, SweEnv, canonical_call
+from pivot_envs.domains.swe.verifier import coverage, named_tests, output_lines
 
 LIMITS = dataclasses.asdict(FAST_LIMITS) | {"timeout": 10.0}
 OPS = "/repo/calc/ops.py"

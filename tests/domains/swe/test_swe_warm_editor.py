@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from swe_helpers import EXPERT_CALLS, FIX_NEW, FIX_OLD
+
 from pivot_envs.domains.swe import SweEnv, execute_call
 from pivot_envs.domains.swe.tools import EDITOR_HOME, EDITOR_WARM
-from swe_helpers import EXPERT_CALLS, FIX_NEW, FIX_OLD
 
 VIEW = EXPERT_CALLS[1]
 EDIT = EXPERT_CALLS[2]

@@ -10,12 +10,12 @@ import sys
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
-from pivot_envs.sandboxes import SandboxError
 
 import pivot_envs
+from pivot_envs.domains.terminal import TerminalEnv, bundled_pivots, canonical_message
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
+from pivot_envs.sandboxes import SandboxError
 
 gym.register_envs(pivot_envs)
 GIT_PIVOT = "terminal/git-init-commit/t4"  # prefix: cd site, git init, git add, git commit

@@ -8,6 +8,8 @@ import subprocess
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
+from pivot_envs.chat import canonical_action
 from pivot_envs.domains.terminal.parse import (
     canonical_message,
     parse_action,
@@ -15,8 +17,6 @@ from pivot_envs.domains.terminal.parse import (
     shell_tokens,
     syntax_error,
 )
-
-from pivot_envs.chat import canonical_action
 
 
 def call(name: str, arguments: dict) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pivot_envs.domains.terminal import TerminalEnv
 from pivot_envs.domains.terminal.parse import parse_command
 

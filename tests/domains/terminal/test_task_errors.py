@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pivot_envs.domains.terminal.tasks import Task, TaskError, TaskFileError, generate, load_tasks, run_task
-from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
+from pivot_envs.domains.terminal.tasks import Task, TaskError, TaskFileError, generate, load_tasks, run_task
 from pivot_envs.errors import PivotEnvsError
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
 
 def test_a_failing_setup_is_a_task_error_naming_the_task_and_its_exit_code(has_bwrap):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pivot_envs.domains.terminal import bundled_pivots
 from pivot_envs.domains.terminal.tasks import load_tasks, run_task, task_pivots
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend

@@ -8,11 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from pivot_envs.cli import main
 from pivot_envs.domains.terminal.image import image_tag
 from pivot_envs.sandboxes.cleanup import BWRAP_PREFIX, LABEL
 from pivot_envs.sandboxes.docker_backend import DockerBackend
-
-from pivot_envs.cli import main
 
 
 def test_build_image_is_idempotent_and_fast_when_built(has_docker, capsys):

@@ -9,11 +9,11 @@ import gymnasium as gym
 import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
+
+import pivot_envs
 from pivot_envs.domains.terminal import bundled_pivots
 from pivot_envs.domains.terminal.episode import TerminalEpisodeEnv
 from pivot_envs.domains.terminal.tasks import load_tasks
-
-import pivot_envs
 from pivot_envs.errors import UnknownNameError
 
 gym.register_envs(pivot_envs)
@@ -165,9 +165,8 @@ def test_an_unknown_task_is_named_with_the_close_match():
 
 
 def test_max_turns_below_one_and_an_empty_task_set_are_refused_as_typed_errors():
-    from pivot_envs.domains.terminal.tasks import TaskFileError
-
     from pivot_envs.config import ConfigError
+    from pivot_envs.domains.terminal.tasks import TaskFileError
 
     with pytest.raises(ConfigError, match="max_turns must be >= 1, got 0"):
         TerminalEpisodeEnv(max_turns=0)

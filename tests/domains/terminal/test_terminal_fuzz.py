@@ -28,10 +28,10 @@ from fuzz_common import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pivot_envs.domains.terminal import TerminalVerifier, bundled_pivots, parse_action
-from pivot_envs.domains.terminal.parse import COMMAND_TOOLS, command_of_message
 
 import pivot_envs  # noqa: F401  (registers pivot/terminal-v0)
+from pivot_envs.domains.terminal import TerminalVerifier, bundled_pivots, parse_action
+from pivot_envs.domains.terminal.parse import COMMAND_TOOLS, command_of_message
 
 PARSE = settings(max_examples=200, deadline=None, derandomize=True, report_multiple_bugs=False)
 STEP = settings(max_examples=120, deadline=None, derandomize=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+
+from pivot_envs.cli import main
 from pivot_envs.domains.terminal import harbor
 from pivot_envs.domains.terminal.harbor import (
     HarborTaskError,
@@ -21,11 +23,9 @@ from pivot_envs.domains.terminal.harbor import (
 from pivot_envs.domains.terminal.image import image_tag, is_base_image
 from pivot_envs.domains.terminal.prefix import BASE_IMAGE
 from pivot_envs.domains.terminal.tasks import TaskError, run_task
+from pivot_envs.pivot import read_pivots
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 from pivot_envs.sandboxes.docker_backend import DockerBackend
-
-from pivot_envs.cli import main
-from pivot_envs.pivot import read_pivots
 
 TASKS = ["csv-to-json", "fix-json-config", "log-error-summary"]
 WORKDIRS = {"csv-to-json": "/app", "fix-json-config": "/srv/service", "log-error-summary": "/app"}

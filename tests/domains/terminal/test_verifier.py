@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
 from pivot_envs.domains.terminal.parse import canonical_message
 from pivot_envs.domains.terminal.verifier import TerminalVerifier, command_similarity
-from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
+from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 
 
 @pytest.fixture(scope="module")

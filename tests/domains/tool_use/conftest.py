@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.tool_use.env import bundled_pivots
 
 import pivot_envs  # noqa: F401  (registers pivot/tool-use-v0)
+from pivot_envs.domains.tool_use.env import bundled_pivots
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,12 @@ import time
 import gymnasium as gym
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tool_use_helpers import expert_call, first, hermes, step
+
 from pivot_envs.domains.tool_use import airline
 from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool, tool_schemas
 from pivot_envs.domains.tool_use.backends import AirlineBackend
 from pivot_envs.domains.tool_use.replay_check import normalized, replay_trajectories
-from tool_use_helpers import expert_call, first, hermes, step
 
 
 def test_replaying_the_successful_trajectories_reproduces_at_least_95_percent_of_outputs(shared_data):

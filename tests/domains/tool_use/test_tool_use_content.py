@@ -10,13 +10,13 @@ from importlib import resources
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.tool_use.content import WordWeights, expert_messages, word_counts
-from pivot_envs.domains.tool_use.verifier import STOPWORDS, FunctionalConfig, FunctionalVerifier
 from tool_use_helpers import expert_call, first, hermes, measured, step
 
 from pivot_envs import Pivot
 from pivot_envs.chat import text_of
 from pivot_envs.config import ConfigError
+from pivot_envs.domains.tool_use.content import WordWeights, expert_messages, word_counts
+from pivot_envs.domains.tool_use.verifier import STOPWORDS, FunctionalConfig, FunctionalVerifier
 from pivot_envs.pivot import write_pivots
 
 MB = 1 << 20

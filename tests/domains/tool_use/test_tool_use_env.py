@@ -9,12 +9,12 @@ import json
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from pivot_envs.domains.tool_use import DOMAIN, ToolUseEnv
-from pivot_envs.domains.tool_use.airline import AirlineDatabase, AirlineDatabaseError
-from pivot_envs.domains.tool_use.backends import UNAVAILABLE
 from tool_use_helpers import hermes, step
 
 import pivot_envs  # noqa: F401
+from pivot_envs.domains.tool_use import DOMAIN, ToolUseEnv
+from pivot_envs.domains.tool_use.airline import AirlineDatabase, AirlineDatabaseError
+from pivot_envs.domains.tool_use.backends import UNAVAILABLE
 from pivot_envs.errors import PivotSetError, UnknownNameError
 
 
@@ -122,11 +122,10 @@ def test_the_env_works_under_make_vec(pivots):
 
 
 def test_the_verifier_http_and_limit_options_become_cli_flags():
+    from pivot_envs.config import add_config, command_parser
     from pivot_envs.domains.tool_use.backends import HttpBackendConfig
     from pivot_envs.domains.tool_use.limits import ToolUseLimits
     from pivot_envs.domains.tool_use.verifier import FunctionalConfig
-
-    from pivot_envs.config import add_config, command_parser
 
     parser = command_parser(prog="tool-use")
     add_config(parser, FunctionalConfig, "verifier")
@@ -212,9 +211,8 @@ def test_steady_stepping_leaves_nothing_for_the_garbage_collector(call_pivots, c
 
 
 def test_short_bundled_pivots_keep_the_experts_tools_and_a_one_line_policy_prompt() -> None:
-    from pivot_envs.domains.tool_use.env import bundled_pivots, short_bundled_pivots
-
     from pivot_envs.chat import tool_name
+    from pivot_envs.domains.tool_use.env import bundled_pivots, short_bundled_pivots
 
     short = short_bundled_pivots(3)
     by_id = {pivot.id: pivot for pivot in bundled_pivots()}

@@ -27,12 +27,12 @@ from fuzz_common import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pivot_envs.domains.tool_use.env import bundled_pivots
-from pivot_envs.domains.tool_use.parser import parse_action
-from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
 import pivot_envs  # noqa: F401  (registers pivot/tool-use-v0)
 from pivot_envs.chat import calls_of
+from pivot_envs.domains.tool_use.env import bundled_pivots
+from pivot_envs.domains.tool_use.parser import parse_action
+from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalVerifier
 
 FUZZ = settings(max_examples=250, deadline=None, derandomize=True, report_multiple_bugs=False)
 PIVOTS = list(bundled_pivots())

@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.tool_use.backends import HttpBackend
-from pivot_envs.domains.tool_use.limits import ToolUseLimits
 from tool_use_helpers import appended_tool_bytes, expert_call, first, hermes, measured, step
 
 import pivot_envs  # noqa: F401
+from pivot_envs.domains.tool_use.backends import HttpBackend
+from pivot_envs.domains.tool_use.limits import ToolUseLimits
 
 MB = 1 << 20
 MARGIN_S = 1.0  # what a step may take past its deadline (thread wake-up, closing the socket)

@@ -13,13 +13,13 @@ import time
 
 import gymnasium as gym
 import pytest
-from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool
-from pivot_envs.domains.tool_use.backends import AirlineBackend
-from pivot_envs.domains.tool_use.limits import ToolUseLimits, bounded_outputs
 from tool_use_helpers import appended_tool_bytes, expert_call, first, hermes, hermes_turn, measured, step
 
 import pivot_envs  # noqa: F401
 from pivot_envs.config import ConfigError, UnknownOptionError
+from pivot_envs.domains.tool_use.airline import State, bundled_database, call_tool
+from pivot_envs.domains.tool_use.backends import AirlineBackend
+from pivot_envs.domains.tool_use.limits import ToolUseLimits, bounded_outputs
 from pivot_envs.env import InfrastructureError
 
 MB = 1 << 20

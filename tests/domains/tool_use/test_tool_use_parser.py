@@ -7,6 +7,7 @@ import json
 from fuzz_common import json_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pivot_envs.domains.tool_use.parser import parse_action
 
 

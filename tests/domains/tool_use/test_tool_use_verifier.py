@@ -9,13 +9,13 @@ import pytest
 from fuzz_common import json_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pivot_envs.domains.tool_use.parser import parse_action
-from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalConfig, FunctionalVerifier
 from tool_use_helpers import expert_call, first, hermes, step
 
 from pivot_envs import Pivot
 from pivot_envs.chat import assistant_message, canonical_action, tool_call
 from pivot_envs.config import ConfigError
+from pivot_envs.domains.tool_use.parser import parse_action
+from pivot_envs.domains.tool_use.verifier import CachedStrictVerifier, FunctionalConfig, FunctionalVerifier
 from pivot_envs.formats import read_as_pivots
 
 
