@@ -26,11 +26,13 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pivot_envs.errors import MissingExtraError, PivotEnvsError, UnknownNameError, did_you_mean
 
 FILE_FORMATS = (".toml", ".yaml", ".yml", ".json")
+
+C = TypeVar("C")  # a config dataclass
 
 
 class ConfigError(PivotEnvsError, ValueError):
@@ -79,6 +81,20 @@ def json_object(value: dict[str, Any] | str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def config_of(config_cls: type[C], value: C | Mapping[str, Any] | None, what: str) -> C:
+    """`value` as a `config_cls`: itself, one made from a dict of its fields (an unknown name is an
+    UnknownOptionError naming `what`), or the defaults for None."""
+    if value is None:
+        return config_cls()
+    if isinstance(value, config_cls):
+        return value
+    known = [field.name for field in dataclasses.fields(config_cls)]
+    for name in value:
+        if name not in known:
+            raise UnknownOptionError(what, name, known)
+    return config_cls(**value)
 
 
 def at_least(config: object, low: float, *names: str) -> None:

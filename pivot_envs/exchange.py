@@ -1,4 +1,5 @@
-"""One HTTP exchange (connect, send, the whole reply) under one deadline, for the domains' HTTP backends.
+"""One HTTP exchange (connect, send, the whole reply) under one deadline, for the domains' HTTP backends;
+and `send_json`, the JSON answer of their (and the tests') `http.server` handlers.
 
 A socket timeout bounds each read, not the exchange: a server that trickles its reply never trips it.
 `ExchangeDeadline` shuts the exchange's socket when its time is up, which wakes a read blocked in
@@ -8,9 +9,11 @@ another thread.
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import urllib.parse
+from typing import Any
 
 
 def connection_to(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
@@ -54,3 +57,13 @@ class ExchangeDeadline:
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def send_json(handler: Any, status: int, payload: Any) -> None:
+    """Answer an `http.server` request with `payload` as JSON (status, type and length headers, one body)."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

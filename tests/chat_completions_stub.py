@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pivot_envs.exchange import send_json
+
 Reply = Callable[[dict, int], dict]
 
 
@@ -29,19 +31,13 @@ class ChatCompletionsStub:
                     {"index": j, "message": reply(body, j), "finish_reason": "stop"}
                     for j in range(body.get("n", 1))
                 ]
-                data = json.dumps(
-                    {
-                        "id": "scripted",
-                        "object": "chat.completion",
-                        "model": body["model"],
-                        "choices": choices,
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply = {
+                    "id": "scripted",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": choices,
+                }
+                send_json(self, 200, reply)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

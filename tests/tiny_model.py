@@ -1,7 +1,7 @@
 """The tiny test model, built in one place: a randomly initialised model of SmolLM2's architecture with
 SmolLM2's own tokenizer, small enough to train in seconds on a CPU.
 
-    from tiny_model import tiny_model, tiny_policy, tiny_checkpoint, smollm2_tokenizer
+    from tiny_model import tiny_model, tiny_policy, tiny_config, tiny_checkpoint, smollm2_tokenizer
 
 Seeded: the same arguments give the same weights, so a test's outcome is repeatable.
 """
@@ -50,6 +50,25 @@ def tiny_policy(tokenizer: Any = None, seed: int = 0, **shape: Any) -> Any:
 
     tokenizer = tokenizer or smollm2_tokenizer()
     return HFPolicy(tiny_model(tokenizer, seed, **shape), tokenizer, name="hf:tiny")
+
+
+def tiny_config(out: Path, **overrides: Any) -> Any:
+    """A `GRPOConfig` for the tiny model's runs: a few short steps, small groups, two envs; `overrides` win."""
+    from pivot_envs.adapters.grpo import GRPOConfig
+
+    values: dict[str, Any] = dict(
+        batch_pivots=2,
+        group_size=4,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        steps=4,
+        checkpoint_every=2,
+        eval_every=0,
+        num_envs=2,
+        out=str(out),
+        seed=3,
+    )
+    return GRPOConfig(**{**values, **overrides})
 
 
 def tiny_checkpoint(path: Path, tokenizer: Any = None, seed: int = 0, **shape: Any) -> Path:

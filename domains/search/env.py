@@ -27,13 +27,13 @@ import copy
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cache, partial
 from importlib import resources
 from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.config import ConfigError, UnknownOptionError, at_least, between, option
+from pivot_envs.config import ConfigError, at_least, between, config_of, option
 from pivot_envs.domains.search.corpus import CorpusError
 from pivot_envs.domains.search.engine import EngineError, SearchEngine, open_engine
 from pivot_envs.domains.search.tools import MAX_DOCUMENT_CHARS, BrowseState, CallResult, run_call
@@ -74,15 +74,7 @@ class SearchLimits:
     @classmethod
     def of(cls, value: SearchLimits | dict[str, Any] | None) -> SearchLimits:
         """Limits from a SearchLimits, a dict of its fields (unknown names refused), or None (the defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        known = [f.name for f in fields(cls)]
-        for name in value:
-            if name not in known:
-                raise UnknownOptionError("search limit", name, known)
-        return cls(**value)
+        return config_of(cls, value, "search limit")
 
 
 @dataclass

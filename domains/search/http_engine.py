@@ -46,7 +46,7 @@ from pivot_envs.domains.search.engine import (
     check_k,
     query_terms,
 )
-from pivot_envs.exchange import ExchangeDeadline, connection_to
+from pivot_envs.exchange import ExchangeDeadline, connection_to, send_json
 
 logger = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 1 << 16
@@ -226,12 +226,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         logger.debug("search server: " + format, *args)
 
     def _reply(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, payload)
 
     def do_GET(self) -> None:
         if self.path.rstrip("/").rsplit("/", 1)[-1] == "info":

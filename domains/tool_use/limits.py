@@ -24,10 +24,10 @@ The http backend's own bounds (a total deadline per attempt, a reply size cap) a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.config import UnknownOptionError, at_least, between, option
+from pivot_envs.config import at_least, between, config_of, option
 from pivot_envs.text import join_cut
 
 
@@ -66,15 +66,7 @@ class ToolUseLimits:
     @classmethod
     def of(cls, value: ToolUseLimits | dict[str, Any] | None) -> ToolUseLimits:
         """Limits from a ToolUseLimits, a dict of its fields (unknown names refused), or None (the defaults)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        known = [field.name for field in fields(cls)]
-        for name in value:
-            if name not in known:
-                raise UnknownOptionError("tool-use limit", name, known)
-        return cls(**value)
+        return config_of(cls, value, "tool-use limit")
 
 
 def argument_bytes(calls: Any) -> int:

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
-from tiny_model import smollm2_tokenizer, tiny_policy  # noqa: E402,F401  (tiny_policy: other test files import it from here)
+from tiny_model import smollm2_tokenizer, tiny_config, tiny_policy  # noqa: E402,F401  (other test files import them from here)
 
 from pivot_envs.adapters.grpo import (  # noqa: E402
     Group,
@@ -61,23 +61,6 @@ def make_env():
 @pytest.fixture(scope="module")
 def tokenizer():
     return smollm2_tokenizer()
-
-
-def tiny_config(out: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        batch_pivots=2,
-        group_size=4,
-        max_new_tokens=6,
-        learning_rate=1e-3,
-        steps=4,
-        checkpoint_every=2,
-        eval_every=0,
-        num_envs=2,
-        out=str(out),
-        seed=3,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
 
 
 # -- Eq. 1 ----------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from sandbox_fixtures import has_bwrap, rootfs  # noqa: F401 (fixtures: a real b
 
 torch = pytest.importorskip("torch")
 
+from tiny_model import tiny_config  # noqa: E402
+
 from pivot_envs.adapters.grpo.episodes import (  # noqa: E402
     Episode,
     EpisodeConfig,
@@ -19,7 +21,6 @@ from pivot_envs.adapters.grpo.episodes import (  # noqa: E402
     rollout,
     train_episodes,
 )
-from pivot_envs.adapters.grpo.trainer import GRPOConfig  # noqa: E402
 from pivot_envs.errors import UnknownNameError  # noqa: E402
 from pivot_envs.policy import Completion, SamplingParams, load_policy  # noqa: E402
 
@@ -115,16 +116,15 @@ def test_two_steps_on_two_tasks_count_their_turns_and_update_only_on_mixed_rewar
 ):
     policy = CountingPolicy(smollm2_policy)
     before = [p.detach().clone() for p in policy.model.parameters()]
-    grpo = GRPOConfig(
-        batch_pivots=2,
+    grpo = tiny_config(
+        tmp_path / "run",
         group_size=2,
         max_new_tokens=12,
         steps=2,
         learning_rate=1e-4,
         seed=0,
         checkpoint_every=0,
-        eval_every=0,
-        out=str(tmp_path / "run"),
+        num_envs=4,
     )
     # one turn per episode keeps the update to 4 turns a step: the model's backward passes are the test's cost
     config = EpisodeConfig(train=grpo, max_turns=1, env_kwargs={"tasks": tasks_file})
@@ -279,18 +279,7 @@ def test_a_resumed_e2e_run_continues_as_if_it_had_not_stopped_its_rollout_turns_
     tokenizer = AutoTokenizer.from_pretrained(smollm2.checkpoint())
 
     def run(out, steps, resume=False, seed=0):
-        grpo = GRPOConfig(
-            batch_pivots=2,
-            group_size=4,
-            max_new_tokens=4,
-            learning_rate=1e-3,
-            steps=steps,
-            checkpoint_every=1,
-            eval_every=0,
-            seed=3,
-            out=str(out),
-            resume=resume,
-        )
+        grpo = tiny_config(out, max_new_tokens=4, steps=steps, checkpoint_every=1, resume=resume, num_envs=4)
         policy = tiny_policy(tokenizer, seed=seed)
         result = train_episodes(
             EpisodeConfig(train=grpo, env=name, max_turns=2), ["one", "two", "three"], policy

@@ -16,7 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pivot_envs.adapters.grpo import GRPOConfig, train  # noqa: E402
+from tiny_model import tiny_config  # noqa: E402
+
+from pivot_envs.adapters.grpo import train  # noqa: E402
 from pivot_envs.adapters.sft import SFTConfig, warm_up  # noqa: E402
 from pivot_envs.extract import filter_pivots  # noqa: E402
 from pivot_envs.pivot import read_pivots  # noqa: E402
@@ -82,16 +84,15 @@ def test_warm_up_profile_filter_and_grpo_with_the_real_verifier(pivots, tmp_path
         assert kept and all(0 < p.profile.mean < 0.95 for p in kept)
 
         result = train(
-            GRPOConfig(
+            tiny_config(
+                tmp_path / "train",
                 batch_pivots=len(kept),
                 group_size=8,
                 max_new_tokens=48,
                 learning_rate=1e-5,
                 steps=2,
                 checkpoint_every=0,
-                eval_every=0,
                 num_envs=1,
-                out=str(tmp_path / "train"),
                 seed=0,
             ),
             kept,

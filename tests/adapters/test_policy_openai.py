@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pivot_envs.adapters.policies.openai import EndpointError, OpenAIPolicy, chat_completions_url
+from pivot_envs.exchange import send_json
 from pivot_envs.policy import Completion, Policy, SamplingParams, load_policy
 
 CHAT = {"messages": [{"role": "user", "content": "Name a color."}], "tools": []}
@@ -68,12 +69,7 @@ class Server:
                 self.answer(200, answer)
 
             def answer(self, status, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, payload)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

@@ -123,7 +123,9 @@ class HasLetterVerifier:
 
 
 def test_two_grpo_steps_against_the_server_leave_it_serving_the_trained_weights(policy, tmp_path):
-    from pivot_envs.adapters.grpo import GRPOConfig, train
+    from tiny_model import tiny_config
+
+    from pivot_envs.adapters.grpo import train
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
     from echo_domain import EchoEnv, real_pivots  # the core tests' env over real NeMo-Gym tool-use pivots
@@ -139,18 +141,7 @@ def test_two_grpo_steps_against_the_server_leave_it_serving_the_trained_weights(
     syncs = []
     update_weights = policy.update_weights
     policy.update_weights = lambda state: (update_weights(state), syncs.append(policy.last_sync_s))
-    config = GRPOConfig(
-        batch_pivots=2,
-        group_size=4,
-        max_new_tokens=6,
-        learning_rate=1e-4,
-        steps=2,
-        checkpoint_every=0,
-        eval_every=0,
-        num_envs=2,
-        out=str(tmp_path),
-        seed=3,
-    )
+    config = tiny_config(tmp_path, learning_rate=1e-4, steps=2, checkpoint_every=0)
     try:
         result = train(
             config,
