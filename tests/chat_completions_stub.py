@@ -31,13 +31,13 @@ class ChatCompletionsStub:
                     {"index": j, "message": reply(body, j), "finish_reason": "stop"}
                     for j in range(body.get("n", 1))
                 ]
-                reply = {
+                answer = {
                     "id": "scripted",
                     "object": "chat.completion",
                     "model": body["model"],
                     "choices": choices,
                 }
-                send_json(self, 200, reply)
+                send_json(self, 200, answer)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,17 +27,24 @@ NOBODY = 65534
 def run_setup(
     *args: str, env: dict[str, str] | None = None, user: int | None = None
 ) -> subprocess.CompletedProcess:
-    """The script's run (stdout and stderr together), with PYTHON and VENV set to this test's venv."""
+    """The script's run (stdout and stderr together), with PYTHON and VENV set to this test's venv.
+    As `user` (a uid) it runs a copy of the script in a folder every user can read: the checkout
+    may lie where only its owner can enter (a `mktemp -d` folder, /root)."""
     full_env = {**os.environ, "PYTHON": sys.executable, "VENV": str(VENV), **(env or {})}
-    prefix = [] if user is None else ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-    return subprocess.run(
-        [*prefix, "bash", str(SCRIPT), *args],
-        env=full_env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    if user is None:
+        return _run(["bash", str(SCRIPT), *args], full_env, ROOT)
+    with tempfile.TemporaryDirectory(prefix="pivot-envs-setup-") as folder:
+        copy = Path(folder, "scripts", SCRIPT.name)
+        copy.parent.mkdir()
+        shutil.copyfile(SCRIPT, copy)
+        for path in (Path(folder), copy.parent, copy):  # mkdtemp makes 0700; umask may narrow the rest
+            path.chmod(0o755)
+        switch = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+        return _run([*switch, "bash", str(copy), *args], full_env, Path(folder))
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 def report(result: subprocess.CompletedProcess, step: str) -> str:

@@ -41,7 +41,12 @@ def extract_answer(text: str) -> str:
 
 def normalize_answer(answer: str) -> str:
     """SQuAD normalisation: accents folded, lowercase, punctuation and articles removed, whitespace collapsed."""
-    folded = unicodedata.normalize("NFKD", answer[:MAX_ANSWER_CHARS])
+    return normalize_text(answer[:MAX_ANSWER_CHARS])
+
+
+def normalize_text(text: str) -> str:
+    """`normalize_answer` of a text of any length (a document the answer must be found in)."""
+    folded = unicodedata.normalize("NFKD", text)
     folded = "".join(c for c in folded if not unicodedata.combining(c)).lower()
     return " ".join(_ARTICLES.sub(" ", folded.translate(_PUNCTUATION)).split())
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.domains.search.answer import normalize_answer, normalize_text
 from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import QueryError, SearchEngine
 from pivot_envs.errors import PivotEnvsError, did_you_mean
@@ -164,6 +165,10 @@ def resolve_evidence(task: SearchTask, engine: SearchEngine) -> list[Document]:
 
 
 def answer_in_evidence(task: SearchTask, documents: Sequence[Document]) -> bool:
-    """Whether the answer or an alias appears (case-insensitively) in an evidence document's title or text."""
-    texts = [f"{document.title}\n{document.text}".casefold() for document in documents]
-    return any(answer.casefold() in text for answer in task.answers for text in texts)
+    """Whether the answer or an alias appears in an evidence document's title or text, both
+    normalised as the verifier scores answers (`answer.normalize_answer`: case, accents,
+    punctuation, articles and whitespace, a non-breaking space included, do not count); an
+    answer that normalises to nothing appears nowhere, as it matches nothing when scored."""
+    answers = [normalized for answer in task.answers if (normalized := normalize_answer(answer))]
+    texts = [normalize_text(f"{document.title}\n{document.text}") for document in documents]
+    return any(answer in text for answer in answers for text in texts)

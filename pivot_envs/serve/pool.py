@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from pivot_envs.config import ConfigError
 from pivot_envs.env import InfrastructureError
 from pivot_envs.errors import MissingExtraError, PivotEnvsError
+from pivot_envs.pivot import Pivot
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ class ServerPool:
         self._turn = itertools.count()
         self._users = 0
         self._key: tuple | None = None
+        # The pivot records the servers sent, by id: every server holds the same pivots, so one each.
+        self.records: dict[str, Pivot] = {}
 
     @classmethod
     def shared(cls, urls: Sequence[str], **settings: Any) -> ServerPool:

@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 from pivot_envs.config import ConfigError
 from pivot_envs.env import PivotSource, action_text, json_safe, load_pivot_file, pick_index
 from pivot_envs.errors import PivotSetError
-from pivot_envs.pivot import Pivot
+from pivot_envs.pivot import Pivot, PivotFormatError
 from pivot_envs.registry import DomainSpec
 from pivot_envs.serve.config import TOKEN_VARIABLE
 from pivot_envs.serve.pool import RemoteRequestError, ServerPool, ServersUnavailableError, Session
@@ -49,6 +49,8 @@ class RemoteEnv(gym.Env):
     `{"index": i}`, or a draw from `self.np_random` over this env's pivots, so a seed picks the
     same pivot here and there), then resets this env's session to it (opening one on the
     least-loaded server first). info["index"] is the pivot's index in this env's pivots.
+    `self.pivot` is then that pivot's `Pivot`, as the servers hold it (expert included), as in
+    every pivot env; the servers send each record once per pool (see ServerPool.records).
 
     step(action) steps the session: the server's (observation, reward, terminated, truncated,
     info). step never raises on an action: when no server is left after the retries, the step
@@ -105,7 +107,7 @@ class RemoteEnv(gym.Env):
         self._by_id = {pivot: index for index, pivot in enumerate(self.pivot_ids)}
         self.observation_space = Chat()
         self.action_space = Completion()
-        self.pivot: str | None = None
+        self.pivot: Pivot | None = None
         self._prefix: dict[str, Any] | None = None
         self._stepped = False
         self._closed = False
@@ -142,13 +144,20 @@ class RemoteEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         index = pick_index(options, self._by_id, len(self.pivot_ids), self.np_random)
-        self.pivot, self._prefix, self._stepped = self.pivot_ids[index], None, False
-        body = {"pivot": self.pivot, "index": None, "seed": seed}
+        pivot_id = self.pivot_ids[index]
+        self.pivot, self._prefix, self._stepped = None, None, False
         if self._session is None or self._session.closed:
-            self._session, answer = self.pool.open(self.pivot, seed)
+            self._session, answer = self.pool.open(pivot_id, seed)
         else:
-            self._session.pivot, self._session.seed = self.pivot, seed
+            self._session.pivot, self._session.seed = pivot_id, seed
+            body = {
+                "pivot": pivot_id,
+                "index": None,
+                "seed": seed,
+                "record": pivot_id not in self.pool.records,
+            }
             self._session, answer = self.pool.call(self._session, "reset", body)
+        self.pivot = self._record(pivot_id, answer)
         self._prefix = answer["observation"]
         return answer["observation"], {**answer.get("info", {}), "index": index}
 
@@ -191,6 +200,20 @@ class RemoteEnv(gym.Env):
 
     # -- helpers ----------------------------------------------------------------------------------
 
+    def _record(self, pivot_id: str, answer: dict[str, Any]) -> Pivot:
+        """The Pivot `pivot_id`: from the server's reset `answer` when it sent the record (kept in
+        the pool), else the pool's copy; raises PivotFormatError when a server sends neither."""
+        record = answer.get("pivot")
+        if record is not None:
+            self.pool.records[pivot_id] = Pivot.from_dict(record)
+        pivot = self.pool.records.get(pivot_id)
+        if pivot is None:
+            raise PivotFormatError(
+                f"{self.env_id} at {self.server}: the reset answer for {pivot_id!r} has no pivot record; "
+                "start the servers with this version of pivot-envs"
+            )
+        return pivot
+
     @staticmethod
     def _result(answer: dict[str, Any]) -> Result:
         return (
@@ -209,7 +232,7 @@ class RemoteEnv(gym.Env):
             "content": json_safe(action) if isinstance(action, str) else action_text(action),
         }
         info = {
-            "pivot_id": self.pivot,
+            "pivot_id": self.pivot.id if self.pivot is not None else None,
             "category": category,
             "detail": detail,
             "parsed": None,

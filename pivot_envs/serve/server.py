@@ -4,7 +4,9 @@ running it (`start_server` in a thread, `serve` in the foreground).
 The library's own protocol (docs/serve.md has the reference):
 
     GET    /v1/info                        env id, pivot ids, domain, max_sessions, version
-    POST   /v1/sessions                    {"pivot"|"index", "seed"} -> a session reset there
+    POST   /v1/sessions                    {"pivot"|"index", "seed", "record"} -> a session reset there
+                                           (its observation, info and, unless "record" is false, the
+                                           pivot's record, expert included)
     POST   /v1/sessions/{session}/reset    the same body -> reset the session again
     POST   /v1/sessions/{session}/step     {"action"} -> observation, reward, terminated, truncated, info
     POST   /v1/sessions/{session}/steps    {"actions": [...]} -> each scored from the session's pivot
@@ -61,6 +63,7 @@ class ResetBody(BaseModel):
     pivot: str | None = None
     index: int | None = None
     seed: int | None = Field(None, ge=0)  # gymnasium seeds are non-negative integers
+    record: bool = True  # answer with the pivot's record too (false: the client holds it already)
 
     @model_validator(mode="after")
     def _one_place(self) -> ResetBody:
@@ -144,10 +147,16 @@ def _steps_body(env: Any, options: dict, actions: list[Any], fresh: bool) -> tup
     return json_bytes({"results": results}), seconds
 
 
-def _reset_body(env: Any, session_id: str, seed: int | None, options: dict) -> tuple[bytes, Any]:
-    """Reset `env`: the response body (JSON) and the pivot id it is at."""
+def _reset_body(
+    env: Any, session_id: str, seed: int | None, options: dict, record: bool
+) -> tuple[bytes, Any]:
+    """Reset `env`: the response body (JSON; with the pivot's record under "pivot" when `record`)
+    and the pivot id it is at."""
     observation, info = env.reset(seed=seed, options=options)
-    return json_bytes({"session": session_id, "observation": observation, "info": info}), info.get("pivot_id")
+    answer = {"session": session_id, "observation": observation, "info": info}
+    if record:
+        answer["pivot"] = env.unwrapped.pivot.to_dict()
+    return json_bytes(answer), info.get("pivot_id")
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -272,7 +281,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def reset(session: Session, body: ResetBody) -> Response:
         options = state.reset_options(body.pivot, body.index)
         try:
-            body_bytes, pivot_id = await pool.run(_reset_body, session.env, session.id, body.seed, options)
+            body_bytes, pivot_id = await pool.run(
+                _reset_body, session.env, session.id, body.seed, options, body.record
+            )
         except Exception as error:
             await pool.discard(session, broken=True)
             log.warning("session %s: reset failed", session.id, exc_info=error)

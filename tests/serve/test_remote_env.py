@@ -84,6 +84,18 @@ def test_a_seed_picks_the_pivot_and_the_verdict_the_local_env_gives(servers: lis
     far.close()
 
 
+def test_the_remote_pivot_is_the_pivot_record_the_local_env_holds_expert_included(servers: list[str]) -> None:
+    local, far = gym.make(ENV_ID), remote(servers)
+    for seed in (0, 7, 0):  # the second visit of a pivot reads it from the pool, not the server
+        local.reset(seed=seed)
+        far.reset(seed=seed)
+        assert isinstance(far.unwrapped.pivot, Pivot) and far.unwrapped.pivot == local.unwrapped.pivot
+        _, reward, _, _, info = far.step(far.unwrapped.pivot.expert)
+        assert (reward, info["pivot_id"]) == (1.0, far.unwrapped.pivot.id)
+    local.close()
+    far.close()
+
+
 def test_step_group_scores_each_action_from_the_pivot_state(servers: list[str]) -> None:
     env = remote(servers)
     _, info = env.reset(options={"index": 3})

@@ -25,6 +25,15 @@ OBSERVATION = {"messages": [{"role": "user", "content": "hi"}], "tools": []}
 Answer = tuple[int, dict[str, str], Any]
 
 
+def record(body: dict[str, Any]) -> dict[str, Any]:
+    """The pivot record part of a reset answer, as the real server gives it (unless told not to)."""
+    if not body.get("record", True):
+        return {}
+    return {
+        "pivot": {"id": body["pivot"], "messages": OBSERVATION["messages"], "expert": {"role": "assistant"}}
+    }
+
+
 class ScriptedServer:
     """Speaks the session protocol for PIVOTS; `fail(path_part, answers)` queues answers (status,
     headers, body) that requests whose path holds `path_part` get first. `requests` logs (method, path)."""
@@ -99,6 +108,7 @@ class ScriptedServer:
                         "session": f"s{self.sessions}",
                         "observation": OBSERVATION,
                         "info": {"pivot_id": body["pivot"], "index": PIVOTS.index(body["pivot"])},
+                        **record(body),
                     },
                 )
         if path.endswith("/reset"):
@@ -109,6 +119,7 @@ class ScriptedServer:
                     "session": path.split("/")[3],
                     "observation": OBSERVATION,
                     "info": {"pivot_id": body["pivot"], "index": PIVOTS.index(body["pivot"])},
+                    **record(body),
                 },
             )
         if path.endswith("/step"):

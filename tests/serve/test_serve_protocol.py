@@ -93,6 +93,14 @@ def test_a_session_opens_at_the_pivot_asked_for_and_its_step_is_the_local_envs(c
     assert result["reward"] == 0.0 and result["info"]["category"] == "message_content_different"
 
 
+def test_a_reset_answer_carries_the_pivot_record_unless_the_client_says_it_holds_it(client, local):
+    created = open_session(client, pivot=PIVOT)
+    assert Pivot.from_dict(created["pivot"]) == local.pivots[local._by_id[PIVOT]]
+    again = client.post(f"/v1/sessions/{created['session']}/reset", json={"pivot": PIVOT, "record": False})
+    assert again.status_code == 200, again.text
+    assert "pivot" not in again.json() and again.json()["info"]["pivot_id"] == PIVOT
+
+
 def test_a_step_info_always_carries_category_valid_strict_reward_and_detail(client):
     session = open_session(client, pivot=PIVOT)["session"]
     info = client.post(f"/v1/sessions/{session}/step", json={"action": {"content": 7}}).json()["info"]

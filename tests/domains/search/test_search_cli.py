@@ -101,6 +101,27 @@ def test_build_turns_a_user_task_file_and_corpus_into_pivots_the_env_serves(tmp_
     env.close()
 
 
+def test_build_finds_an_answer_its_evidence_writes_with_a_non_breaking_space(tmp_path, capsys):
+    # The check normalises as the verifier scores: "Frýdek Místek" is the evidence's "Frýdek\xa0Místek".
+    quartet = {**CORPUS[1], "text": CORPUS[1]["text"].replace("1998", "1998 in Frýdek\u00a0Místek")}
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [CORPUS[0], quartet, *CORPUS[2:]])
+    task = {
+        "id": "town",
+        "question": "In which town was the Lantern Quartet founded by the violinist Mira Kite?",
+        "answer": "Frýdek Místek",
+        "evidence": ["Lantern Quartet"],
+    }
+    tasks, out = write_jsonl(tmp_path / "tasks.jsonl", [task]), tmp_path / "pivots.jsonl"
+    argv = ["search", "build", "--tasks", str(tasks), "--out", str(out), "--corpus", str(corpus)]
+    assert main(argv) == 0, capsys.readouterr().err
+    answer = read_pivots(out)[-1]
+    env = gym.make("pivot/search-v0", pivots=str(out))
+    env.reset(options={"pivot": answer.id})
+    _, reward, _, _, info = env.step(answer.expert)
+    env.close()
+    assert (reward, info["category"]) == (1.0, "correct_answer"), info["detail"]
+
+
 def test_build_reports_a_bad_task_line_with_its_number(tmp_path, capsys):
     tasks = write_jsonl(
         tmp_path / "tasks.jsonl", [TASKS[0], {"id": "q9", "question": "Why?", "answer": "Because"}]

@@ -9,6 +9,7 @@ import pytest
 
 from pivot_envs.chat import calls_of
 from pivot_envs.domains.search.cli import PIVOTS_FILE
+from pivot_envs.domains.search.corpus import Document
 from pivot_envs.domains.search.engine import open_engine
 from pivot_envs.domains.search.expert import (
     BuildReport,
@@ -17,7 +18,14 @@ from pivot_envs.domains.search.expert import (
     expert_trajectory,
     question_keywords,
 )
-from pivot_envs.domains.search.tasks import MAX_EVIDENCE, SearchTask, TaskError, read_tasks, resolve_evidence
+from pivot_envs.domains.search.tasks import (
+    MAX_EVIDENCE,
+    SearchTask,
+    TaskError,
+    answer_in_evidence,
+    read_tasks,
+    resolve_evidence,
+)
 from pivot_envs.domains.search.tools import BrowseState, run_call
 
 
@@ -149,6 +157,21 @@ def test_a_task_whose_answer_no_evidence_states_fails_the_build_naming_it(engine
         ExpertError, match=r"tasks.jsonl:7: task 'wrong': no evidence document states the answer 'Vienna'"
     ):
         build_pivots([t], engine)
+
+
+@pytest.mark.parametrize(
+    ("answer", "found"),
+    [
+        ("Frýdek Místek", True),  # the text's non-breaking space is a space once normalised
+        ("St Louis", True),  # "St. Louis": punctuation does not count
+        ("Hague", True),  # "The Hague": nor does an article
+        ("The", False),  # an answer that normalises to nothing matches nothing when scored
+    ],
+)
+def test_the_answer_is_found_in_evidence_as_the_verifier_normalises_answers(answer, found):
+    document = Document("d", "Two towns", "Frýdek\u00a0Místek is far from St. Louis and The Hague.", "")
+    t = SearchTask("t", "Which town?", answer, ("Two towns",))
+    assert answer_in_evidence(t, [document]) is found
 
 
 def test_skip_unreachable_leaves_an_unsolvable_task_out_and_counts_it(engine, caplog):
