@@ -12,11 +12,14 @@ blocks, assistant tool calls become such blocks in the content, and tool replies
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from pivot_envs.chat import parse_arguments, text_of, tool_to_chat
 from pivot_envs.errors import PivotEnvsError
+
+log = logging.getLogger(__name__)
 
 
 class ChatTemplateError(PivotEnvsError, ValueError):
@@ -274,3 +277,109 @@ def fit_prompt(
         longest["content"] = _cut_middle(content, len(content) - int((excess + 32) * chars_per_token))
         text = render(chat)
     return text
+
+
+class PromptTooLongError(PivotEnvsError, ValueError):
+    """A prompt that fitting cannot bring within the tokens the model's context window leaves for it."""
+
+
+# Tokenizers that know no limit say 1e30 (transformers' VERY_LARGE_INTEGER): no context window is that long.
+SANE_CONTEXT = 10_000_000
+
+
+def _sane(value: Any) -> int | None:
+    return value if isinstance(value, int) and 0 < value <= SANE_CONTEXT else None
+
+
+def context_window(model: Any = None, tokenizer: Any = None) -> int | None:
+    """A model's context window in tokens: its config's (or, given a config, that one's)
+    `max_position_embeddings`, else the tokenizer's `model_max_length`; None where neither is known (or sane)."""
+    config = getattr(model, "config", model)
+    return _sane(getattr(config, "max_position_embeddings", None)) or _sane(
+        getattr(tokenizer, "model_max_length", None)
+    )
+
+
+class PromptFitter:
+    """Fits a policy's prompts to what its model can take: `min(max_prompt_tokens, context -
+    max_new_tokens)` tokens, by `fit_prompt` (tool descriptions, the oldest turns, then the middle of
+    the longest message are left out). The first time it cuts, it logs one notice (per fitter, so per
+    policy) saying how many prompts were cut and naming `--max-prompt-tokens`; `fitted` counts them
+    all. A prompt it cannot fit raises a one-line PromptTooLongError before anything is generated.
+
+    name:              the policy's name, for messages.
+    context:           the model's context window (None: unknown, only `max_prompt_tokens` applies).
+    max_prompt_tokens: the user's budget (None: the context window's room alone).
+    """
+
+    def __init__(self, name: str, context: int | None, max_prompt_tokens: int | None) -> None:
+        self.name, self.context, self.max_prompt_tokens = name, context, max_prompt_tokens or None
+        self.fitted = 0
+        self.noticed = False
+
+    def budget(self, max_new_tokens: int = 0) -> int | None:
+        """The most tokens a prompt may have before `max_new_tokens` are sampled after it (None: no limit)."""
+        if self.context is None:
+            return self.max_prompt_tokens
+        room = self.context - max(0, max_new_tokens)
+        if room < 1:
+            raise PromptTooLongError(
+                f"{self.name}: {max_new_tokens} new tokens leave no room for a prompt in the model's "
+                f"context window of {self.context} tokens; lower --max-new-tokens"
+            )
+        return min(room, self.max_prompt_tokens) if self.max_prompt_tokens else room
+
+    def limit(self, max_new_tokens: int) -> str:
+        """What sets the budget, in words."""
+        if self.context is None or (
+            self.max_prompt_tokens and self.max_prompt_tokens <= self.budget(max_new_tokens)
+        ):
+            return f"--max-prompt-tokens {self.max_prompt_tokens}"
+        return f"the model's context window of {self.context} tokens less {max(0, max_new_tokens)} new tokens"
+
+    def check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """Raise PromptTooLongError if a tokenized prompt leaves no room for `max_new_tokens` in the context."""
+        if self.context is None:
+            return
+        room = self.context - max(0, max_new_tokens)
+        longest = max((len(prompt) for prompt in prompts), default=0)
+        if longest > room:
+            raise PromptTooLongError(
+                f"{self.name}: a prompt of {longest} tokens leaves no room for {max_new_tokens} new tokens in "
+                f"the model's context window of {self.context}; fit it first (--max-prompt-tokens)"
+            )
+
+    def encode(
+        self, tokenizer: Any, chats: Sequence[dict[str, Any]], max_new_tokens: int = 0
+    ) -> list[list[int]]:
+        """The prompt token ids of each chat ({"messages", "tools"}), each within `budget(max_new_tokens)`."""
+        budget = self.budget(max_new_tokens)
+        prompts, cut = [], 0
+        for chat in chats:
+            messages, tools = chat["messages"], chat.get("tools") or []
+            ids = _token_ids(tokenizer, render_prompt(tokenizer, messages, tools))
+            if budget is not None and len(ids) > budget:
+                whole = len(ids)
+                ids = _token_ids(tokenizer, fit_prompt(tokenizer, messages, tools, budget))
+                if len(ids) > budget:
+                    raise PromptTooLongError(
+                        f"{self.name}: a prompt of {whole} tokens cannot be fitted to {budget} "
+                        f"({self.limit(max_new_tokens)}): what must stay takes {len(ids)}; "
+                        "raise --max-prompt-tokens or lower --max-new-tokens"
+                    )
+                cut += 1
+            prompts.append(ids)
+        self.fitted += cut
+        if cut and not self.noticed:
+            self.noticed = True
+            log.warning(
+                "%s: %d of %d prompts were longer than the %d tokens left for a prompt (%s) and were fitted "
+                "(older turns, then the middle of long messages, left out); later fits are not logged. "
+                "Set --max-prompt-tokens to choose the budget",
+                self.name,
+                cut,
+                len(chats),
+                budget,
+                self.limit(max_new_tokens),
+            )
+        return prompts

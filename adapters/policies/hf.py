@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pivot_envs.adapters.chat_template import encode_prompt
+from pivot_envs.adapters import chat_template
 from pivot_envs.adapters.kv_cache import cache_of, with_cache
 from pivot_envs.config import ConfigError
 from pivot_envs.errors import PivotEnvsError
@@ -51,7 +51,10 @@ class HFPolicy:
                  end-of-sequence ids and `<|im_end|>`; an empty list never stops early).
     max_prompt_tokens: fit longer prompts to this many tokens (`chat_template.fit_prompt`:
                  tool descriptions, then the oldest turns, then the middle of the longest
-                 message are left out); None renders every prompt whole.
+                 message are left out); None: only to what the context window leaves.
+    context_window: the model's context in tokens (default: the config's max_position_embeddings,
+                 else the tokenizer's model_max_length): prompts are fitted to it less the
+                 `max_new_tokens` sampled after them (`chat_template.PromptFitter`, one logged notice).
 
     Logprobs are those of the model's own distribution (log-softmax of the logits, before
     temperature and top-p), at the sampled ids, so a trainer can use them as the behaviour
@@ -70,6 +73,7 @@ class HFPolicy:
         share_head: bool = True,
         stop_token_ids: Sequence[int] | None = None,
         max_prompt_tokens: int | None = None,
+        context_window: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"HFPolicy batch_size must be >= 1, got {batch_size}")
@@ -83,6 +87,8 @@ class HFPolicy:
         self.share_head = share_head
         self.max_prompt_tokens = max_prompt_tokens or None
         self.name = name or f"hf:{getattr(model, 'name_or_path', '') or type(model).__name__}"
+        self.context_window = context_window or chat_template.context_window(model, tokenizer)
+        self.fitter = chat_template.PromptFitter(self.name, self.context_window, self.max_prompt_tokens)
         self.stop_ids = set(stop_token_ids) if stop_token_ids is not None else self._stop_ids()
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else min(self.stop_ids, default=0)
@@ -123,15 +129,18 @@ class HFPolicy:
             )
         return ids
 
-    def encode(self, chat: dict[str, Any]) -> list[int]:
-        """The prompt token ids of a chat ({"messages", "tools"})."""
+    def encode(self, chat: dict[str, Any], max_new_tokens: int = 0) -> list[int]:
+        """The prompt token ids of a chat ({"messages", "tools"}), fitted to leave `max_new_tokens`
+        of the context window (and within `max_prompt_tokens`)."""
+        return self.encode_all([chat], max_new_tokens)[0]
+
+    def encode_all(self, chats: Sequence[dict[str, Any]], max_new_tokens: int = 0) -> list[list[int]]:
+        """`encode` of each chat, with one notice for the lot when some had to be fitted."""
         if self.tokenizer is None:
             raise ValueError(
                 f"{self.name} has no tokenizer: it can only generate from token ids (generate_ids)"
             )
-        return encode_prompt(
-            self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens
-        )
+        return self.fitter.encode(self.tokenizer, chats, max_new_tokens)
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
@@ -140,7 +149,7 @@ class HFPolicy:
         `sampling.seed` when given."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        return self.generate_ids([self.encode(chat) for chat in chats], n, sampling)
+        return self.generate_ids(self.encode_all(chats, max(sampling.max_new_tokens, 0)), n, sampling)
 
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams
@@ -153,6 +162,7 @@ class HFPolicy:
         prompts = [list(p) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        self.fitter.check(prompts, max(sampling.max_new_tokens, 0))  # never silently past the window
         # The uniform draw behind each sampled token, made on the CPU (the same for every device):
         # n rows per prompt from the prompt's own seed when seeds are given (its samples then do
         # not depend on the batch it is in), else from one generator for the whole call.

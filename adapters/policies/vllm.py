@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from copy import deepcopy
 from typing import Any
 
-from pivot_envs.adapters.chat_template import encode_prompt
+from pivot_envs.adapters.chat_template import PromptFitter
 from pivot_envs.errors import MissingExtraError, PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
@@ -64,7 +64,9 @@ class VLLMPolicy:
     ignore_eos:              sample `max_new_tokens` tokens every time, past the end-of-turn token
                              (fixed-length samples for benchmarks; the hf backend's `stop_token_ids=[]`).
     max_prompt_tokens:       fit longer prompts to this many tokens (`chat_template.fit_prompt`,
-                             as the hf backend does); None renders every prompt whole.
+                             as the hf backend does); None: only to what the context leaves. Prompts
+                             are always fitted to the engine's `max_model_len` less the
+                             `max_new_tokens` sampled after them (`chat_template.PromptFitter`).
     enable_sleep_mode:       release the engine's GPU memory between generate calls, for a trainer
                              on the same GPU: after each `generate` the engine sleeps at `sleep_level`
                              (1: weights offloaded to CPU memory, KV cache freed; 2: both freed),
@@ -131,12 +133,13 @@ class VLLMPolicy:
             **engine_options,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.context_window = int(self.llm.model_config.max_model_len)
+        self.fitter = PromptFitter(self.name, self.context_window, self.max_prompt_tokens)
 
-    def encode(self, chat: dict[str, Any]) -> list[int]:
-        """The prompt token ids of a chat ({"messages", "tools"})."""
-        return encode_prompt(
-            self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens
-        )
+    def encode(self, chat: dict[str, Any], max_new_tokens: int = 0) -> list[int]:
+        """The prompt token ids of a chat ({"messages", "tools"}), fitted to leave `max_new_tokens`
+        of the context window (and within `max_prompt_tokens`)."""
+        return self.fitter.encode(self.tokenizer, [chat], max_new_tokens)[0]
 
     def generate(
         self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
@@ -146,8 +149,8 @@ class VLLMPolicy:
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        prompts = self.fitter.encode(self.tokenizer, chats, max(sampling.max_new_tokens, 0))
         self.wake_up()
-        prompts = [self.encode(chat) for chat in chats]
         # vLLM refuses n > 1 when greedy: one sample then stands for the n identical ones.
         distinct = 1 if sampling.temperature <= 0 else n
         # One request per chat with the chat's own seed (`sampling.seeds`, else `sampling.seed`).

@@ -36,9 +36,9 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.adapters.chat_template import encode_prompt
+from pivot_envs.adapters import chat_template
 from pivot_envs.adapters.policies.openai import EndpointError, OpenAIPolicy, sampling_fields
-from pivot_envs.adapters.policies.vllm import trainable_checkpoint
+from pivot_envs.adapters.policies.vllm import VLLMPolicy, trainable_checkpoint
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, PolicySpecError, SamplingParams
 
@@ -103,6 +103,7 @@ class VLLMServer:
 
             model = str(smollm2.checkpoint())
         self.model = model
+        self.max_model_len = max_model_len or None
         self.served_model_name = served_model_name or Path(model).name
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -217,6 +218,9 @@ class VLLMServerPolicy(OpenAIPolicy):
                        on this machine can read.
     sync_timeout:      seconds a server may take to load new weights.
     max_prompt_tokens: fit longer prompts to this many tokens (`chat_template.fit_prompt`).
+    context_window:    the served context in tokens (default: the owned server's max_model_len,
+                       else the checkpoint config's max_position_embeddings): prompts are fitted to it
+                       less the `max_new_tokens` sampled after them (`chat_template.PromptFitter`).
     ignore_eos:        sample `max_new_tokens` tokens every time (benchmarks).
     server:            a VLLMServer this policy owns: `close()` stops it.
     client_options:    OpenAIPolicy's (timeout, max_retries, backoff, concurrency, api_key).
@@ -233,9 +237,10 @@ class VLLMServerPolicy(OpenAIPolicy):
         ignore_eos: bool = False,
         server: VLLMServer | None = None,
         name: str | None = None,
+        context_window: int | None = None,
         **client_options: Any,
     ) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         super().__init__(base_urls, model, name=name or f"vllm-server:{model}", **client_options)
         self.roots = [url.removesuffix("/v1/chat/completions") for url in self.endpoints]
@@ -252,6 +257,14 @@ class VLLMServerPolicy(OpenAIPolicy):
         self.max_prompt_tokens = max_prompt_tokens or None
         self.ignore_eos = ignore_eos
         self.server = server
+        if context_window is None and server is not None:
+            context_window = server.max_model_len
+        if context_window is None:  # vLLM serves the checkpoint's own context unless told --max-model-len
+            context_window = chat_template.context_window(
+                AutoConfig.from_pretrained(self.path), self.tokenizer
+            )
+        self.context_window = context_window
+        self.fitter = chat_template.PromptFitter(self.name, context_window, self.max_prompt_tokens)
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="pivot-weights-", dir=shm))
         # A directory made here goes with the policy (close(), or collection, or exit): /dev/shm is memory.
@@ -262,10 +275,15 @@ class VLLMServerPolicy(OpenAIPolicy):
         )
         self.last_sync_s = 0.0  # seconds the last update_weights took
 
-    def encode(self, chat: dict[str, Any]) -> list[int]:
-        """The prompt token ids of a chat ({"messages", "tools"})."""
-        return encode_prompt(
-            self.tokenizer, chat["messages"], chat.get("tools") or [], self.max_prompt_tokens
+    encode = VLLMPolicy.encode  # the same fitted token ids as the in-process engine
+
+    def generate(
+        self, chats: Sequence[dict[str, Any]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """n completions per chat (OpenAIPolicy's concurrent requests), every prompt fitted before the first."""
+        prompts = self.fitter.encode(self.tokenizer, chats, max(sampling.max_new_tokens, 0))
+        return super().generate(
+            [{**chat, "prompt_token_ids": ids} for chat, ids in zip(chats, prompts)], n, sampling
         )
 
     def completions_body(self, prompt: list[int], n: int, sampling: SamplingParams) -> dict[str, Any]:
@@ -277,7 +295,7 @@ class VLLMServerPolicy(OpenAIPolicy):
         return body
 
     def _generate_one(self, chat: dict[str, Any], n: int, sampling: SamplingParams) -> list[Completion]:
-        prompt = self.encode(chat)
+        prompt = chat.get("prompt_token_ids") or self.encode(chat, max(sampling.max_new_tokens, 0))
         distinct = 1 if sampling.temperature <= 0 else n  # vLLM refuses greedy n > 1
         choices = self.choices(self.completions_body(prompt, distinct, sampling), distinct)
         group = [_completion(choice, prompt, self.endpoints[0]) for choice in choices]
