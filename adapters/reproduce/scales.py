@@ -276,12 +276,23 @@ def set_fields(scale: Scale, items: Sequence[str]) -> Scale:
     return replace(scale, notes=(*scale.notes, f"sizes set on the command line: {shown}"))
 
 
+def _kind(annotation: Any) -> str:
+    """A field's annotation as its module writes it (`int`, `tuple[int, ...]`, `int | None`). A dataclass
+    field holds that text, unless something resolved it to the type: building a command's parser does
+    (simple_parsing), for the config classes a scale holds."""
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type) and not getattr(annotation, "__args__", None):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
 def _kinds(scale: Scale) -> dict[str, str]:
     """The annotation of each size --set may change: the scale's own fields and the configs' of CONFIG_SIZES."""
-    kinds = {item.name: str(item.type) for item in fields(Scale) if item.name not in (*_FIXED, *CONFIGS)}
+    kinds = {item.name: _kind(item.type) for item in fields(Scale) if item.name not in (*_FIXED, *CONFIGS)}
     for name, (path, *_) in CONFIG_SIZES.items():
         config, key = path.split(".")
-        kinds[name] = next(str(item.type) for item in fields(getattr(scale, config)) if item.name == key)
+        kinds[name] = next(_kind(item.type) for item in fields(getattr(scale, config)) if item.name == key)
     return kinds
 
 

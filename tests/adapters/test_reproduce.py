@@ -646,3 +646,19 @@ def test_one_action_length_serves_profiling_training_and_measuring():
     cpu = SCALES["cpu"]
     with pytest.raises(ConfigError, match=re.escape("profile.max_new_tokens=12 must be one value")):
         replace(cpu, profile=replace(cpu.profile, max_new_tokens=12))
+
+
+def test_set_parses_sizes_after_a_commands_parser_resolved_the_configs_annotations():
+    """Building `pivotrl train`'s parser (simple_parsing) turns GRPOConfig's annotations from text into types;
+    `--set steps=...` must parse the same afterwards (it compared the text 'two' with 1 in the full suite)."""
+    import io
+
+    from pivot_envs.adapters.reproduce.scales import get_scale
+    from pivot_envs.cli import build_parser
+    from pivot_envs.config import ConfigError
+
+    for name in ("train", "profile"):
+        build_parser("").commands[name].print_help(io.StringIO())
+    assert get_scale("quick", sets=["steps=3"]).train.steps == 3
+    with pytest.raises(ConfigError, match="expected int, got 'two'"):
+        get_scale("quick", sets=["steps=two"])
