@@ -36,6 +36,9 @@ class ServeConfig:
     env_kwargs: dict[str, Any] | str = option(
         factory=dict, help="keyword arguments of gym.make, as a JSON object"
     )
+    openenv: bool = option(
+        False, "also speak OpenEnv's protocol (/ws, /reset, /step, /state, /schema); needs the openenv extra"
+    )
 
     def __post_init__(self) -> None:
         self.env_kwargs = json_object(self.env_kwargs, "ServeConfig.env_kwargs")

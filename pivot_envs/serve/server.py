@@ -181,6 +181,10 @@ def create_app(config: ServeConfig) -> FastAPI:
     _add_error_handlers(app, state)
     _add_routes(app, state)
     nemo_gym.add_routes(app, state)
+    if config.openenv:
+        from pivot_envs.serve import openenv  # optional; importing openenv takes about 5 s (gradio)
+
+        openenv.add_routes(app, state)
     app.add_middleware(Guard, state=state)
     return app
 
