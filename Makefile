@@ -7,6 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SETUP_SYSTEM := PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup-system.sh
+# Harbor (Terminal-Bench 2's harness) needs Python >= 3.12: its own venv, run as a subprocess (docs/harbor.md).
+HARBOR_PYTHON ?= $(shell command -v python3.12 || echo $(HOME)/.pyenv/versions/3.12.1/bin/python3.12)
+HARBOR_VENV ?= .venv-harbor
+HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
 .PHONY: setup system run test lint bench image clean
 
@@ -40,8 +44,14 @@ $(STAMP): pyproject.toml | system
 	fi
 	touch $(STAMP)
 
+$(HARBOR_STAMP):
+	$(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
+	$(HARBOR_VENV)/bin/python -m pip install --upgrade pip
+	$(HARBOR_VENV)/bin/python -m pip install harbor==0.25.0
+	touch $(HARBOR_STAMP)
+
 # The terminal domain's base image is built with the venv's `pivotrl`.
-setup: $(STAMP)
+setup: $(STAMP) $(HARBOR_STAMP)
 	@$(SETUP_SYSTEM) image
 
 run: setup
@@ -56,4 +66,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(HARBOR_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -3,7 +3,7 @@
     pivotrl sandbox build-image   # debootstrap root filesystem (+ docker import when a daemon answers); idempotent
     pivotrl sandbox gc            # remove containers, snapshot images, bubblewrap sandboxes and directories of dead processes
     pivotrl sandbox gc --all      # ... of every process, this one's included (and --base: the base image too)
-    pivotrl sandbox harbor TASK_DIR [--trajectory FILE] [--out pivots.jsonl] [--sandbox bwrap|docker] [--docker-build]
+    pivotrl sandbox harbor TASK_DIR [--trajectory FILE] [--out pivots.jsonl] [--sandbox bwrap|docker] [--docker-build] [--validate]
                                   # a Harbor task directory: replay the trajectory (else the oracle), run its tests, write pivots
 
 The terminal domain's command: the entry point `sandbox` of the group `pivot_envs.commands` names
@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Docker: build environment/Dockerfile as an image and run in it (default: the Dockerfile "
         "replayed as set-up on the base image, which pivots replay on either backend)",
     )
+    harbor.add_argument(
+        "--validate",
+        action="store_true",
+        help="first validate the task directory and the ATIF trajectory with the harbor package's own loader "
+        "and models (.venv-harbor, made by make setup; docs/harbor.md)",
+    )
 
 
 def harbor_main(args: argparse.Namespace) -> int:
@@ -79,6 +85,8 @@ def harbor_main(args: argparse.Namespace) -> int:
     from pivot_envs.sandboxes.backends import make_backend, resolve_sandbox
     from pivot_envs.sandboxes.protocol import SandboxError
 
+    if args.validate:
+        harbor.validate_with_harbor(args.task_dir, args.trajectory)
     task = harbor.load_task(args.task_dir)
     kind = resolve_sandbox(args.sandbox)
     if args.docker_build and kind != "docker":

@@ -77,6 +77,142 @@ class HarborTrajectoryError(PivotEnvsError, ValueError):
     """An agent trajectory that cannot be read as commands; the message names the file and the step."""
 
 
+class HarborPackageError(PivotEnvsError, RuntimeError):
+    """The `harbor` package's interpreter is missing, fails or times out (strict validation needs it)."""
+
+
+# -- strict validation: the installed `harbor` package's own loader and models -----------------------
+
+HARBOR_PYTHON_ENV = "PIVOT_ENVS_HARBOR_PYTHON"
+HARBOR_CHECK_TIMEOUT = 120.0  # seconds for one harbor_check.py run (importing harbor takes about 1 s)
+# Harbor's [task] name: its PackageInfo's org/name pattern (harbor/constants.py ORG_NAME_PATTERN).
+TASK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*$")
+# The fields of Harbor's models this module's own (fast) reader reads, with Harbor's defaults as read
+# here ("required": no default; "factory": an empty table or list). test_harbor_package.py checks them
+# against the installed harbor (`harbor_fields`), so the fast reader cannot drift from Harbor unseen.
+READ_FIELDS: dict[str, dict[str, Any]] = {
+    "TaskConfig": {"task": None, "metadata": "factory", "verifier": "factory", "agent": "factory"},
+    "VerifierConfig": {"timeout_sec": 600.0, "env": "factory"},
+    "AgentConfig": {"timeout_sec": None},
+    "EnvironmentConfig": {"docker_image": None},
+    "PackageInfo": {"name": "required"},
+    "Trajectory": {"session_id": None, "steps": "required"},
+    "Step": {"step_id": "required", "source": "required", "tool_calls": None, "is_copied_context": None},
+    "ToolCall": {"function_name": "required", "arguments": "required"},
+}
+STEP_SOURCES = ("system", "user", "agent")
+
+
+@dataclass
+class HarborVerdict:
+    """Harbor's verdict on one path: `ok`, else `error` (one line) and `fields` (dotted pydantic locations);
+    `data` holds what Harbor read (a task's name, instruction, timeouts...; a trajectory's steps)."""
+
+    path: str
+    kind: str  # "task", "trajectory" or "missing"
+    ok: bool
+    error: str = ""
+    fields: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def harbor_python() -> Path:
+    """The interpreter with `harbor` installed: $PIVOT_ENVS_HARBOR_PYTHON, else .venv-harbor/bin/python
+    beside this venv; HarborPackageError naming `make setup` when there is none."""
+    import os
+    import sys
+
+    configured = os.environ.get(HARBOR_PYTHON_ENV)
+    if configured:
+        path = Path(configured)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise HarborPackageError(f"${HARBOR_PYTHON_ENV}={configured}: not an executable interpreter")
+        return path
+    path = Path(sys.prefix).parent / ".venv-harbor" / "bin" / "python"
+    if not path.is_file():
+        raise HarborPackageError(
+            f"no Harbor interpreter: {path} does not exist and ${HARBOR_PYTHON_ENV} is not set; "
+            "`make setup` creates .venv-harbor (Python 3.12 with harbor==0.25.0)"
+        )
+    return path
+
+
+def _run_harbor_check(arguments: list[str], timeout: float) -> list[dict]:
+    import subprocess
+
+    python = harbor_python()
+    script = Path(__file__).with_name("harbor_check.py")
+    # -I: this folder (whose harbor.py would shadow the package), PYTHONPATH and user site stay out.
+    command = [str(python), "-I", str(script), *arguments]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as error:
+        raise HarborPackageError(f"{python} harbor_check.py: no answer within {timeout:g} s") from error
+    except OSError as error:
+        raise HarborPackageError(f"{python}: cannot run: {error}") from error
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise HarborPackageError(
+            f"{python} harbor_check.py failed: {last} (is harbor==0.25.0 installed there? `make setup`)"
+        )
+    try:
+        return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        raise HarborPackageError(f"{python} harbor_check.py: unreadable output: {error}") from error
+
+
+def harbor_check(paths: list[str | Path], timeout: float = HARBOR_CHECK_TIMEOUT) -> list[HarborVerdict]:
+    """Harbor's own verdict on each path, in one run of Harbor's interpreter: a directory is loaded as a
+    task (harbor.models.task.task.Task), a file validated as an ATIF trajectory (harbor's Trajectory)."""
+    if not paths:
+        return []
+    verdicts = _run_harbor_check([str(Path(path).resolve()) for path in paths], timeout)
+    if len(verdicts) != len(paths):
+        raise HarborPackageError(f"harbor_check.py answered {len(verdicts)} verdicts for {len(paths)} paths")
+    known = {"path", "kind", "ok", "error", "fields"}
+    return [
+        HarborVerdict(
+            path=str(path),
+            kind=verdict.get("kind", ""),
+            ok=bool(verdict.get("ok")),
+            error=verdict.get("error", ""),
+            fields=list(verdict.get("fields", [])),
+            data={key: value for key, value in verdict.items() if key not in known},
+        )
+        for path, verdict in zip(paths, verdicts)
+    ]
+
+
+def harbor_fields(timeout: float = HARBOR_CHECK_TIMEOUT) -> dict[str, Any]:
+    """The installed harbor's model fields and defaults (`models`) and ATIF's literals (`literals`)."""
+    answer = _run_harbor_check(["--fields"], timeout)
+    if len(answer) != 1 or not isinstance(answer[0], dict) or "models" not in answer[0]:
+        raise HarborPackageError("harbor_check.py --fields: unexpected answer")
+    return answer[0]
+
+
+def validate_with_harbor(task_dir: str | Path | None = None, trajectory: str | Path | None = None) -> None:
+    """Strict validation: Harbor's own loader on `task_dir` and its ATIF model on `trajectory` (an ATIF
+    `.json`; command lists and text files are this project's formats, not Harbor's, and are skipped).
+    HarborTaskError / HarborTrajectoryError carry Harbor's message, naming the field."""
+    paths = [Path(task_dir)] if task_dir is not None else []
+    if trajectory is not None and _is_atif(Path(trajectory)):
+        paths.append(Path(trajectory))
+    for verdict in harbor_check(paths):
+        if not verdict.ok:
+            error = HarborTaskError if verdict.kind == "task" else HarborTrajectoryError
+            raise error(f"{verdict.path}: Harbor's own loader rejects it: {verdict.error}")
+
+
+def _is_atif(path: Path) -> bool:
+    if path.suffix != ".json" or not path.is_file():
+        return False
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True  # not JSON at all: let Harbor's model say why
+
+
 @dataclass
 class TrajectoryStep:
     """One agent step that runs a command: its ATIF `step_id` (1-based) and the command (its bash calls joined)."""
@@ -505,14 +641,17 @@ class _Dockerfile:
 # -- the task directory -----------------------------------------------------------------------------
 
 
-def load_task(directory: str | Path) -> HarborTask:
-    """Read and validate a Harbor task directory; HarborTaskError names the file and the field."""
+def load_task(directory: str | Path, strict: bool = False) -> HarborTask:
+    """Read and validate a Harbor task directory; HarborTaskError names the file and the field. `strict`
+    also loads it with the installed harbor package's own Task loader first (`validate_with_harbor`)."""
     path = Path(directory)
     if not path.is_dir():
         raise HarborTaskError(
             f"{path}: not a directory (a Harbor task is a directory with task.toml, "
             "instruction.md, environment/ and tests/)"
         )
+    if strict:
+        validate_with_harbor(task_dir=path)
     config = _read_config(path / "task.toml")
     toml = path / "task.toml"
     verifier = _table(config, "verifier", toml)
@@ -527,9 +666,11 @@ def load_task(directory: str | Path) -> HarborTask:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise HarborTaskError(f"{toml} [verifier]: `env` must be a table of strings, got {env!r}")
+    if "task" in config and "name" not in package:
+        raise HarborTaskError(f"{toml} [task]: `name` is required (Harbor's PackageInfo: org/name)")
     name = package.get("name", path.resolve().name)
-    if not isinstance(name, str) or not name:
-        raise HarborTaskError(f"{toml} [task]: `name` must be a non-empty string, got {name!r}")
+    if "name" in package and not (isinstance(name, str) and TASK_NAME.match(name) and ".." not in name):
+        raise HarborTaskError(f"{toml} [task]: `name` must be org/name, as Harbor requires, got {name!r}")
 
     instruction_path = path / "instruction.md"
     if not instruction_path.is_file():
@@ -669,9 +810,9 @@ def _step_command(step: dict, where: str) -> tuple[str | None, list[str]]:
         at = f"{where} tool_calls[{index}]"
         if not isinstance(call, dict) or not isinstance(call.get("function_name"), str):
             raise HarborTrajectoryError(f"{at}: expected an object with `function_name` and `arguments`")
-        arguments = call.get("arguments", {})
+        arguments = call.get("arguments")
         if not isinstance(arguments, dict):
-            raise HarborTrajectoryError(f"{at}: `arguments` must be an object")
+            raise HarborTrajectoryError(f"{at}: `arguments` must be an object (ATIF requires it)")
         name = call["function_name"]
         if name in DONE_TOOLS:
             continue
@@ -696,16 +837,19 @@ def _step_command(step: dict, where: str) -> tuple[str | None, list[str]]:
     return ("\n".join(commands) if commands else None), others
 
 
-def read_trajectory(path: str | Path) -> tuple[str, list[TrajectoryStep]]:
+def read_trajectory(path: str | Path, strict: bool = False) -> tuple[str, list[TrajectoryStep]]:
     """The commands of an agent trajectory: (its id, one TrajectoryStep per agent step that runs a command).
 
     Harbor's ATIF `trajectory.json` (`schema_version` "ATIF-v1.x"; an agent step's bash tool calls are one
     command, joined in order; `mark_task_complete` and the like are skipped), a JSON list of command strings,
-    or any other file as one command a line (blank lines and `#` comments skipped).
+    or any other file as one command a line (blank lines and `#` comments skipped). `strict` also validates
+    an ATIF file with the installed harbor package's own Trajectory model (`validate_with_harbor`).
     """
     path = Path(path)
     if not path.is_file():
         raise HarborTrajectoryError(f"{path}: no such trajectory file")
+    if strict:
+        validate_with_harbor(trajectory=path)
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         try:
@@ -743,7 +887,7 @@ def _read_atif(data: Any, path: Path) -> tuple[str, list[TrajectoryStep]]:
             raise HarborTrajectoryError(
                 f"{where}: `step_id` must be {index + 1} (sequential from 1), got {step.get('step_id')!r}"
             )
-        if step.get("source") not in ("system", "user", "agent"):
+        if step.get("source") not in STEP_SOURCES:
             raise HarborTrajectoryError(
                 f"{where}: `source` must be system, user or agent, got {step.get('source')!r}"
             )

@@ -160,6 +160,10 @@ def test_is_base_image(reference, expected):
             r"task\.toml \[agent\]: `timeout_sec`",
         ),
         (lambda d: (d / "task.toml").write_text("verifier = 3\n"), r"task\.toml: `verifier` must be a table"),
+        (
+            lambda d: (d / "task.toml").write_text("[task]\nname = 'plain'\n"),
+            r"task\.toml \[task\]: `name` must be org/name, as Harbor requires",
+        ),
         (lambda d: (d / "task.toml").write_text("[verifier]\nenv = { A = 1 }\n"), r"\[verifier\]: `env`"),
         (
             lambda d: (d / "task.toml").write_text("[environment]\ndocker_image = 'ghcr.io/x/y:1'\n"),
@@ -300,6 +304,10 @@ def _agent(step_id: int, name: str = "bash_command", arguments: dict | None = No
             r"tool_calls\[0\]: bash_command has none of the arguments",
         ),
         (_atif([{"step_id": 1, "source": "user", "message": "hi"}]), r"no agent step runs a command"),
+        (
+            _atif([{**_agent(1), "tool_calls": [{"tool_call_id": "c", "function_name": "bash"}]}]),
+            r"tool_calls\[0\]: `arguments` must be an object \(ATIF requires it\)",
+        ),
         ([], r"a command list must be a non-empty list"),
     ],
 )
