@@ -34,9 +34,8 @@ except ImportError as error:
     raise MissingExtraError("pivotrl serve --openenv", error.name or "openenv", "openenv") from None
 from pydantic import Field
 
-from pivot_envs.serve.server import step_result
 from pivot_envs.serve.sessions import Session
-from pivot_envs.serve.state import HTTPError, ServerState
+from pivot_envs.serve.state import HTTPError, ServerState, step_result
 
 RESET_ARGUMENTS = ("seed", "episode_id", "pivot", "index", "group")
 

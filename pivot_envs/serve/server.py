@@ -43,7 +43,14 @@ from pivot_envs.errors import PivotEnvsError
 from pivot_envs.serve import nemo_gym
 from pivot_envs.serve.config import ServeConfig
 from pivot_envs.serve.sessions import QueueTimeout, Session, SessionPool, UnknownSession
-from pivot_envs.serve.state import HTTPError, ServerState, json_bytes, json_response, raw_json
+from pivot_envs.serve.state import (
+    HTTPError,
+    ServerState,
+    json_bytes,
+    json_response,
+    raw_json,
+    step_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,20 +118,6 @@ def _timed_step(env: Any, action: Any) -> tuple[dict, float]:
     observation, reward, terminated, truncated, info = env.step(action)
     seconds = time.perf_counter() - started
     return step_result(observation, reward, terminated, truncated, info), seconds
-
-
-def step_result(observation: Any, reward: float, terminated: bool, truncated: bool, info: dict) -> dict:
-    """A step's return as the protocol's object; info always carries the verdict's fields."""
-    info = dict(info)
-    for key, default in (("category", ""), ("valid", True), ("strict_reward", 0.0), ("detail", "")):
-        info.setdefault(key, default)
-    return {
-        "observation": observation,
-        "reward": float(reward),
-        "terminated": bool(terminated),
-        "truncated": bool(truncated),
-        "info": info,
-    }
 
 
 def _step_body(env: Any, action: Any) -> tuple[bytes, float]:

@@ -124,3 +124,17 @@ def raw_json(body: bytes, status: int = 200) -> Any:
 def json_response(content: Any, status: int = 200) -> Any:
     """`content` as a JSON response (see json_bytes)."""
     return raw_json(json_bytes(content), status)
+
+
+def step_result(observation: Any, reward: float, terminated: bool, truncated: bool, info: dict) -> dict:
+    """A step's return as the protocol's object; info always carries the verdict's fields."""
+    info = dict(info)
+    for key, default in (("category", ""), ("valid", True), ("strict_reward", 0.0), ("detail", "")):
+        info.setdefault(key, default)
+    return {
+        "observation": observation,
+        "reward": float(reward),
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+        "info": info,
+    }
