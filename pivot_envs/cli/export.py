@@ -9,7 +9,7 @@ from pivot_envs.config import one_of, option
 
 NAME = "export"
 HELP = "Export pivots to another framework's format (NeMo-Gym pivot rows)."
-FORMATS = ("nemo-gym",)
+FORMATS = ("nemo-gym", "hf")
 
 
 @dataclass
@@ -18,7 +18,8 @@ class ExportConfig:
 
     format: str = option(
         "nemo-gym",
-        "target format: nemo-gym (responses_create_params + expected_action rows)",
+        "target format: nemo-gym (responses_create_params + expected_action rows) or hf (a Hugging Face "
+        "dataset folder: parquet + README card; --out is the folder)",
         choices=FORMATS,
     )
 
@@ -42,8 +43,17 @@ def main(args: argparse.Namespace) -> int:
     from pivot_envs.cli._checks import check_output, file_errors, read_input
     from pivot_envs.formats import ReadReport, write_nemo_gym_rows
 
-    check_output(args.out)
     report = ReadReport()
+    if args.export.format == "hf":
+        from pivot_envs.hf_dataset import write_hf_dataset
+
+        pivots = read_input(args.pivots, report=report)
+        written = write_hf_dataset(pivots, args.out, source=str(args.pivots))
+        print(
+            f"read {report.records} records ({report.skipped_total} skipped); wrote {written} rows -> {args.out}"
+        )
+        return 0
+    check_output(args.out)
     pivots = read_input(args.pivots, report=report)
     with file_errors(args.out, "--out"):
         written = write_nemo_gym_rows(pivots, args.out)

@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="trajectory id prefix (default: the file stem; tau-<folder> for tau-bench)",
     )
+    parser.add_argument(
+        "--format",
+        choices=("auto", "pivot-v1"),
+        default="auto",
+        help="auto: detected by content; pivot-v1: NVIDIA's Nemotron-RL-Agentic Pivot-v1 files (parquet "
+        "or JSONL), streamed, their recorded pass rates kept as profiles",
+    )
     add_config(parser, ExtractConfig, "extract")
 
 
@@ -37,6 +44,8 @@ def main(args: argparse.Namespace) -> int:
 
     config: ExtractConfig = args.extract
     check_output(args.out)
+    if args.format == "pivot-v1":
+        return _pivot_v1(args)
     report = ReadReport()
     pivots, seen, empty = [], set(), []
     for path in progress_bar(args.inputs, desc="reading", unit=" files", terminal_only=True):
@@ -62,4 +71,20 @@ def main(args: argparse.Namespace) -> int:
         written = write_pivot_file(pivots, args.out)
     print(report.summary())
     print(f"pivots written: {written} -> {args.out}")
+    return 0
+
+
+def _pivot_v1(args: argparse.Namespace) -> int:
+    """NVIDIA's Pivot-v1 files -> pivot JSONL, streamed (see pivot_envs.formats.nemotron_pivot_v1)."""
+    from pivot_envs.cli._checks import file_errors, no_pivot_error
+    from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1
+
+    with file_errors(args.out, "--out"):
+        summary = extract_pivot_v1(args.inputs, args.out)
+    for problem in summary.report.problems:
+        log.warning("%s", problem)
+    if not summary.written:
+        raise no_pivot_error(", ".join(args.inputs), summary.report)
+    print("\n".join(summary.lines()))
+    print(f"pivots written: {summary.written} -> {args.out}")
     return 0
