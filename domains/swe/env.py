@@ -205,8 +205,7 @@ class SweEnv(SandboxedEnv, PivotEnv):
     def make_prefixes(self, rootfs: Any, docker_base: str) -> Any:
         from .prefix import PrefixCache
 
-        verify_effects = isinstance(self.verifier, EffectVerifier)
-        return PrefixCache(self.backend, self.config.harness, self.config.prefix_cache, verify_effects)
+        return PrefixCache(self.backend, self.config.harness, self.config.prefix_cache)
 
     def close(self) -> None:
         """Remove every sandbox, snapshot, container and image this env made (and nothing of another env's)."""

@@ -96,9 +96,7 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
     `builds` counts prefix builds (G resets at one pivot: one build, G forks); `starts` start-state builds.
     """
 
-    def __init__(
-        self, backend: Any, harness: str | None, capacity: int = 16, verify_effects: bool = True
-    ) -> None:
+    def __init__(self, backend: Any, harness: str | None, capacity: int = 16) -> None:
         super().__init__(backend, capacity)
         self.harness = harness
         self.starts = 0
