@@ -26,9 +26,18 @@ class RunDirectoryError(PivotEnvsError, ValueError):
 
 
 def save_checkpoint(
-    path: Path, model: Any, tokenizer: Any, optimizer: Any, sampler: Any, step: int, config: Any
+    path: Path,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    sampler: Any,
+    step: int,
+    config: Any,
+    full: tuple[dict[str, Any], Any] | None = None,
 ) -> Path:
-    """Weights (`save_pretrained`), tokenizer, optimizer, RNG states (python, numpy, torch, pivot sampler) and step."""
+    """Weights (`save_pretrained`), tokenizer, optimizer, RNG states (python, numpy, torch, pivot sampler) and step.
+    `full`: the weights and optimizer state to save instead of the model's and optimizer's own (a sharded
+    model's, gathered by `fsdp.full_state`)."""
     import shutil
 
     import numpy as np
@@ -36,13 +45,20 @@ def save_checkpoint(
 
     staging = path.with_name(path.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
+    if full is not None:
+        model.save_pretrained(staging, state_dict=full[0])
+    else:
+        model.save_pretrained(staging)
     if tokenizer is not None:
         tokenizer.save_pretrained(staging)
     torch.save(
         {
             "step": step,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "optimizer": full[1]
+            if full is not None
+            else optimizer.state_dict()
+            if optimizer is not None
+            else None,
             "python_rng": random.getstate(),
             "numpy_rng": np.random.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -89,6 +105,7 @@ RESUME_MAY_CHANGE = frozenset(
         "eval_pivots",
         "num_envs",
         "tokens_per_pass",
+        "fsdp",
         "out",
         "resume",
     }
@@ -126,7 +143,11 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any, config
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     if config is not None:
         check_resumable(path, state.get("config") or {}, config)
-    if hasattr(model, "disable_adapter"):  # LoRA: the checkpoint holds the adapters only
+    from pivot_envs.adapters.grpo import fsdp
+
+    if fsdp.sharded(model):  # the checkpoint holds the whole weights: every rank loads its shards of them
+        fsdp.load_full_state(model, optimizer, fsdp.saved_weights(path, model), state["optimizer"])
+    elif hasattr(model, "disable_adapter"):  # LoRA: the checkpoint holds the adapters only
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
@@ -136,7 +157,8 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, sampler: Any, config
 
         dtype = next(model.parameters()).dtype
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict())
-    optimizer.load_state_dict(state["optimizer"])
+    if not fsdp.sharded(model):
+        optimizer.load_state_dict(state["optimizer"])
     random.setstate(state["python_rng"])
     np.random.set_state(state["numpy_rng"])
     torch.set_rng_state(state["torch_rng"])

@@ -82,6 +82,11 @@ class GRPOConfig:
         "prefix + actions x longest action stays within it (a larger group runs alone); 0: one group per "
         "pass; default: 8192 on a GPU, 0 on a CPU",
     )
+    fsdp: bool = option(
+        False,
+        "under torchrun, shard the policy over the ranks with FSDP2 (fully_shard: each decoder layer, then "
+        "the model) instead of a whole copy per rank (grpo.fsdp); one process: no effect",
+    )
 
     # -- online re-profiling (beyond the paper) ----------------------------------------------------
     reprofile_every: int = option(

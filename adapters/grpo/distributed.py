@@ -20,8 +20,8 @@ What `train` (grpo.trainer) does with a `Ranks`:
 
 The gradients are all-reduced by hand, not by DDP: a rank runs as many passes as its groups need
 (one prefix and one action forward each, grpo.shared_prefix), a number DDP's per-backward
-reduction would need to be equal on every rank. A model too large for one device would be
-sharded with FSDP2 (`torch.distributed.fsdp.fully_shard`) instead; see docs/training.md.
+reduction would need to be equal on every rank. A model too large for one device is sharded
+with FSDP2 instead (`--fsdp`, grpo.fsdp: the passes are then lined up); see docs/training.md.
 """
 
 from __future__ import annotations

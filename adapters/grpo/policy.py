@@ -47,7 +47,7 @@ def _base_of(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _shares(policy: Any, model: Any) -> bool:
+def shares_module(policy: Any, model: Any) -> bool:
     """Whether the policy generates with `model` itself (or with the base of its LoRA wrapper)."""
     return getattr(policy, "model", None) in (model, _base_of(model))
 
@@ -66,7 +66,7 @@ def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
         module = policy.trainable_model()
     if module is None:
         raise UntrainablePolicyError(f"policy {name!r} has no trainable .model; pass model=")
-    if not _shares(policy, module) and not hasattr(policy, "update_weights"):
+    if not shares_module(policy, module) and not hasattr(policy, "update_weights"):
         raise UntrainablePolicyError(
             f"policy {name!r} neither shares the trained module nor has update_weights()"
         )
@@ -76,7 +76,7 @@ def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
 def sync_weights(policy: TrainablePolicy, model: Any) -> None:
     """Give the generation backend the new weights: nothing when it generates with `model` itself
     (hf), `policy.update_weights(state_dict)` otherwise (vllm; LoRA merged into the base weights)."""
-    if _shares(policy, model):
+    if shares_module(policy, model):
         return
     if not hasattr(policy, "update_weights"):
         raise UntrainablePolicyError(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.adapters.grpo import fsdp
 from pivot_envs.adapters.grpo.checkpoints import (
     MetricsLog,
     latest_checkpoint,
@@ -28,8 +29,8 @@ from pivot_envs.adapters.grpo.checkpoints import (
     save_checkpoint,
 )
 from pivot_envs.adapters.grpo.config import GRPOConfig
-from pivot_envs.adapters.grpo.distributed import Ranks
-from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights, trainable_module
+from pivot_envs.adapters.grpo.distributed import DistributedSetupError, Ranks
+from pivot_envs.adapters.grpo.policy import TrainablePolicy, shares_module, sync_weights, trainable_module
 from pivot_envs.adapters.grpo.reference import frozen_reference, with_lora
 from pivot_envs.adapters.grpo.results import TrainResult
 from pivot_envs.config import progress_bar
@@ -63,7 +64,7 @@ def prepare_run(
     refuse an earlier run there (unless resuming), seed, load the policy when None, make its trainable
     module (`model`, else the policy's; LoRA optional) and the frozen reference, AdamW, the pivot
     sampler, and resume from the latest checkpoint. Under torchrun (`ranks`) every rank starts from
-    rank 0's weights."""
+    rank 0's weights; with `config.fsdp` the module and the reference are then sharded (grpo.fsdp)."""
     import numpy as np
     import torch
 
@@ -85,7 +86,17 @@ def prepare_run(
     if config.lora:
         model = with_lora(model, config)
     model.eval()  # dropout off: the update scores actions under the same distribution that sampled them
+    sharding = fsdp.sharding(config, ranks)
+    if sharding:
+        if not shares_module(policy, model):
+            raise DistributedSetupError(
+                "--fsdp: shards a policy that generates with the trained module itself (hf); "
+                f"{getattr(policy, 'name', policy)!r} trains without --fsdp"
+            )
+        ranks.broadcast_parameters(model)  # whole weights are broadcast before they are cut into shards
     reference = frozen_reference(model, config)
+    if sharding:
+        fsdp.shard(model, reference)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=config.learning_rate,
@@ -95,7 +106,8 @@ def prepare_run(
     start = 0
     if checkpoint is not None:
         start = load_checkpoint(checkpoint, model, optimizer, sampler, config)
-    ranks.broadcast_parameters(model)  # under torchrun every rank starts from rank 0's weights
+    if not sharding:
+        ranks.broadcast_parameters(model)  # under torchrun every rank starts from rank 0's weights
     if checkpoint is not None or ranks.world_size > 1:
         sync_weights(policy, model)
     return Run(config, policy, model, reference, optimizer, sampler, start, ranks, began)
@@ -155,10 +167,19 @@ class RunLog:
         step, config = record["step"], self.config
         self.history.append(record)
         self.bar.update()
+        evaluating = self.evaluate is not None and config.eval_every and step % config.eval_every == 0
+        saving = config.checkpoint_every and step % config.checkpoint_every == 0
         if not self.main:
+            if fsdp.sharded(self.run.model):  # sharded: every rank takes part in gathering the weights
+                if evaluating:
+                    with fsdp.gathered(self.run.model):
+                        pass
+                if saving:
+                    self.save(self.out / "checkpoints" / f"step-{step}", step)
             return
-        if self.evaluate is not None and config.eval_every and step % config.eval_every == 0:
-            record.update(self.evaluate())
+        if evaluating:
+            with fsdp.gathered(self.run.model):
+                record.update(self.evaluate())
         self.metrics.write(record)
         held_out = [
             f", held-out {k[5:].replace('_', ' ')} {v:.3f}" for k, v in record.items() if k[:5] == "eval_"
@@ -178,19 +199,23 @@ class RunLog:
             f", {note}" if note else "",
             "".join(held_out),
         )
-        if config.checkpoint_every and step % config.checkpoint_every == 0:
+        if saving:
             self.save(self.out / "checkpoints" / f"step-{step}", step)
 
     def save(self, path: Path, step: int) -> None:
-        """A checkpoint of the run at `step` (`checkpoints.save_checkpoint`)."""
+        """A checkpoint of the run at `step` (`checkpoints.save_checkpoint`); a sharded model's whole weights
+        and optimizer state are gathered first (every rank calls this, rank 0 writes)."""
         run = self.run
+        full = fsdp.full_state(run.model, run.optimizer) if fsdp.sharded(run.model) else None
+        if not self.main:
+            return
         tokenizer = getattr(run.policy, "tokenizer", None)
-        save_checkpoint(path, run.model, tokenizer, run.optimizer, run.sampler, step, self.config)
+        save_checkpoint(path, run.model, tokenizer, run.optimizer, run.sampler, step, self.config, full)
 
     def finish(self) -> TrainResult:
         """Save final/ (rank 0), wait for every rank, and return where the run's outputs are."""
         final = self.out / "final"
-        if self.main:
+        if self.main or fsdp.sharded(self.run.model):
             self.save(final, max(self.run.start, self.config.steps))
         self.run.ranks.barrier()  # the run's outputs are complete when any rank returns
         return TrainResult(

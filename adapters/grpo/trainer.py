@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.adapters.grpo import reprofile
+from pivot_envs.adapters.grpo import fsdp, reprofile
 from pivot_envs.adapters.grpo.config import GRPOConfig, PivotRLConfig
 from pivot_envs.adapters.grpo.distributed import Ranks, check_split, setup
 from pivot_envs.adapters.grpo.groups import Group, build_group, loss_units, pack_groups, pass_budget
@@ -192,11 +192,14 @@ def update(
     tokens, units = ranks.total(loss_units(groups, "token"), loss_units(groups, level))
     denominator = denominator or units
     passes = pack_groups(groups, pass_budget(config, model))
+    sharded = fsdp.sharded(model)
+    # sharded (grpo.fsdp): every rank runs the same forwards, padded with zero-weight passes
+    schedule = fsdp.aligned(passes, ranks) if sharded else [(chunk, False) for chunk in passes]
     fixed = []  # per pass, by the first iteration: log pi_theta_old and log pi_0 of its actions
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     for iteration in range(config.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for index, chunk in enumerate(passes):
+        for index, (chunk, padding) in enumerate(schedule):
             logprobs, mask, entropy = groups_logprobs(
                 model, [(g.prefix, g.actions) for g in chunk], config.temperature, entropy=iteration == 0
             )
@@ -204,19 +207,26 @@ def update(
                 reference_pass = reference_logprobs(model, reference, chunk, config) if beta > 0.0 else None
                 # pi_theta_old is the policy that sampled: the weights before this batch's first step.
                 fixed.append((logprobs.detach(), reference_pass))
-                totals["entropy"] += float((entropy * mask).sum()) / tokens
+                if not padding:
+                    totals["entropy"] += float((entropy * mask).sum()) / tokens
             advantages = torch.tensor(
                 [a for g in chunk for a in g.advantages], dtype=logprobs.dtype, device=logprobs.device
             )
             old, ref = fixed[index]
             loss, stats = clipped_loss(logprobs, old, advantages, mask, low, high, beta, ref, level)
+            if padding:  # its backward only runs FSDP's collectives: its gradients are zeros
+                (loss * 0.0).backward()
+                continue
             (loss / denominator).backward()
             totals["loss"] += float(loss.detach()) / denominator / config.iterations
             totals["clip_fraction"] += stats["clipped"] / units / config.iterations
             totals["kl"] += stats.get("kl", 0.0) / units / config.iterations
-        ranks.all_reduce_gradients(params)
+        if not sharded:  # sharded, the backward has reduce-scattered the gradients already
+            ranks.all_reduce_gradients(params)
         limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-        totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, limit)) / config.iterations
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
+        norm = norm.full_tensor() if sharded else norm  # a sharded norm is a DTensor over the ranks
+        totals["grad_norm"] += float(norm) / config.iterations
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     summed = ("loss", "clip_fraction", "kl", "entropy")  # grad_norm is the same on every rank
@@ -316,9 +326,10 @@ def train(
             # the same, and so does a rank given the pivot
             seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in share]
             sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seeds=seeds)
-            completions = run.policy.generate(
-                [pivot.observation for pivot in batch], config.group_size, sampling
-            )
+            with fsdp.gathered(run.model):  # sharded (grpo.fsdp): whole weights while sampling
+                completions = run.policy.generate(
+                    [pivot.observation for pivot in batch], config.group_size, sampling
+                )
             generated = time.perf_counter()
 
             # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 6)
