@@ -5,6 +5,11 @@ commands): built once per pivot and snapshotted (PrefixCache), then forked for t
 step() runs the sampled command in the fork, with the hard timeout and limits, and scores it with
 the functional verifier against the expert command's effect from the same state.
 
+A pivot whose context says `"executable": false` (a Pivot-v1 terminal row whose task image does not
+ship) runs nothing: no sandbox is made, its step is scored without execution (the verifier's
+string level: bash reads the command as the expert's) and `info["executed"]` is False, with
+`info["output"]["reason"]`. An executed step has `info["executed"]` True.
+
 Making the env is cheap: the sandbox backend is chosen, and the base image built when missing, on
 the first reset. Each env owns its sandboxes, snapshots and directories; closing it removes
 those and nothing of another env's, in this process or any other.
@@ -51,6 +56,11 @@ def bundled_pivots() -> list[Pivot]:
     path = resources.files("pivot_envs.domains.terminal") / "data" / "pivots.jsonl"
     with resources.as_file(path) as file:
         return read_pivots(file)
+
+
+def executable(pivot: Pivot) -> bool:
+    """Whether the pivot's commands can run here (False for rows whose task image does not ship)."""
+    return pivot.context.get("executable", True) is not False
 
 
 class TerminalEnv(SandboxedEnv, PivotEnv):
@@ -103,11 +113,24 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
         return parse_action(action, check_syntax=False)
 
     def restore(self, pivot: Pivot) -> None:
-        self._ensure_backend()
         self._close_fork()
+        self._state = None
+        if not executable(pivot):
+            return
+        self._ensure_backend()
         self._state = self._fork_state(pivot.id, self.prefixes.get(pivot))
 
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
+        call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
+        if not executable(pivot):
+            reason = str(
+                pivot.context.get("not_executable_reason") or "the pivot's task is not available here"
+            )
+            return Outcome(
+                messages=[{"role": "tool", "tool_call_id": call_id, "content": f"[not executed: {reason}]"}],
+                output={"executed": False, "reason": reason},
+                data={"executed": False, "reason": reason},
+            )
         state = self._state
         if state is None or not state.replayable or self.sandbox is None:
             raise InfrastructureError(
@@ -130,9 +153,9 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
             + ("\n[timed out]" if result.timed_out else "")
             + f"\n[exit code {result.exit_code}]"
         )
-        call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
         # Undecodable bytes (lone surrogates) in paths and output become U+FFFD in PivotEnv.step.
         output = {
+            "executed": True,
             **result.to_dict(),
             "files_changed": [{"path": change.path, "kind": change.kind} for change in changes],
         }
@@ -140,6 +163,7 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
             messages=[{"role": "tool", "tool_call_id": call_id, "content": reply}],
             output=output,
             data={
+                "executed": True,
                 "result": result,
                 "expert": state.expert,
                 "expert_repeat": state.expert_repeat,
@@ -154,6 +178,8 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
             # The keys ended the shell (C-d): the action's doing, named as such, not an infrastructure failure.
             info.update(category="shell_exited", detail="the keystrokes ended the interactive shell")
             self._last["info"] = info
+        output = info.get("output")
+        info["executed"] = bool(output.get("executed")) if isinstance(output, dict) else False
         return observation, reward, terminated, truncated, info
 
     # -- sandbox management ------------------------------------------------------------------------

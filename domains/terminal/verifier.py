@@ -23,6 +23,11 @@ category before reaching here):
 6. Otherwise                                                         -> 0, "different_effect"
    (the detail says what differed: exit status, output, files).
 
+A pivot that was not executed (`outcome.data["executed"]` False: a row whose task image does not
+ship) is scored at the string level, as NeMo-Gym's terminal_pivot server scores such rows (the
+keystrokes equal the expert's): rule 2, then rule 0 by `bash -n` alone, then the judge when given, else
+0, "different_command"; the verdict says so (extra["level"] = "string", extra["executed"] = False).
+
 The reward is binary (as in the paper); `extra` holds the similarity and the comparisons.
 """
 
@@ -150,6 +155,8 @@ class TerminalVerifier:
         command = command_of_message(action) or ""
         expert = command_of_message(pivot.expert) or ""
         data = outcome.data if isinstance(outcome, Outcome) else {}
+        if data.get("executed", True) is False:
+            return self._unexecuted(pivot, action, outcome, command, expert, data)
         sample: CommandResult | None = data.get("result")
         reference: CommandResult | None = data.get("expert")
         again: CommandResult | None = data.get("expert_repeat")
@@ -216,6 +223,46 @@ class TerminalVerifier:
             "differs from the expert's command in " + ", ".join(measured or differences),
             extra,
         )
+
+    def _unexecuted(
+        self,
+        pivot: Pivot,
+        action: dict[str, Any],
+        outcome: Any,
+        command: str,
+        expert: str,
+        data: dict[str, Any],
+    ) -> Verdict:
+        """The string level, for a pivot whose commands do not run here (module docstring)."""
+        why = str(data.get("reason") or "the action was not executed")
+        extra: dict[str, Any] = {
+            "similarity": round(command_similarity(command, expert), 4),
+            "level": "string",
+            "executed": False,
+        }
+        tokens = command_tokens(command)
+        if tokens and tokens == command_tokens(expert):
+            verdict = Verdict(
+                1.0, "same_command", "bash reads the command as the expert's (spacing, quoting)", extra=extra
+            )
+        # bash -n costs a process: only for a command that did not match; a failed check is no verdict.
+        elif (problem := syntax_error(command)) and not problem.startswith("could not check"):
+            verdict = Verdict(
+                0.0, "malformed_command", f"bash -n rejects the command: {problem}", extra=extra
+            )
+        elif self.judge is not None:
+            verdict = Verdict(
+                float(self.judge(pivot, action, outcome)), "judge", "decided by the LLM judge", extra=extra
+            )
+        else:
+            verdict = Verdict(
+                0.0,
+                "different_command",
+                f"bash does not read the command as the expert's (similarity {extra['similarity']:.2f})",
+                extra=extra,
+            )
+        verdict.detail = f"{verdict.detail} (scored without running: {why})"
+        return verdict
 
     def _reject(
         self, pivot: Pivot, action: dict[str, Any], outcome: Any, detail: str, extra: dict[str, Any]

@@ -3,7 +3,9 @@
 Each record's format is detected from its content (`records.record_kind`) and the record goes to
 that format's reader. A malformed record is counted in the `ReadReport` as ``file:line: reason``
 and skipped; reading never raises on bad content. `read_as_pivots` also runs the extraction
-(`pivot_envs.extract`) on trajectory files: reading sits above extraction, never below it.
+(`pivot_envs.extract`) on trajectory files: reading sits above extraction, never below it. A file
+of NVIDIA's Pivot-v1 rows (parquet, or JSONL whose first record is one) goes to that format's
+streamed reader (`nemotron_pivot_v1.iter_pivot_v1`), as `pivotrl extract --format pivot-v1` reads it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 from pivot_envs.extract import ExtractConfig, extract_pivots, reward_rejection, turn_rejection
 from pivot_envs.formats.nemo_gym_pivots import nemo_gym_row_to_pivot
 from pivot_envs.formats.nemo_gym_rollouts import read_rollout
+from pivot_envs.formats.nemotron_pivot_v1 import iter_pivot_v1, looks_like_pivot_v1, pivot_v1_row_to_pivot
 from pivot_envs.formats.openai_chat import read_openai_chat
 from pivot_envs.formats.pivots import read_pivot_record
-from pivot_envs.formats.records import MalformedRecord, record_kind, records
+from pivot_envs.formats.records import PIVOT_V1, MalformedRecord, record_kind, records
 from pivot_envs.formats.sharegpt import read_sharegpt
 from pivot_envs.pivot import Pivot, PivotFormatError, domain_mismatch
 from pivot_envs.trajectory import ReadReport, Trajectory
@@ -36,6 +39,8 @@ def _read_record(kind: str, record: dict, default_id: str, prefix: str) -> Traje
         return read_pivot_record(record)
     if kind == "nemo-gym-pivots":
         return nemo_gym_row_to_pivot(record, default_id)
+    if kind == PIVOT_V1:
+        return pivot_v1_row_to_pivot(record, default_id=default_id)
     if kind == "nemo-gym-rollouts":
         return read_rollout(record, default_id)
     if kind == "sharegpt":
@@ -127,17 +132,24 @@ def read_as_pivots(
     path = Path(path)
     pivots: list[Pivot] = []
     trajectories: list[Trajectory] = []
-    for _, _, item in _read(path, own, id_prefix):
+    streamed = looks_like_pivot_v1(path)
+    if streamed:  # a row at a time, as `pivotrl extract --format pivot-v1` reads it
+        own.formats.setdefault(str(path), PIVOT_V1)
+        items: Iterator[Trajectory | Pivot] = iter_pivot_v1(path, own, id_prefix=id_prefix)
+    else:
+        items = (item for _, _, item in _read(path, own, id_prefix))
+    for item in items:
         if isinstance(item, Pivot):
             rejected = reward_rejection(item.source.get("reward"), config) or turn_rejection(
                 item.expert, config
             )
             if rejected:
                 own.filtered[rejected] += 1
+                own.pivots -= streamed  # iter_pivot_v1 counted it when it yielded it
                 continue
             item.domain = item.domain or domain
             pivots.append(item)
-            own.pivots += 1
+            own.pivots += not streamed  # iter_pivot_v1 counts the pivots it yields
         else:
             own.trajectories += 1
             if item.assistant_turns == 0:

@@ -21,6 +21,7 @@ from pivot_envs.jsonl import may_hold_surrogate, read_text_bytes, surrogate_prob
 from pivot_envs.trajectory import ReadReport
 
 FORMATS = ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
+PIVOT_V1 = "pivot-v1"  # a row of NVIDIA's Pivot-v1 sets (NeMo-Gym pivot rows with fields of their own)
 CUT_OFF = "cut-off file"  # the reported reason of a gzip stream that ends early (not a record)
 # How many leading records detect_format looks at before giving up.
 _DETECT_RECORDS = 50
@@ -123,12 +124,16 @@ def _single_document(data: bytes, report: ReadReport) -> bool:
 
 
 def record_kind(record: Any) -> str | None:
-    """The format (one of FORMATS) a parsed record is in, from its keys; None when it is in none."""
+    """The format (one of FORMATS, or PIVOT_V1) a parsed record is in, from its keys; None when it is in none."""
     if not isinstance(record, dict):
         return None
     if isinstance(record.get("expert"), dict) and "messages" in record and "id" in record:
         return "pivots"
     if "responses_create_params" in record:
+        from pivot_envs.formats.nemotron_pivot_v1 import is_pivot_v1_row  # it imports this module
+
+        if is_pivot_v1_row(record):
+            return PIVOT_V1
         return "nemo-gym-pivots" if "expected_action" in record else "nemo-gym-rollouts"
     if "conversations" in record:
         return "sharegpt"

@@ -295,3 +295,36 @@ def test_pivotrl_export_writes_a_dataset_folder_and_refuses_a_full_one(tmp_path,
     assert (tmp_path / "ds" / "data" / "train-00000-of-00001.parquet").is_file()
     assert main(["export", str(tmp_path / "p.jsonl"), "--format", "hf", "--out", str(tmp_path / "ds")]) != 0
     assert "not empty" in capsys.readouterr().err
+
+
+def test_pivotrl_extract_without_a_format_reads_pivot_v1_rows_as_the_pivot_v1_reader_does(tmp_path):
+    rows = [conversational_row(i, i % 17) for i in range(5)] + [SWE_ROW, TERMINAL_ROW, FUNCTION_CALLING_ROW]
+    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert main(["extract", str(source), "--out", str(tmp_path / "auto.jsonl")]) == 0
+    assert main(["extract", str(source), "--format", "pivot-v1", "--out", str(tmp_path / "v1.jsonl")]) == 0
+    auto, v1 = read_pivots(tmp_path / "auto.jsonl"), read_pivots(tmp_path / "v1.jsonl")
+    assert [p.to_dict() for p in auto] == [p.to_dict() for p in v1] and len(auto) == 8
+    terminal = next(p for p in auto if p.domain == "terminal")  # not misread as a rollout
+    assert (
+        terminal.expert == {"role": "assistant", "content": TERMINUS}
+        and terminal.context["executable"] is False
+    )
+
+
+def test_the_generic_reader_streams_a_pivot_v1_parquet_file_and_tells_plain_nemo_gym_rows_apart(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="parquet needs pyarrow (the train extra)")
+    import pyarrow.parquet as pq
+
+    from pivot_envs.formats.read import read_as_pivots
+    from pivot_envs.formats.records import record_kind
+
+    rows = [conversational_row(i, i % 5) for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    report = ReadReport()
+    pivots = read_as_pivots(tmp_path / "train.parquet", report=report)
+    assert [p.profile.mean for p in pivots] == [0.0, 1 / 16, 2 / 16, 3 / 16] and report.pivots == 4
+    assert report.formats[str(tmp_path / "train.parquet")] == "pivot-v1"
+    assert record_kind(TERMINAL_ROW) == "pivot-v1" and record_kind(SWE_ROW) == "pivot-v1"
+    plain = {k: SWE_ROW[k] for k in ("responses_create_params", "expected_action")}
+    assert record_kind(plain) == "nemo-gym-pivots"
+    assert record_kind({**plain, "info": {"note": 1}}) == "nemo-gym-pivots"  # not function-calling's info
