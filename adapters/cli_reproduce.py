@@ -32,15 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output folder (default: runs/reproduce-SCALE); a rerun into it skips the finished stages",
     )
     parser.add_argument(
-        "--seeds", type=int, default=None, metavar="N", help="training seeds (default: the scale's, 3+)"
+        "--seeds",
+        default=None,
+        metavar="N|LIST",
+        help="training seeds: a count N (seeds 0..N-1; default: the scale's, 3+) or seeds and ranges (100-114, "
+        "3,5,8-9): new seeds run without retraining finished ones, and processes can train disjoint seeds",
     )
     parser.add_argument(
         "--only",
         type=_names,
         default=None,
         metavar="CLAIM,...",
-        help="experiments to run: signal, "
-        "strict-functional, ablation, sft, objective, online, theorems, e2e (default: all)",
+        help="experiments to run: signal, strict-functional, ablation, sft, objective, online, theorems, e2e "
+        "(default: all of these), or a pre-registered one alone: sft-matched (E1 of docs/preregistration.md)",
     )
     parser.add_argument(
         "--domains",
@@ -78,15 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from pivot_envs.adapters.reproduce.runner import check_only, reproduce
+    from pivot_envs.adapters.reproduce.runner import check_only, parse_seeds, reproduce
     from pivot_envs.adapters.reproduce.scales import get_scale
     from pivot_envs.cli._checks import check_domain, check_output
 
     only = check_only(args.only)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     domains = tuple(check_domain(name) for name in args.domains) if args.domains else None
     scale = get_scale(
         args.scale,
-        seeds=args.seeds,
+        seeds=seeds if isinstance(seeds, int) else None,
         domains=domains,
         policy=args.policy,
         device=args.device,
@@ -96,7 +101,13 @@ def main(args: argparse.Namespace) -> int:
     for name in {*scale.domains, *scale.train_domains, *scale.profile_domains}:
         check_domain(name)  # names given through --set
     out = check_output(args.out or f"runs/reproduce-{scale.name}", "--out", directory=True)
-    path, stages = reproduce(scale, Path(out), only, finished_only=args.finished_only)
+    path, stages = reproduce(
+        scale,
+        Path(out),
+        only,
+        finished_only=args.finished_only,
+        seeds=seeds if isinstance(seeds, list) else None,
+    )
     print(f"\n{len(stages.computed)} stages run, {len(stages.reused)} read from an earlier run")
-    print(f"report: {path}")
+    print(f"report: {path}" if path else "no report yet: registered seeds are missing (above)")
     return 0

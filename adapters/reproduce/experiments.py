@@ -35,6 +35,10 @@ ARMS = {
     "pivotrl-action": ("adv", None, "action"),
     # beyond the paper: the full method with D_adv re-profiled under the current policy during training
     "pivotrl-online": ("adv", None, "token"),
+    # budget-matched SFT controls (docs/preregistration.md, E1): SFT with PivotRL's optimizer steps and learning
+    # rate, and SFT for one epoch at the SFT arm's learning rate
+    "sft-matched": ("cand", None, None),
+    "sft-1epoch": ("cand", None, None),
 }
 ONLINE_ARMS = ("pivotrl-online",)
 # The arms each experiment needs (the claims of `--only`).
@@ -45,12 +49,14 @@ EXPERIMENT_ARMS = {
     "sft": ("pivotrl", "sft"),
     "objective": ("pivotrl", "pivotrl-action"),
     "online": ("pivotrl", "pivotrl-online"),
+    # E1 of docs/preregistration.md: the drift claim against SFT arms of PivotRL's budget
+    "sft-matched": ("pivotrl", "sft", "sft-matched", "sft-1epoch"),
     "theorems": (),
     "e2e": (),
 }
 EXPERIMENTS = tuple(EXPERIMENT_ARMS)
 # The arms whose drift out of domain is measured (the SFT comparison); the others only in domain.
-DRIFT_ARMS = ("pivotrl", "sft")
+DRIFT_ARMS = ("pivotrl", "sft", "sft-matched", "sft-1epoch")
 # The scale's fields each early stage depends on (a later stage depends on every field): resizing the
 # training arms of a scale keeps its finished base, base measurements and profiles.
 BASE_FIELDS = (
@@ -75,6 +81,35 @@ MEASURE_FIELDS = (
 PROFILE_FIELDS = (*BASE_FIELDS, "candidates", "k", "lambda_diff", "max_new_tokens")
 REPO = Path(__file__).resolve().parents[2]
 THEOREM_TESTS = REPO / "tests" / "adapters" / "test_theorems.py"
+
+
+def sft_config(scale: Scale, arm: str, examples: int) -> Any:
+    """The SFT config of an SFT arm on `examples` part-B turns: the scale's `sft`, or a budget-matched one.
+    `sft-matched` takes the RL arms' optimizer steps and learning rate (one pass over the turns in
+    `train.steps` batches); `sft-1epoch` one epoch at the SFT arm's learning rate and batch."""
+    if arm == "sft-matched":
+        steps = max(1, scale.train.steps)
+        return replace(
+            scale.sft, epochs=1, batch_size=-(-examples // steps), learning_rate=scale.train.learning_rate
+        )
+    if arm == "sft-1epoch":
+        return replace(scale.sft, epochs=1)
+    return scale.sft
+
+
+def arm_sizes(scale: Scale, arm: str, examples: int) -> dict[str, Any]:
+    """What a budget-matched arm adds to its stage's settings (its own sizes); {} for the others, so that their
+    committed stages stay valid."""
+    if arm not in ("sft-matched", "sft-1epoch"):
+        return {}
+    config = sft_config(scale, arm, examples)
+    return {
+        "sft": {
+            "epochs": config.epochs,
+            "batch_size": config.batch_size,
+            "learning_rate": config.learning_rate,
+        }
+    }
 
 
 def bundled_pivots(domain: str) -> list[Pivot]:
@@ -249,6 +284,24 @@ class Experiments:
         domains = list(self.scale.domains)
         return self.measure(self.reset_to_base(), domains, domains)
 
+    def _base_compared_settings(self) -> dict[str, Any]:
+        return self.settings((*MEASURE_FIELDS, "train_domains"), compared=self.scale.compared_pivots or 0)
+
+    def base_compared(self) -> dict[str, Any]:
+        """The base on every item the arms are compared on (the training domains' compared sets), and its replies
+        to the general questions: each arm's gain over the base is then measured on the arm's own items."""
+        return self.stages.run("measure-base-compared", self._base_compared_settings(), self._base_compared)
+
+    def base_compared_finished(self) -> bool:
+        """Whether the base's stage on the compared items finished earlier (`base_compared` would read it)."""
+        return self.stages.finished("measure-base-compared", self._base_compared_settings())
+
+    def _base_compared(self, folder: Path) -> dict[str, Any]:
+        policy = self.reset_to_base()
+        measured = self.measure(policy, list(self.scale.train_domains), None, compared=True)
+        questions = measure.read_questions(self.scale.questions)
+        return {**measured, "question_replies": measure.question_replies(policy, questions)}
+
     # -- profiling part B under the base (the signal and miss-rate figures, D_adv) ---------------------
 
     def profile(self, domain: str) -> dict[str, Any]:
@@ -292,17 +345,20 @@ class Experiments:
 
     # -- training arms -------------------------------------------------------------------------------
 
+    def arm_settings(self, domain: str, arm: str, seed: int) -> dict[str, Any]:
+        """What an arm's seed depends on: the whole scale, and a budget-matched arm's own sizes."""
+        examples = len(self.data.candidates[domain])
+        return self.settings(domain=domain, arm=arm, seed=seed, **arm_sizes(self.scale, arm, examples))
+
     def arm(self, domain: str, arm: str, seed: int) -> dict[str, Any]:
-        settings = self.settings(domain=domain, arm=arm, seed=seed)
+        settings = self.arm_settings(domain, arm, seed)
         return self.stages.run(
             f"train-{domain}-{arm}-s{seed}", settings, lambda f: self._arm(f, domain, arm, seed)
         )
 
     def arm_finished(self, domain: str, arm: str, seed: int) -> bool:
         """Whether this arm's seed finished earlier at this scale (`arm` would read it, not train)."""
-        return self.stages.finished(
-            f"train-{domain}-{arm}-s{seed}", self.settings(domain=domain, arm=arm, seed=seed)
-        )
+        return self.stages.finished(f"train-{domain}-{arm}-s{seed}", self.arm_settings(domain, arm, seed))
 
     def _arm(self, folder: Path, domain: str, arm: str, seed: int) -> dict[str, Any]:
         import torch
@@ -319,7 +375,8 @@ class Experiments:
         history: list[dict[str, Any]] = []
         if level is None:  # SFT on the same part-B candidates' expert turns
             torch.manual_seed(seed)
-            warm_up(policy, pivots, replace(scale.sft, seed=seed, progress=scale.progress))
+            config = sft_config(scale, arm, len(pivots))
+            warm_up(policy, pivots, replace(config, seed=seed, progress=scale.progress))
         else:
             config = replace(
                 scale.train, policy=scale.policy, loss_level=level, seed=seed, out=str(folder / "train")
@@ -348,11 +405,18 @@ class Experiments:
             history = [{key: record.get(key) for key in keys} for record in result.history]
             shutil.rmtree(result.final, ignore_errors=True)  # the weights: not needed once measured
         others = [d for d in scale.domains if d != domain] if arm in DRIFT_ARMS else None
-        return {
+        result = {
             "pivots": len(pivots),
             "history": history,
             **self.measure(policy, [domain], others, compared=True),
         }
+        if arm_sizes(
+            scale, arm, len(pivots)
+        ):  # the new arms log their replies (format capture or forgetting)
+            result["question_replies"] = measure.question_replies(
+                policy, measure.read_questions(scale.questions)
+            )
+        return result
 
     # -- the theorems and end-to-end RL ------------------------------------------------------------------
 

@@ -152,14 +152,19 @@ def answer_found(reply: str, answer: str) -> bool:
     return f" {normalise(answer)} " in f" {normalise(reply)} "
 
 
+def question_replies(policy: Any, questions: Sequence[dict[str, str]], max_new_tokens: int = 16) -> list[str]:
+    """The greedy reply to each question, in order."""
+    chats = [{"messages": [{"role": "user", "content": q["question"]}]} for q in questions]
+    replies = []
+    for start in range(0, len(chats), 8):
+        groups = policy.generate(chats[start : start + 8], 1, greedy(max_new_tokens))
+        replies += [group[0].text for group in groups]
+    return replies
+
+
 def question_scores(
     policy: Any, questions: Sequence[dict[str, str]], max_new_tokens: int = 16
 ) -> list[float]:
     """1.0 or 0.0 per question: the greedy reply holds the exact answer."""
-    chats = [{"messages": [{"role": "user", "content": q["question"]}]} for q in questions]
-    scores = []
-    for start in range(0, len(chats), 8):
-        groups = policy.generate(chats[start : start + 8], 1, greedy(max_new_tokens))
-        for question, group in zip(questions[start : start + 8], groups):
-            scores.append(1.0 if answer_found(group[0].text, question["answer"]) else 0.0)
-    return scores
+    replies = question_replies(policy, questions, max_new_tokens)
+    return [1.0 if answer_found(reply, q["answer"]) else 0.0 for q, reply in zip(questions, replies)]

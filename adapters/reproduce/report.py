@@ -126,7 +126,13 @@ def plots(
             "arms",
             "arms.png",
             "held-out turn accuracy by arm (paper: tau2-bench, Table 4)",
-            {"pivotrl": 0.6381, "cand-functional": 0.5968, "cand-strict": 0.5734, "sft": 0.5844},
+            {
+                "base": 0.4435,
+                "pivotrl": 0.6381,
+                "cand-functional": 0.5968,
+                "cand-strict": 0.5734,
+                "sft": 0.5844,
+            },
             "turn accuracy",
         ),
         (
@@ -188,6 +194,31 @@ def _finished_note(arm_seeds: dict[str, int] | None) -> list[str]:
     ]
 
 
+LOOKS = "looks.json"  # OUT/looks.json: {"report": N, PLAN: N}, shared with the pre-registered reports
+
+
+def count_look(out: Path, key: str = "report") -> int:
+    """Record one more look written into `out` (OUT/looks.json: key "report" for the general report, a plan's
+    name for a pre-registered one; other keys are kept); returns how many there have been, this one included."""
+    path = out / LOOKS
+    looks = json.loads(path.read_text()) if path.exists() else {}
+    looks[key] = looks.get(key, 0) + 1
+    path.write_text(json.dumps(looks, indent=1))
+    return looks[key]
+
+
+def _looks_line(looks: int) -> str:
+    """The header's line on how many reports these stages have had: a verdict read at a later look is not
+    corrected for the earlier ones."""
+    if looks == 1:
+        return "This report is look 1 of these stages (the first report written into this folder)."
+    return (
+        f"This report is look {looks} of these stages: {looks - 1} earlier report"
+        f"{'s were' if looks > 2 else ' was'} written into this folder ({LOOKS}). The intervals are not widened "
+        "for repeated looks: a verdict that changed between looks is weaker evidence than its interval says."
+    )
+
+
 def write(
     out: Path,
     scale: Scale,
@@ -196,7 +227,9 @@ def write(
     split: dict[str, Any],
     extra: dict[str, Any],
 ) -> Path:
-    """report.md and report.json in `out`; returns the markdown's path."""
+    """report.md and report.json in `out`, counted as one more look at its stages (OUT/looks.json); returns the
+    markdown's path."""
+    looks = count_look(out)
     lines = [
         "# PivotRL: the paper's claims at small scale",
         "",
@@ -206,6 +239,8 @@ def write(
         *_compared_note(scale),
         *_finished_note(extra.get("arm_seeds")),
         *_device_note(scale),
+        "",
+        _looks_line(looks),
         "",
         "A verdict is decided by the 95% interval beside it: **reproduced** when the interval lies wholly on the "
         "paper's side of the threshold (0 for a difference), **not reproduced** when wholly on the other side, "
@@ -277,7 +312,14 @@ def write(
     path.write_text("\n".join(lines))
     (out / "report.json").write_text(
         json.dumps(
-            {"scale": scale.to_dict(), "seeds": seeds, "claims": claims, "split": split, **extra},
+            {
+                "scale": scale.to_dict(),
+                "seeds": seeds,
+                "looks": looks,
+                "claims": claims,
+                "split": split,
+                **extra,
+            },
             indent=1,
             default=str,
         )

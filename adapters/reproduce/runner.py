@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pivot_envs.adapters.reproduce import claims as claims_of
 from pivot_envs.adapters.reproduce import report
-from pivot_envs.adapters.reproduce.experiments import ARMS, EXPERIMENT_ARMS, EXPERIMENTS, Experiments
+from pivot_envs.adapters.reproduce.experiments import (
+    ARMS,
+    EXPERIMENT_ARMS,
+    EXPERIMENTS,
+    Experiments,
+)
+from pivot_envs.adapters.reproduce.prereg import PLANS, analyse, missing_seeds, write_report
+from pivot_envs.adapters.reproduce.report import count_look
 from pivot_envs.adapters.reproduce.scales import Scale
 from pivot_envs.adapters.reproduce.stages import Stages
 from pivot_envs.adapters.reproduce.stats import bootstrap_mean
+from pivot_envs.config import ConfigError
 from pivot_envs.errors import UnknownNameError
 
 # Which plot each claim shows.
@@ -26,17 +35,39 @@ FIGURES = {
     "objective": "arms",
     "online": "arms",
     "sft-ood": "sft",
+    "gain": "arms",  # gain-ARM
 }
 
 
 def check_only(only: Sequence[str] | None) -> list[str]:
-    """The experiments to run: all of them, or those named (each checked against EXPERIMENTS)."""
+    """The experiments to run: all but the pre-registered ones, or those named (each checked against
+    EXPERIMENTS). A pre-registered experiment runs alone: its one look must not share a report."""
     if not only:
-        return list(EXPERIMENTS)
+        return [name for name in EXPERIMENTS if name not in PLANS]
     for name in only:
         if name not in EXPERIMENTS:
             raise UnknownNameError("experiment", name, EXPERIMENTS)
+    registered = [name for name in only if name in PLANS]
+    if registered and len(set(only)) > 1:
+        raise ConfigError(
+            f"--only {','.join(only)}: {registered[0]} is pre-registered (docs/preregistration.md) and runs alone"
+        )
     return [name for name in EXPERIMENTS if name in only]
+
+
+def parse_seeds(text: str) -> int | list[int]:
+    """`--seeds`: a count N (seeds 0 .. N-1) or a list of seeds and ranges, "0-17" or "100-114" or "3,5,8-9"."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    seeds: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise ConfigError(f"--seeds {text!r}: give a count (3) or seeds and ranges (0-17, or 3,5,8-9)")
+        first = int(match.group(1))
+        seeds += range(first, int(match.group(2) or first) + 1)
+    return list(dict.fromkeys(seeds))
 
 
 def with_local_figures(item: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -81,18 +112,74 @@ def per_seed_accuracy(
     return table
 
 
-def reproduce(
-    scale: Scale, out: Path, only: Sequence[str] | None = None, finished_only: bool = False
-) -> tuple[Path, Stages]:
-    """Run the experiments in `only` (default: all) at `scale` into `out`; returns report.md's path and the
-    stages (which ran, which were read from an earlier run). With `finished_only` no arm is trained: each arm
-    brings the seeds 0, 1, ... it finished in an earlier run into `out` (up to the first missing one), and each
-    comparison pairs the seeds both its arms have."""
-    chosen = check_only(only)
+def registered(
+    scale: Scale, out: Path, name: str, seeds: Sequence[int] | None, finished_only: bool
+) -> tuple[Path | None, Stages]:
+    """Run pre-registered experiment `name`: its arms' `seeds` (default: all it registers; a subset lets several
+    processes train disjoint seeds), then, once every registered seed of every arm has finished, its one
+    analysis. Returns the report's path (None while seeds are missing: nothing held-out is summarised before)."""
+    plan = PLANS[name]
+    planned = plan.seeds_at(scale)
+    run_seeds = list(seeds) if seeds is not None else planned
+    strays = [s for s in run_seeds if s not in planned]
+    if strays:
+        raise ConfigError(
+            f"--seeds: {plan.name} registers seeds {planned[0]}-{planned[-1]}; {strays} are not among them "
+            "(docs/preregistration.md)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out)
     runs = Experiments(scale, out, stages)
-    seeds = list(range(scale.seeds))
+    runs.base()
+    base = runs.base_measures()
+    base_compared = runs.base_compared()
+    runs.profile(scale.train_domains[0])
+    if not finished_only:
+        for domain in scale.train_domains:
+            for seed in run_seeds:
+                for arm in plan.arms:
+                    runs.arm(domain, arm, seed)
+    finished = {
+        arm: [s for s in planned if all(runs.arm_finished(d, arm, s) for d in scale.train_domains)]
+        for arm in plan.arms
+    }
+    missing = missing_seeds(plan, finished, planned)
+    if missing:
+        done = min(len(seeds) for seeds in finished.values())
+        print(
+            f"[reproduce] {plan.name}: {done} of {len(planned)} registered seeds finished in every arm; no analysis "
+            f"before the last (docs/preregistration.md). Missing: "
+            + "; ".join(f"{arm} {left}" for arm, left in missing.items()),
+            flush=True,
+        )
+        return None, stages
+    arms = {
+        (d, arm): [runs.arm(d, arm, s) for s in planned] for d in scale.train_domains for arm in plan.arms
+    }
+    analysis = analyse(plan, arms, base, base_compared, scale.train_domains, scale.domains)
+    return write_report(out, plan, analysis, planned, count_look(out, plan.name)), stages
+
+
+def reproduce(
+    scale: Scale,
+    out: Path,
+    only: Sequence[str] | None = None,
+    finished_only: bool = False,
+    seeds: Sequence[int] | None = None,
+) -> tuple[Path | None, Stages]:
+    """Run the experiments in `only` (default: all but the pre-registered) at `scale` into `out`; returns
+    report.md's path and the stages (which ran, which were read from an earlier run). `seeds` replaces the
+    scale's 0 .. seeds-1 (new seeds run without retraining committed ones). With `finished_only` no arm is
+    trained: each arm brings the seeds it finished in an earlier run into `out` (in order, up to the first
+    missing one), and each comparison pairs the seeds both its arms have. A pre-registered experiment (alone in
+    `only`) goes to `registered`."""
+    chosen = check_only(only)
+    if chosen and chosen[0] in PLANS:
+        return registered(scale, out, chosen[0], seeds, finished_only)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(out)
+    runs = Experiments(scale, out, stages)
+    seeds = list(seeds) if seeds is not None else list(range(scale.seeds))
     # the arms in the order of ARMS (the full method, its ablations, SFT, then the options), seed by seed:
     # an interrupted run has the paper's main comparisons first, and every arm it trained has the same
     # seeds so far, so that adding seeds to a run adds pairs to every comparison as it goes
@@ -102,7 +189,7 @@ def reproduce(
 
     profiles: dict[str, dict] = {}
     arms: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    base, warm_up = None, None
+    base, warm_up, base_compared = None, None, None
     if needs_profiles:
         warm_up = runs.base()
         measured = [d for d in scale.domains if not scale.profile_domains or d in scale.profile_domains]
@@ -114,11 +201,14 @@ def reproduce(
         profiles = {domain: runs.profile(domain) for domain in profile_domains}
     if arm_names:
         base = runs.base_measures()
+        # the base on every compared item (each arm's gain over it); --finished-only reads it only if it ran
+        if not finished_only or runs.base_compared_finished():
+            base_compared = runs.base_compared()
         for domain in scale.train_domains:
-            for seed in seeds:
+            for index, seed in enumerate(seeds):
                 for arm in arm_names:
                     done = arms.setdefault((domain, arm), [])
-                    if finished_only and (len(done) < seed or not runs.arm_finished(domain, arm, seed)):
+                    if finished_only and (len(done) < index or not runs.arm_finished(domain, arm, seed)):
                         continue
                     done.append(runs.arm(domain, arm, seed))
         arms = finished_arms(arms, scale.train_domains) if finished_only else arms
@@ -134,9 +224,13 @@ def reproduce(
         summaries["strict"] = claims_of.miss_rates(profiles)[0]
     if arms:
         claims += claims_of.arm_claims(arms, base, scale.train_domains, scale.domains, set(chosen))
+        claims += claims_of.gain_claims(arms, base_compared, scale.train_domains, trained)
         summaries["arms"] = {
             arm: bootstrap_mean(claims_of.in_domain(arms, arm, scale.train_domains)) for arm in trained
         }
+        if base_compared is not None:
+            row = [r for d in scale.train_domains for r in base_compared["turns"][d]]
+            summaries["arms"] = {"base": bootstrap_mean([row]), **summaries["arms"]}
         if "sft" in chosen and {"pivotrl", "sft"} <= set(trained):
             summaries["drift"] = {
                 arm: claims_of.drift(arms, base, scale.train_domains, scale.domains, arm)
@@ -153,8 +247,10 @@ def reproduce(
 
     figures = report.plots(out, profiles, arms, base, scale, summaries)
     for item in claims:
-        if FIGURES.get(item["claim"]) in figures:
-            item["figures"] = [figures[FIGURES[item["claim"]]], *item.get("figures", [])]
+        # a domain's signal claim shows the signal plot, an arm's gain the arms' plot
+        shown = FIGURES.get(item["claim"]) or FIGURES.get(item["claim"].split("-")[0])
+        if shown in figures:
+            item["figures"] = [figures[shown], *item.get("figures", [])]
     extra = {"experiments": chosen, "seconds": stages.seconds(), "base": warm_up}
     if arms:
         extra["per_seed"] = per_seed_accuracy(arms, scale.train_domains)

@@ -14,6 +14,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from pivot_envs.evaluate import wilson_interval
 
@@ -150,3 +151,78 @@ def paired_differences(
         other = b[index] if len(b) > 1 else b[0]
         out.append([x - y if x is not None and y is not None else None for x, y in zip(row, other)])
     return out
+
+
+# -- the pre-registered analysis (docs/preregistration.md) ---------------------------------------------------
+
+PREREG_RESAMPLES = 10_000
+SMALLEST_EFFECT = 0.05  # 5 accuracy points: the paper's in-domain gain over SFT on tau2-bench is 5.4
+READINGS = ("better", "worse", "no effect of 5 points or more", "inconclusive")
+
+
+def crossed_bootstrap(
+    table: Sequence[Sequence[float | None]], resamples: int = PREREG_RESAMPLES, seed: int = 0
+) -> dict[str, Any]:
+    """The mean of a seeds x items table (None: no value) with the item-random crossed bootstrap: seeds and items
+    resampled independently with replacement, `resamples` times. Returns the estimate, the 95% and 90% percentile
+    intervals, a two-sided p-value from the same draws (twice the smaller share on either side of 0; at least
+    1/resamples), and the item-fixed 95% interval (the seeds' own means resampled over seeds only)."""
+    import numpy as np
+
+    rows = [list(row) for row in table if any(v is not None for v in row)]
+    if not rows:
+        raise ValueError("an empty table has no mean")
+    width = max(len(row) for row in rows)
+    values = np.full((len(rows), width), np.nan)
+    for s, row in enumerate(rows):
+        for i, v in enumerate(row):
+            if v is not None:
+                values[s, i] = v
+    estimate = float(np.nanmean(values))
+    rng = np.random.default_rng(seed)
+    draws = np.empty(resamples)
+    for r in range(resamples):
+        picked = values[rng.integers(len(rows), size=len(rows))][:, rng.integers(width, size=width)]
+        draws[r] = np.nan if np.isnan(picked).all() else np.nanmean(picked)
+    draws = draws[~np.isnan(draws)]
+    seed_means = np.nanmean(values, axis=1)
+    fixed = seed_means[rng.integers(len(rows), size=(resamples, len(rows)))].mean(axis=1)
+    p = min(1.0, 2 * min(float((draws <= 0).mean()), float((draws >= 0).mean())))
+    return {
+        "estimate": estimate,
+        "low": float(np.quantile(draws, 0.025)),
+        "high": float(np.quantile(draws, 0.975)),
+        "low90": float(np.quantile(draws, 0.05)),
+        "high90": float(np.quantile(draws, 0.95)),
+        "p": max(p, 1.0 / resamples),
+        "item_fixed": {"low": float(np.quantile(fixed, 0.025)), "high": float(np.quantile(fixed, 0.975))},
+        "n_seeds": len(rows),
+        "n_items": width,
+    }
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given (each at most 1, never below an earlier one's in
+    the sorted order)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted = [0.0] * len(pvalues)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def reading(
+    figure: dict[str, Any], adjusted_p: float, alpha: float = 0.05, margin: float = SMALLEST_EFFECT
+) -> str:
+    """The pre-registered reading of a difference: "better" or "worse" when the Holm-adjusted p is below `alpha`
+    and the 95% interval lies on that side of 0; "no effect of 5 points or more" when the 90% interval (two
+    one-sided tests at 5%) lies within (-margin, +margin); else "inconclusive"."""
+    if adjusted_p < alpha and figure["low"] > 0:
+        return "better"
+    if adjusted_p < alpha and figure["high"] < 0:
+        return "worse"
+    if -margin < figure["low90"] and figure["high90"] < margin:
+        return "no effect of 5 points or more"
+    return "inconclusive"

@@ -36,6 +36,13 @@ CLAIMS = {
     "online",
     "theorems",
     "e2e",
+    # one signal claim per profiled domain beside the pooled one, and each trained arm's gain over the base
+    "signal-tool-use",
+    "signal-search",
+    *(
+        f"gain-{arm}"
+        for arm in ("pivotrl", "cand-functional", "cand-strict", "sft", "pivotrl-action", "pivotrl-online")
+    ),
 }
 COMPARED = 12
 FIELDS = {"claim", "title", "paper_section", "paper", "ours", "verdict", "interval", "detail", "figures"}
@@ -356,6 +363,115 @@ def test_the_arms_are_compared_on_their_own_held_out_set_and_the_base_on_its_sam
         f"compared on {COMPARED} held-out pivots of each training domain (`--compared-pivots {COMPARED}`)"
         in text
     )
+
+
+def test_each_trained_arm_gains_over_the_base_measured_on_the_same_compared_items(quick, report):
+    stage = json.loads((quick / "stages" / "measure-base-compared" / "result.json").read_text())["result"]
+    base = stage["turns"]["tool-use"]
+    assert (
+        len(base) == COMPARED and "search" not in stage["turns"]
+    )  # the training domain's compared items only
+    made = {c["claim"]: c for c in report["claims"]}
+    for arm in report["per_seed"]["tool-use"]:
+        item = made[f"gain-{arm}"]
+        assert item["title"] == f"{arm} improves on the base in domain" and "Table 1" in item["paper_section"]
+        seeds = sorted((quick / "stages").glob(f"train-tool-use-{arm}-s*/result.json"))
+        differences = [
+            a - b
+            for path in seeds
+            for a, b in zip(json.loads(path.read_text())["result"]["turns"]["tool-use"], base)
+            if a is not None and b is not None
+        ]
+        assert item["interval"]["estimate"] == pytest.approx(sum(differences) / len(differences)), arm
+        assert item["interval"]["seeds"] == len(seeds) == 3 and "paired_mdd" in item["interval"]
+        assert item["verdict"] == verdict(item["interval"]["low"], item["interval"]["high"]), arm
+    assert "+19.46" in made["gain-pivotrl"]["paper"] and "+14.09" in made["gain-sft"]["paper"]
+    assert (
+        "| pivotrl improves on the base in domain (Sec. 4.2, Table 1 (gain over base)) |"
+        in (quick / "report.md").read_text()
+    )
+
+
+def test_a_constant_gain_over_the_base_is_reproduced_and_an_unmeasured_base_decides_nothing():
+    from pivot_envs.adapters.reproduce.claims import gain_claims
+
+    def seed(*turns):
+        return {"turns": {"search": list(turns)}}
+
+    arms = {
+        ("search", "pivotrl"): [seed(1.0, 1.0, 1.0, None)] * 3,
+        ("search", "sft"): [seed(0.0, 0.0, 1.0, 1.0)],
+    }
+    base = {"turns": {"search": [0.0, 0.0, 0.0, 1.0]}}
+    gained, level = gain_claims(arms, base, ["search"], ["pivotrl", "sft"])
+    assert gained["verdict"] == "reproduced" and gained["interval"]["estimate"] == pytest.approx(1.0)
+    assert level["verdict"] == "inconclusive" and level["interval"]["estimate"] == pytest.approx(0.25)
+    assert "1 seed of the arm against the base's one greedy reply" in level["detail"]
+    (unmeasured,) = gain_claims(arms, None, ["search"], ["pivotrl"])
+    assert unmeasured["interval"] is None and unmeasured["verdict"] == "inconclusive"
+    assert unmeasured["ours"].startswith("not measured")
+
+
+def test_signal_has_a_verdict_per_profiled_domain_so_a_base_that_always_fails_decides_only_its_own():
+    from pivot_envs.adapters.reproduce.claims import signal_claims
+
+    def profile(*groups):
+        rows = [rewards for count, rewards in groups for _ in range(count)]
+        return {
+            "candidates": [
+                {"id": str(i), "rewards": r, "valid": [True] * len(r), "strict": None}
+                for i, r in enumerate(rows)
+            ]
+        }
+
+    # tool use: the base fails every sample; search: four fifths of its candidates have mixed rewards
+    profiles = {
+        "tool-use": profile((80, [0.0] * 4)),
+        "search": profile((40, [0.0, 1.0, 0.0, 1.0]), (10, [1.0] * 4)),
+    }
+    made = {c["claim"]: c for c in signal_claims(profiles, [2, 4], 4, {}, ["search"])}
+    assert set(made) == {"signal", "signal-tool-use", "signal-search"}
+    assert made["signal"]["verdict"] == "reproduced" and "pooled" in made["signal"]["title"]
+    assert "The base scored alike at every sample in tool-use." in made["signal"]["detail"]
+    assert made["signal-tool-use"]["verdict"] == "reproduced"
+    assert "every sample of the base scored 0" in made["signal-tool-use"]["ours"]
+    assert made["signal-search"]["verdict"] == "not reproduced"
+    assert made["signal-search"]["interval"]["estimate"] == pytest.approx(0.2)
+    assert "base scored" not in made["signal-search"]["ours"]
+
+
+def test_every_report_written_into_a_folder_states_which_look_at_its_stages_it_is(quick, tmp_path):
+    import shutil
+
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    out = tmp_path / "run"
+    shutil.copytree(quick, out)
+    (out / "looks.json").write_text(json.dumps({"E1": 1}))  # a pre-registered analysis's count is its own
+    scale = get_scale("quick", compared_pivots=COMPARED)
+    for look in (1, 2):
+        path, stages = reproduce(scale, out, ["sft"], finished_only=True)
+        assert stages.computed == []
+        assert json.loads((out / "report.json").read_text())["looks"] == look
+        assert f"This report is look {look} of these stages" in path.read_text()
+    assert "1 earlier report was written into this folder" in path.read_text()
+    assert json.loads((out / "looks.json").read_text()) == {"E1": 1, "report": 2}
+
+
+def test_finished_only_without_the_base_on_the_compared_items_measures_nothing_and_says_so(quick, tmp_path):
+    import shutil
+
+    from pivot_envs.adapters.reproduce.runner import reproduce
+    from pivot_envs.adapters.reproduce.scales import get_scale
+
+    shutil.copytree(quick / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("weights.pt"))
+    shutil.rmtree(tmp_path / "stages" / "measure-base-compared")
+    _, stages = reproduce(get_scale("quick", compared_pivots=COMPARED), tmp_path, ["sft"], finished_only=True)
+    assert stages.computed == []
+    made = {c["claim"]: c for c in json.loads((tmp_path / "report.json").read_text())["claims"]}
+    assert made["gain-pivotrl"]["ours"].startswith("not measured") and made["gain-sft"]["interval"] is None
+    assert made["sft-in-domain"]["interval"] is not None
 
 
 def test_every_verdict_follows_from_its_interval(report):
