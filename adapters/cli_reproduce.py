@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="CLAIM,...",
         help="experiments to run: signal, strict-functional, ablation, sft, objective, online, theorems, e2e "
-        "(default: all of these), or a pre-registered one alone: sft-matched (E1 of docs/preregistration.md)",
+        "(default: all of these), or a pre-registered one alone: sft-matched (E1 of docs/preregistration.md), "
+        "paper-regime-pilot then paper-regime (E2)",
     )
     parser.add_argument(
         "--domains",

@@ -22,7 +22,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,9 @@ class SFTConfig:
     detach_prefix: bool = True  # see the module docstring
     max_grad_norm: float = 1.0
     seed: int = 0
+    max_steps: int = (
+        0  # stop after this many optimizer steps (0: every epoch's); epochs cycle in seeded orders
+    )
     metrics: str | None = None  # a JSONL of per-step records, appended as they come
     progress: bool = True
 
@@ -134,10 +137,15 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
 
 
 def warm_up(
-    policy: Any, pivots: Sequence[Pivot], config: SFTConfig | None = None, model: Any = None
+    policy: Any,
+    pivots: Sequence[Pivot],
+    config: SFTConfig | None = None,
+    model: Any = None,
+    on_step: Callable[[int, bool], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Fine-tune `policy`'s model (or `model`) on the pivots' expert turns in place; returns the
-    per-step records (epoch, step, loss, tokens, seconds), also appended to `config.metrics`."""
+    per-step records (epoch, step, loss, tokens, seconds), also appended to `config.metrics`.
+    `on_step(step, last)` is called after each optimizer step (a validation, a checkpoint)."""
     import torch
 
     from pivot_envs.adapters.grpo.policy import UntrainablePolicyError
@@ -160,9 +168,9 @@ def warm_up(
     if metrics is not None:
         metrics.parent.mkdir(parents=True, exist_ok=True)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
-    bar = progress_bar(
-        total=config.epochs * steps_per_epoch, unit="step", desc="SFT warm-up", enabled=config.progress
-    )
+    total = config.epochs * steps_per_epoch
+    total = min(total, config.max_steps) if config.max_steps > 0 else total
+    bar = progress_bar(total=total, unit="step", desc="SFT warm-up", enabled=config.progress)
     records: list[dict[str, Any]] = []
     was_training = model.training
     model.train()
@@ -171,6 +179,8 @@ def warm_up(
         for epoch in range(config.epochs):
             random.Random(f"{config.seed}/{epoch}").shuffle(order)
             for start in range(0, len(order), config.batch_size):
+                if len(records) >= total:
+                    break
                 began = time.perf_counter()
                 batch = [examples[i] for i in order[start : start + config.batch_size]]
                 logprobs, mask = turn_logprobs(model, batch, config.detach_prefix)
@@ -198,6 +208,8 @@ def warm_up(
                         )
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.3f}")
+                if on_step is not None:
+                    on_step(record["step"], record["step"] == total)
     finally:
         bar.close()
         model.train(was_training)

@@ -51,6 +51,9 @@ EXPERIMENT_ARMS = {
     "online": ("pivotrl", "pivotrl-online"),
     # E1 of docs/preregistration.md: the drift claim against SFT arms of PivotRL's budget
     "sft-matched": ("pivotrl", "sft", "sft-matched", "sft-1epoch"),
+    # E2 of docs/preregistration.md (adapters/reproduce/e2.py: its own arms and stages): the pilot, then the arms
+    "paper-regime-pilot": (),
+    "paper-regime": (),
     "theorems": (),
     "e2e": (),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,29 @@ class Plan:
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
     family: tuple[Comparison, ...]
+    decide: Callable[
+        [list[dict[str, Any]]], str
+    ]  # the registered decision, in words, from the family's readings
 
     def seeds_at(self, scale: Any) -> list[int]:
         return list(self.seeds) if scale.name == "cpu" else list(range(scale.seeds))
+
+
+def e1_decision(family: list[dict[str, Any]]) -> str:
+    """E1's rule: the drift claim keeps "reproduced" only if E1-1 reads better and E1-2 not worse."""
+    readings = {item["claim"]: item["reading"] for item in family}
+    if readings["E1-1"] == "better" and readings["E1-2"] != "worse":
+        return "the drift claim keeps **reproduced** (E1-1 better, E1-2 not worse)."
+    return "the drift claim reads **not decided at matched budget**; the accuracy-versus-drift frontier is the table below."
+
+
+def e2_decision(family: list[dict[str, Any]]) -> str:
+    """E2's primaries, in words: PivotRL against SFT in domain (E2-1) and on drift (E2-2)."""
+    readings = {item["claim"]: item["reading"] for item in family}
+    return (
+        f"in domain, PivotRL against standard SFT reads **{readings['E2-1']}** (E2-1); on drift items "
+        f"**{readings['E2-2']}** (E2-2). The paper's claims read reproduced only where they read better."
+    )
 
 
 E1 = Plan(
@@ -60,8 +80,25 @@ E1 = Plan(
         Comparison("E1-3", "drift", "pivotrl", "sft-1epoch"),
         Comparison("E1-4", "drift", "pivotrl", "base"),
     ),
+    decide=e1_decision,
 )
-PLANS = {plan.experiment: plan for plan in (E1,)}
+E2 = Plan(
+    name="E2",
+    experiment="paper-regime",
+    arms=("pivotrl", "pivotrl-kl", "pivotrl-action-kl", "sft", "sft-matched"),
+    seeds=tuple(range(10)),
+    family=(
+        Comparison("E2-1", "in-domain", "pivotrl", "sft", primary=True),
+        Comparison("E2-2", "drift", "pivotrl", "sft", primary=True),
+        Comparison("E2-3", "in-domain", "pivotrl", "base"),
+        Comparison("E2-4", "in-domain", "pivotrl", "sft-matched"),
+        Comparison("E2-5", "drift", "pivotrl", "sft-matched"),
+        Comparison("E2-6", "drift", "pivotrl-kl", "pivotrl"),
+        Comparison("E2-7", "in-domain", "pivotrl-action-kl", "pivotrl-kl"),
+    ),
+    decide=e2_decision,
+)
+PLANS = {plan.experiment: plan for plan in (E1, E2)}
 
 
 def tool_call_share(replies: Sequence[str]) -> float | None:
@@ -147,10 +184,7 @@ def analyse(
             "replies_logged": len(shares),
         }
     described["base"] = {"tool_call_share": tool_call_share(base_compared.get("question_replies", []))}
-    primary = next(item for item in family if item["primary"])
-    in_domain = next(item for item in family if item["items"] == "in-domain")
-    decided = primary["reading"] == "better" and in_domain["reading"] != "worse"
-    return {"family": family, "gains": gains, "described": described, "drift_claim_kept": decided}
+    return {"family": family, "gains": gains, "described": described, "decision": plan.decide(family)}
 
 
 def missing_seeds(plan: Plan, finished: dict[str, list[int]], seeds: Sequence[int]) -> dict[str, list[int]]:
@@ -167,10 +201,19 @@ def _interval(figure: dict[str, Any]) -> str:
     return f"{_points(figure['estimate'])} [{_points(figure['low'])}, {_points(figure['high'])}]"
 
 
-def write_report(out: Path, plan: Plan, analysis: dict[str, Any], seeds: Sequence[int], looks: int) -> Path:
-    """OUT/PLAN.md and OUT/PLAN.json (PLAN lower-cased); returns the markdown's path."""
+def write_report(
+    out: Path,
+    plan: Plan,
+    analysis: dict[str, Any],
+    seeds: Sequence[int],
+    looks: int,
+    stem: str | None = None,
+    note: str | None = None,
+) -> Path:
+    """OUT/STEM.md and OUT/STEM.json (STEM: the plan's name lower-cased); returns the markdown's path. `note` says
+    what the figures are of (a secondary analysis)."""
     lines = [
-        f"# {plan.name}: the pre-registered analysis",
+        f"# {plan.name}: the pre-registered analysis" + (f" ({note})" if note else ""),
         "",
         f"Plan: docs/preregistration.md ({plan.name}). Seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), arms "
         f"{', '.join(plan.arms)}. Looks at these results: **{looks}**"
@@ -193,12 +236,7 @@ def write_report(out: Path, plan: Plan, analysis: dict[str, Any], seeds: Sequenc
         )
     lines += [
         "",
-        "Decision: the drift claim "
-        + (
-            "keeps **reproduced** (E1-1 better, E1-2 not worse)."
-            if analysis["drift_claim_kept"]
-            else "reads **not decided at matched budget**; the accuracy-versus-drift frontier is the table below."
-        ),
+        f"Decision: {analysis['decision']}",
         "",
         "## Each arm against the base (gain in domain, change on drift items)",
         "",
@@ -219,10 +257,10 @@ def write_report(out: Path, plan: Plan, analysis: dict[str, Any], seeds: Sequenc
         "",
         f"Base: tool-call replies {'not logged' if base_share is None else f'{100 * base_share:.0f}%'}.",
     ]
-    stem = out / plan.name.lower()
-    stem.with_suffix(".json").write_text(
+    stem_path = out / (stem or plan.name.lower())
+    stem_path.with_suffix(".json").write_text(
         json.dumps({"plan": plan.name, "seeds": list(seeds), "looks": looks, **analysis}, indent=1)
     )
-    path = stem.with_suffix(".md")
+    path = stem_path.with_suffix(".md")
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -39,15 +39,19 @@ FIGURES = {
 }
 
 
+# Pre-registered experiments (docs/preregistration.md): each runs alone, and none by default.
+REGISTERED = (*PLANS, "paper-regime-pilot")
+
+
 def check_only(only: Sequence[str] | None) -> list[str]:
     """The experiments to run: all but the pre-registered ones, or those named (each checked against
     EXPERIMENTS). A pre-registered experiment runs alone: its one look must not share a report."""
     if not only:
-        return [name for name in EXPERIMENTS if name not in PLANS]
+        return [name for name in EXPERIMENTS if name not in REGISTERED]
     for name in only:
         if name not in EXPERIMENTS:
             raise UnknownNameError("experiment", name, EXPERIMENTS)
-    registered = [name for name in only if name in PLANS]
+    registered = [name for name in only if name in REGISTERED]
     if registered and len(set(only)) > 1:
         raise ConfigError(
             f"--only {','.join(only)}: {registered[0]} is pre-registered (docs/preregistration.md) and runs alone"
@@ -174,6 +178,13 @@ def reproduce(
     missing one), and each comparison pairs the seeds both its arms have. A pre-registered experiment (alone in
     `only`) goes to `registered`."""
     chosen = check_only(only)
+    if chosen in (["paper-regime-pilot"], ["paper-regime"]):
+        from pivot_envs.adapters.reproduce import e2
+
+        out.mkdir(parents=True, exist_ok=True)
+        if chosen[0] == "paper-regime-pilot":
+            return e2.run_pilot(scale, out)
+        return e2.run_main(scale, out, list(seeds) if seeds is not None else None, finished_only)
     if chosen and chosen[0] in PLANS:
         return registered(scale, out, chosen[0], seeds, finished_only)
     out.mkdir(parents=True, exist_ok=True)

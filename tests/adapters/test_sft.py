@@ -136,3 +136,16 @@ def test_the_warm_up_needs_a_trainable_model(pivots):
 
     with pytest.raises(ValueError, match="no trainable model"):
         warm_up(Remote(), pivots)
+
+
+def test_sft_stops_at_max_steps_and_calls_back_after_each_step(policy, pivots):
+    calls = []
+    records = warm_up(
+        policy,
+        pivots,
+        SFTConfig(epochs=3, batch_size=2, max_steps=3, progress=False),
+        on_step=lambda step, last: calls.append((step, last)),
+    )
+    assert [r["step"] for r in records] == [1, 2, 3]  # 2 steps an epoch: the second epoch's second ends it
+    assert [r["epoch"] for r in records] == [0, 0, 1]
+    assert calls == [(1, False), (2, False), (3, True)]
