@@ -5,7 +5,8 @@ Generates N rows (default 100,000) in the four sets' schemas (the sets' proporti
 in its own process (peak memory = that process's max resident set):
 
 - extract: `extract_pivot_v1` (streamed) from JSONL and from parquet -> pivot JSONL;
-- baseline: the generic path, `read_as_pivots` on the same JSONL (whole file in memory);
+- baseline: every pivot of the same JSONL held in memory (`list(iter_pivot_v1(...))`), as a reader that
+  returns a list does (`read_as_pivots` itself now streams Pivot-v1 files);
 - filter: D_adv (Eq. 5) streamed over the extracted pivots, vs `pivotrl filter`'s in-memory path
   (`read_pivots` + `filter_pivots`).
 
@@ -111,15 +112,14 @@ def generate(rows: int, folder: Path) -> Path:
 def phase(name: str, source: Path, out: Path) -> dict:
     """Run one measured phase in this process; returns rows, seconds and peak RSS."""
     from pivot_envs.extract import filter_pivots
-    from pivot_envs.formats import read_as_pivots
-    from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1
+    from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1, iter_pivot_v1
     from pivot_envs.pivot import PivotWriter, iter_pivots, read_pivots
 
     start = time.perf_counter()
     if name.startswith("extract"):
         rows = extract_pivot_v1([source], out).written
-    elif name == "baseline: generic read_as_pivots":
-        rows = len(read_as_pivots(source))
+    elif name == "baseline: all pivots in memory":
+        rows = len(list(iter_pivot_v1(source)))
     elif name == "filter (streamed)":
         rows, chunk = 0, []
         with PivotWriter(out, append=False, fsync=False) as writer:
@@ -168,7 +168,7 @@ def main() -> None:
         runs = [
             ("extract JSONL (streamed)", jsonl, folder / "cands.jsonl"),
             ("extract parquet (streamed)", hub_parquet, folder / "cands_pq.jsonl"),
-            ("baseline: generic read_as_pivots", jsonl, folder / "unused.jsonl"),
+            ("baseline: all pivots in memory", jsonl, folder / "unused.jsonl"),
             ("filter (streamed)", folder / "cands.jsonl", folder / "adv.jsonl"),
             ("baseline: pivotrl filter in memory", folder / "cands.jsonl", folder / "adv_mem.jsonl"),
         ]
