@@ -28,7 +28,7 @@ from pivot_envs.adapters.grpo import GRPOConfig, PivotRLResult
 from pivot_envs.cli.options import check_dtype, policy_field
 from pivot_envs.config import add_config, at_least, between, option
 from pivot_envs.errors import PivotEnvsError
-from pivot_envs.evaluate import EvalConfig
+from pivot_envs.evaluate import EvalConfig, change_in_words
 from pivot_envs.extract import FilterConfig, SplitConfig
 from pivot_envs.profile import ProfileConfig
 
@@ -689,6 +689,8 @@ def write_report(
         "",
     ]
     lines += ["After training:", "", "```", after.format(), "```", ""]
+    change, change_figures = change_in_words(before.overall().functional, after.overall().functional)
+    lines += [change, ""]
     lines += [
         "## Training",
         "",
@@ -726,6 +728,7 @@ def write_report(
                 "pivots": len(selection.pivots),
                 "before": before.to_dict(),
                 "after": after.to_dict(),
+                "change": change_figures,
                 "history": training.history,
                 "signal": asdict(signal),
                 "sft": asdict(warm),

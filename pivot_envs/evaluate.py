@@ -94,6 +94,34 @@ class EvalRow:
     invalid: int
 
 
+def change_in_words(before: Accuracy, after: Accuracy) -> tuple[str, dict[str, float]]:
+    """Whether `after` differs from `before` beyond chance, in words, and the figures: the difference with
+    Newcombe's 95% interval from the two Wilson intervals (unpaired, so conservative for the same pivots
+    measured twice). Distinguishable from no change only when the interval excludes 0."""
+    import math
+
+    difference = after.mean - before.mean
+    low = difference - math.hypot(after.mean - after.low, before.high - before.mean)
+    high = difference + math.hypot(after.high - after.mean, before.mean - before.low)
+    figures = {"difference": difference, "low": low, "high": high, "n": after.n}
+    points = (
+        f"{100 * difference:+.1f} points [{100 * low:+.1f}, {100 * high:+.1f}] on {after.n} held-out actions"
+    )
+    if low > 0 or high < 0:
+        verdict = f"Held-out turn accuracy changed by {points}: distinguishable from no change at this size."
+    else:
+        verdict = (
+            f"Held-out turn accuracy changed by {points}: not distinguishable from no change; differences "
+            "this small need more held-out pivots (--eval-pivots) and seeds."
+        )
+    return (
+        verdict
+        + " One run's change says nothing about the method by itself: the evidence for PivotRL here is "
+        "the seeded, paired comparisons of `pivotrl reproduce` (docs/reproduce.md).",
+        figures,
+    )
+
+
 @dataclass
 class EvalReport:
     """Rows per domain and mode; `format()` renders a table, `to_dict()` the JSON form."""
@@ -107,6 +135,13 @@ class EvalReport:
             if row.domain == domain and row.mode == mode:
                 return row
         raise KeyError(f"no evaluation row for domain {domain!r}, mode {mode!r}")
+
+    def overall(self, mode: str = "greedy") -> EvalRow:
+        """The pooled row in `mode` ("all"), or the one domain's when a single domain was evaluated."""
+        rows = [row for row in self.rows if row.mode == mode]
+        if not rows:
+            raise KeyError(f"no evaluation row in mode {mode!r}")
+        return next((row for row in rows if row.domain == "all"), rows[0])
 
     def format(self) -> str:
         header = f"{'domain':<14} {'mode':<8} {'pivots':>6} {'n':>5} {'functional (95% CI)':>24} {'strict (95% CI)':>24} {'invalid':>7}"

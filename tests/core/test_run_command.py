@@ -127,6 +127,15 @@ def test_run_extracts_profiles_filters_trains_evaluates_and_reports(tmp_path: Pa
 
     report = (out / "report.md").read_text()
     assert "## Profile diagnostics" in report and "## Turn accuracy on held-out pivots" in report
+    # the before/after change in words, with its interval recomputed from the two evaluations
+    change = json.loads((out / "report.json").read_text())["change"]
+    after = json.loads((out / "report.json").read_text())["after"]["rows"][0]["functional"]
+    before = json.loads((out / "report.json").read_text())["before"]["rows"][0]["functional"]
+    assert change["difference"] == pytest.approx(after["mean"] - before["mean"])
+    distinguishable = change["low"] > 0 or change["high"] < 0
+    assert ("distinguishable from no change at this size" in report) == distinguishable
+    assert ("not distinguishable from no change" in report) == (not distinguishable)
+    assert "docs/reproduce.md" in report
     assert (out / "rewards.png").stat().st_size > 0
     figures = json.loads((out / "report.json").read_text())
     assert (figures["extracted"], figures["candidates"], figures["profiled"]) == (411, 2, 2)
