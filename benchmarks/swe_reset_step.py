@@ -122,11 +122,15 @@ def bench_env(kind: str, action: str, group: int, rounds: int) -> dict:
 
 def bench_naive(kind: str, action: str, samples: int) -> dict:
     """Per sample: a fresh sandbox with the task's start state, the 12 prefix calls replayed, the action."""
-    from pivot_envs.domains.terminal.image import rootfs_path
+    from pivot_envs.domains.terminal.image import image_tag, rootfs_path
     from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
     from pivot_envs.sandboxes.docker_backend import DockerBackend
 
-    backend = BwrapBackend(rootfs_path(), warm_pool=0) if kind == "bwrap" else DockerBackend(warm_pool=0)
+    backend = (
+        BwrapBackend(rootfs_path(), warm_pool=0)
+        if kind == "bwrap"
+        else DockerBackend(warm_pool=0, base_image=image_tag())
+    )
     repo = bundled_repo()
     latencies = []
     for _ in range(samples):

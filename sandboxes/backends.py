@@ -1,5 +1,6 @@
 """Choosing and making a sandbox backend, the same way for every sandboxed domain (terminal, SWE).
 
+`SandboxConfig` holds the options every sandboxed domain's env has (its config class extends it);
 `resolve_sandbox` turns a requested kind ("auto", "docker", "bwrap") into the backend this machine
 can run; `make_backend` makes it on a base root filesystem, imported as a Docker image first for
 Docker; `SandboxedEnv` is the part of a sandboxed domain's env that does this on its first reset,
@@ -11,14 +12,32 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pivot_envs.config import option
 from pivot_envs.errors import MissingExtraError, UnknownNameError
 
 from .protocol import SandboxError, SandboxLimits
 
 SANDBOXES = ("auto", "docker", "bwrap")
+
+
+@dataclass
+class SandboxConfig:
+    """The sandbox options of a sandboxed domain's env (terminal, SWE): its config class extends this one."""
+
+    sandbox: str = option(
+        "auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES
+    )
+    prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
+    warm_pool: int = option(
+        4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)"
+    )
+    build_image: bool = option(
+        True, "build the base root filesystem/image when it is missing (needs root and debootstrap)"
+    )
 
 
 def resolve_sandbox(kind: str) -> str:
@@ -54,15 +73,15 @@ def make_backend(
     """A backend of `kind` ('docker' or 'bwrap', as `resolve_sandbox` returns) on the base root
     filesystem `rootfs`, with `limits` and `warm_pool` forks made ahead per snapshot.
 
-    Docker runs the root filesystem imported as the image `image_tag` (imported now when missing).
-    Returns (the backend, the base image's Docker tag; "" on bubblewrap).
+    Docker runs the root filesystem imported as the image `image_tag` (imported now when missing), its
+    base for `new_sandbox`. Returns (the backend, the base image's Docker tag; "" on bubblewrap).
     """
     if kind == "docker":
         from .docker_backend import DockerBackend
         from .image import import_image
 
         tag = import_image(rootfs, image_tag)
-        return DockerBackend(limits, warm_pool=warm_pool), tag
+        return DockerBackend(limits, warm_pool=warm_pool, base_image=tag), tag
     if kind == "bwrap":
         from .bwrap_backend import BwrapBackend
 
@@ -74,12 +93,12 @@ class SandboxedEnv:
     """What the sandboxed domains' envs (terminal, SWE) share: the backend chosen and made on first use,
     with the base image and the domain's prefix cache; the fork of the current sample; closing all.
 
-    An env using it has `config` (`sandbox`, `warm_pool`), `limits`, and says which base image it runs on
+    An env using it has `config` (a `SandboxConfig`), `limits`, and says which base image it runs on
     (`base_image`) and how to make its prefix cache (`make_prefixes`). `backend`, `prefixes` and
     `sandbox` are None until first use.
     """
 
-    config: Any
+    config: SandboxConfig
     limits: SandboxLimits
     backend: Any = None
     prefixes: Any = None

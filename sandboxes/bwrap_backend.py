@@ -29,7 +29,7 @@ from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_che
 from .cleanup import BWRAP_PREFIX
 from .manifest import KnownDigests, file_digests
 from .output import new_marker
-from .pool import PooledBackend, PooledSandbox
+from .pool import ImageUnavailableError, PooledBackend, PooledSandbox
 from .processes import (
     NOBODY,
     BwrapServer,
@@ -220,6 +220,14 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
         (directory / "tmp").chmod(0o1777)
         self._own(directory)
         return BwrapSandbox(self, directory, workdir, self.start_server(directory, workdir))
+
+    def _create(self, workdir: str, image: str | None) -> BwrapSandbox:
+        if image is not None:
+            raise ImageUnavailableError(
+                f"image {image!r} runs on Docker only: bubblewrap has the base image alone "
+                f"(its root filesystem {self.rootfs}); use sandbox='docker'"
+            )
+        return self.create(workdir)
 
     def _copy(self, snapshot: Snapshot) -> tuple[Path, KnownDigests]:
         directory = self._new_dir()

@@ -59,8 +59,11 @@ class DockerBackend(PooledBackend["DockerSandbox"]):
         warm_pool: int = 4,
         client_timeout: float = 120.0,
         channel: bool = True,
+        base_image: str | None = None,
     ) -> None:
         self._docker = docker_sdk("the Docker sandbox")
+        # What `new_sandbox` starts from when no image is named (make_backend gives the imported base).
+        self.base_image = base_image
         self._client_timeout = client_timeout
         # The FIFO channel needs the daemon on this machine (it bind-mounts a local directory).
         self.channel = channel and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
@@ -139,6 +142,14 @@ class DockerBackend(PooledBackend["DockerSandbox"]):
         sandbox = DockerSandbox(self, container, workdir, channel)
         sandbox.run(f"mkdir -p {workdir}", timeout=30)
         return sandbox
+
+    def _create(self, workdir: str, image: str | None) -> DockerSandbox:
+        image = image or self.base_image
+        if not image:
+            raise SandboxError(
+                "this Docker backend has no base image: name an image, or make it with base_image=<tag>"
+            )
+        return self.create(image, workdir)
 
     def _make(self, snapshot: Snapshot) -> DockerSandbox:
         """A container started from the snapshot image, with its snapshot's digests (not yet handed out)."""

@@ -3,6 +3,9 @@
 A backend (`SandboxBackend`) makes sandboxes on one base (a root filesystem, a Docker daemon) and
 owns everything it makes:
 
+- `new_sandbox(workdir, image=None)` makes a fresh sandbox with an empty workspace at `workdir`, on the
+  backend's base (bubblewrap: its root filesystem; Docker: its `base_image`) or, on Docker, on another
+  local `image`; bubblewrap refuses any image (it runs its root filesystem alone);
 - `fork(snapshot)` hands out a new sandbox of the snapshot: a warm one when the pool has one, else
   one made now; `prewarm(snapshot, setup)` fills the snapshot's pool ahead (each warm sandbox runs
   `setup` before it is handed out), `wait_warm` waits until it is full, `release(snapshot)` drops
@@ -15,9 +18,10 @@ owns everything it makes:
   the backend starts its own, with a new owner, so the child's sandboxes are its own, its close
   and its exit leave the parent's alone, and it never shares a warm sandbox with the parent.
 
-`PooledBackend` keeps that contract for a backend that says how to make one sandbox of a snapshot
-(`_make`), hand it out (`_hand_out`), remove it (`_discard`), drop a snapshot (`_drop_snapshot`)
-and set up and close what its process owns (`_own_resources`, `_close_resources`). The pool's
+`PooledBackend` keeps that contract for a backend that says how to make a fresh sandbox (`_create`)
+and one sandbox of a snapshot (`_make`), hand it out (`_hand_out`), remove it (`_discard`), drop a
+snapshot (`_drop_snapshot`) and set up and close what its process owns (`_own_resources`,
+`_close_resources`). The pool's
 work (making warm sandboxes, removals) runs in worker threads in the quiet gaps between commands
 (`background.QuietGate`). `PooledSandbox` is what both backends' sandboxes share.
 """
@@ -43,6 +47,10 @@ from .runner import stop_processes
 Warm = TypeVar("Warm", bound="PooledSandbox")
 
 
+class ImageUnavailableError(SandboxError):
+    """A backend cannot run the image asked of it (bubblewrap runs its base root filesystem alone)."""
+
+
 @runtime_checkable
 class SandboxBackend(Protocol):
     """What makes and owns sandboxes (see the module docstring): both backends implement it."""
@@ -50,6 +58,8 @@ class SandboxBackend(Protocol):
     name: str
     limits: SandboxLimits
     warm_pool: int
+
+    def new_sandbox(self, workdir: str = "/app", image: str | None = None) -> Sandbox: ...
 
     def fork(self, snapshot: Snapshot) -> Sandbox: ...
 
@@ -91,6 +101,10 @@ class PooledBackend(Generic[Warm]):
 
     def _own_resources(self) -> None:
         """Make what this process owns (a directory, a client, the finalizer by `_on_collect`)."""
+        raise NotImplementedError
+
+    def _create(self, workdir: str, image: str | None) -> Warm:
+        """A fresh sandbox with an empty workspace at `workdir`, on `image` (None: the backend's base)."""
         raise NotImplementedError
 
     def _make(self, snapshot: Snapshot) -> Warm:
@@ -140,6 +154,12 @@ class PooledBackend(Generic[Warm]):
             self._start_in_process()
 
     # -- the contract ------------------------------------------------------------------------------
+
+    def new_sandbox(self, workdir: str = "/app", image: str | None = None) -> Warm:
+        """A fresh sandbox with an empty workspace at `workdir` on `image`, None for the backend's base;
+        raises ImageUnavailableError for an image the backend cannot run, SandboxError when it fails."""
+        self._here()
+        return self._create(workdir, image)
 
     def fork(self, snapshot: Snapshot) -> Warm:
         """A new sandbox from the snapshot: a warm one when ready, else one made now."""

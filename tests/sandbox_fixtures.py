@@ -59,8 +59,7 @@ def backend(request):
     if request.param == "bwrap":
         made = BwrapBackend(request.getfixturevalue("has_bwrap"), FAST_LIMITS)
     else:
-        request.getfixturevalue("has_docker")
-        made = DockerBackend(FAST_LIMITS, warm_pool=0)
+        made = DockerBackend(FAST_LIMITS, warm_pool=0, base_image=request.getfixturevalue("has_docker"))
     yield made
     made.close()
 
@@ -68,6 +67,4 @@ def backend(request):
 @pytest.fixture
 def sandbox(backend):
     """A fresh sandbox on the base image, with /app as its workspace."""
-    if backend.name == "docker":
-        return backend.create(image.image_tag(), "/app")
-    return backend.create("/app")
+    return backend.new_sandbox("/app")

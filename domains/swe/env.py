@@ -28,7 +28,7 @@ from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv,
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.sandboxes import SandboxError, SandboxLimits
-from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxConfig, SandboxedEnv
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import call_of, canonical_call, parse_action
@@ -41,21 +41,15 @@ DEFAULT_LIMITS = {"timeout": 30.0}
 
 
 @dataclass
-class SweConfig:
-    """Options of `pivot/swe-v0` (keyword arguments of gym.make, besides pivots, verifier and limits)."""
+class SweConfig(SandboxConfig):
+    """Options of `pivot/swe-v0` (keyword arguments of gym.make, besides pivots, verifier and limits):
+    the sandbox options, with fewer forks made ahead, and the shell harness."""
 
-    sandbox: str = option(
-        "auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES
-    )
+    warm_pool: int = option(2, "forks made ahead per snapshot")
     harness: str | None = option(
         None,
         "shell harness: persistent (one session, OpenHands) or fresh (bash -c per call, "
         "mini-swe-agent); default: each pivot's context['harness'], else persistent",
-    )
-    prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
-    warm_pool: int = option(2, "forks made ahead per snapshot")
-    build_image: bool = option(
-        True, "build the base root filesystem/image when it is missing (needs root and debootstrap)"
     )
 
 
@@ -104,7 +98,7 @@ class SweEnv(SandboxedEnv, PivotEnv):
         super().__init__(pivots, verifier, verifier_config, render_mode)
         # Expert and parsed actions share one canonical form; pivots without tools get the harness's.
         self.pivots = [self._canonical(pivot) for pivot in self.pivots]
-        self.config = SweConfig(sandbox, harness, prefix_cache, warm_pool, build_image)
+        self.config = SweConfig(sandbox, prefix_cache, warm_pool, build_image, harness)
         if isinstance(limits, SandboxLimits):
             self.limits = limits
         else:

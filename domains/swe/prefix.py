@@ -129,11 +129,8 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
         def build() -> Snapshot:
             self.starts += 1
             if pivot.context.get("image"):
-                if self.backend.name != "docker":
-                    raise SandboxError(
-                        f"image {repo.name!r} runs on Docker only (sandbox='docker'), not on bubblewrap"
-                    )
-                sandbox = self.backend.create(repo.name, repo.workdir)
+                # bubblewrap runs its base alone: it refuses an image (ImageUnavailableError, a SandboxError).
+                sandbox = self.backend.new_sandbox(repo.workdir, repo.name)
             else:
                 sandbox = start_sandbox(self.backend, repo, bug)
             try:

@@ -329,12 +329,7 @@ def start_sandbox(backend: Any, repo: RepoSpec, bug_patch: str | None = None) ->
     Raises SandboxError when the copy or the export fails.
     """
     tree = start_tree(repo, bug_patch)
-    if backend.name == "bwrap":
-        sandbox = backend.create(repo.workdir)
-    else:
-        from pivot_envs.domains.terminal.image import image_tag
-
-        sandbox = backend.create(image_tag(), repo.workdir)
+    sandbox = backend.new_sandbox(repo.workdir)
     try:
         load_workspace(sandbox, tree)
         exports = repo.assignments()

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from pivot_envs.config import option
 from pivot_envs.env import InfrastructureError, Outcome, ParsedAction, PivotEnv, PivotSource
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot, read_pivots
 from pivot_envs.sandboxes import CommandResult, SandboxError, SandboxLimits, file_changes
-from pivot_envs.sandboxes.backends import SANDBOXES, SandboxedEnv
+from pivot_envs.sandboxes.backends import SANDBOXES, SandboxConfig, SandboxedEnv
 from pivot_envs.verifiers import StrictVerifier, Verifier
 
 from .parse import canonical_message, command_of_message, parse_action, parse_command
@@ -36,19 +35,8 @@ from .verifier import TerminalVerifier
 
 
 @dataclass
-class TerminalConfig:
-    """Options of `pivot/terminal-v0` (keyword arguments of gym.make)."""
-
-    sandbox: str = option(
-        "auto", "sandbox backend: auto (Docker when a daemon answers, else bubblewrap)", choices=SANDBOXES
-    )
-    prefix_cache: int = option(16, "prefix snapshots kept (least recently used evicted)")
-    warm_pool: int = option(
-        4, "forks made ahead per snapshot (Docker: started containers; bubblewrap: directory copies)"
-    )
-    build_image: bool = option(
-        True, "build the base root filesystem/image when it is missing (needs root and debootstrap)"
-    )
+class TerminalConfig(SandboxConfig):
+    """Options of `pivot/terminal-v0` (keyword arguments of gym.make): the sandbox options alone."""
 
 
 def bundled_pivots() -> list[Pivot]:

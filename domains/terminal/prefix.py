@@ -94,17 +94,16 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
     def prefix_key(self, pivot: Pivot) -> str:
         return prefix_key(pivot)
 
-    def _image(self, pivot: Pivot) -> str:
+    def _image(self, pivot: Pivot) -> str | None:
+        """The image the pivot's sandbox starts from; the base image: `docker_base` when given, else None."""
         image = pivot_image(pivot)
         docker_only = pivot.context.get(
             "docker_only"
         )  # why the set-up needs Docker (a Harbor task's Dockerfile)
         if docker_only and self.backend.name != "docker":
             raise SandboxError(f"the pivot replays on Docker only: {docker_only}")
-        if self.backend.name == "docker":
-            return self.docker_base if image.split(":")[0] == BASE_IMAGE else image
-        if image.split(":")[0] != BASE_IMAGE:
-            raise SandboxError(f"image {image!r} is not available to bubblewrap (only {BASE_IMAGE} is)")
+        if image.split(":")[0] == BASE_IMAGE:
+            return self.docker_base or None
         return image
 
     def build(self, pivot: Pivot, key: str) -> PrefixState:
@@ -115,12 +114,7 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
         workdir = str(pivot.context.get("workdir", "/app"))
         sandbox = None
         try:
-            image = self._image(pivot)
-            sandbox = (
-                self.backend.create(image, workdir)
-                if self.backend.name == "docker"
-                else self.backend.create(workdir)
-            )
+            sandbox = self.backend.new_sandbox(workdir, self._image(pivot))
             for command in setup_commands(pivot.context):
                 result = sandbox.run(command, timeout=SETUP_TIMEOUT)
                 if not result.ok:

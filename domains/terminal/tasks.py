@@ -124,17 +124,16 @@ def run_task(backend: Any, task: Task) -> TaskRun:
 
     Raises TaskError when the setup fails; a check that fails after the expert is in the TaskRun (`solved`).
     """
-    from .image import image_tag, is_base_image
+    from pivot_envs.sandboxes.pool import ImageUnavailableError
 
-    if backend.name == "bwrap":
-        if not is_base_image(task.image):
-            raise TaskError(
-                f"task {task.id}: its image {task.image!r} runs on Docker only: bubblewrap has the base "
-                f"image {BASE_IMAGE} alone (a Harbor task replays its Dockerfile as set-up there)"
-            )
-        sandbox = backend.create(task.workdir)
-    else:
-        sandbox = backend.create(image_tag() if is_base_image(task.image) else task.image, task.workdir)
+    from .image import is_base_image
+
+    try:
+        sandbox = backend.new_sandbox(task.workdir, None if is_base_image(task.image) else task.image)
+    except ImageUnavailableError as error:
+        raise TaskError(
+            f"task {task.id}: {error} (a Harbor task replays its Dockerfile as set-up there)"
+        ) from error
     run = TaskRun(task)
     try:
         for command in [task.setup] if isinstance(task.setup, str) else task.setup:
@@ -220,10 +219,12 @@ def generate(out: str | Path, sandbox: str = "bwrap", tasks: list[Task] | None =
     from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
     from pivot_envs.sandboxes.docker_backend import DockerBackend
 
-    from .image import rootfs_path
+    from .image import image_tag, rootfs_path
 
     kind = resolve_sandbox(sandbox)
-    backend = BwrapBackend(rootfs_path()) if kind == "bwrap" else DockerBackend(warm_pool=0)
+    backend = (
+        BwrapBackend(rootfs_path()) if kind == "bwrap" else DockerBackend(warm_pool=0, base_image=image_tag())
+    )
     pivots: list[Pivot] = []
     try:
         for task in tasks or load_tasks():

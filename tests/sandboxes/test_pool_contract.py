@@ -1,6 +1,7 @@
-"""The backend contract (`pivot_envs.sandboxes.pool`) on both real backends: a backend belongs to the
-process that made it (a forked child shares no warm sandbox with it, and the child's close or exit
-leaves the parent's sandboxes alone), and closing it twice is safe."""
+"""The backend contract (`pivot_envs.sandboxes.pool`) on both real backends: `new_sandbox` makes a fresh
+sandbox on the backend's base (or, on Docker, another image) the same way on both; a backend belongs
+to the process that made it (a forked child shares no warm sandbox with it, and the child's close or
+exit leaves the parent's sandboxes alone), and closing it twice is safe."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import sys
 import textwrap
 
 import pytest
+from sandbox_fixtures import FAST_LIMITS
 from test_release import a_snapshot
 
 from pivot_envs.domains.terminal import image
 from pivot_envs.sandboxes import Sandbox, SandboxError
-from pivot_envs.sandboxes.pool import SandboxBackend
+from pivot_envs.sandboxes.backends import make_backend
+from pivot_envs.sandboxes.pool import ImageUnavailableError, SandboxBackend
 
 
 def test_both_backends_keep_the_backend_contract_and_hand_out_sandboxes(backend):
@@ -25,6 +28,48 @@ def test_both_backends_keep_the_backend_contract_and_hand_out_sandboxes(backend)
     assert isinstance(fork, Sandbox)
     assert fork.run("cat f").output == "hi\n"
     fork.close()
+
+
+def test_new_sandbox_starts_an_empty_workspace_on_the_base_image_of_either_backend(kind, rootfs):
+    made, _ = make_backend(kind, FAST_LIMITS, 0, rootfs, image.image_tag())
+    with made:
+        sandbox = made.new_sandbox("/work")
+        assert isinstance(sandbox, Sandbox)
+        # The base image's packages are there, the workspace is the named directory and empty.
+        result = sandbox.run("pwd; ls -A | wc -l; command -v jq")
+        assert result.ok and result.output.split() == ["/work", "0", "/usr/bin/jq"], result.output
+        sandbox.run("echo hi > f")
+        fork = made.fork(sandbox.snapshot())
+        assert fork.run("cat f").output == "hi\n"
+        fork.close()
+        sandbox.close()
+
+
+def test_new_sandbox_names_an_image_on_docker_and_bubblewrap_refuses_one(kind, rootfs):
+    made, tag = make_backend(kind, FAST_LIMITS, 0, rootfs, image.image_tag())
+    with made:
+        if kind == "docker":
+            # Another local image by name (here the base's own tag); a missing one is not pulled.
+            named = made.new_sandbox("/app", tag)
+            assert named.run("pwd").output.strip() == "/app"
+            named.close()
+            with pytest.raises(SandboxError, match="not available locally") as missing:
+                made.new_sandbox("/app", "pivot-envs/no-such-image:0")
+            assert not isinstance(missing.value, ImageUnavailableError)
+        else:
+            with pytest.raises(ImageUnavailableError, match="runs on Docker only"):
+                made.new_sandbox("/app", "python:3.12")
+
+
+def test_a_docker_backend_made_without_a_base_image_asks_for_one(has_docker):
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
+
+    with DockerBackend(FAST_LIMITS, warm_pool=0) as made:
+        with pytest.raises(SandboxError, match="no base image"):
+            made.new_sandbox("/app")
+        named = made.new_sandbox("/app", has_docker)
+        assert named.run("true").ok
+        named.close()
 
 
 def test_closing_a_backend_twice_is_safe_and_a_closed_sandbox_refuses_commands(backend):

@@ -53,7 +53,7 @@ def bwrap(has_bwrap):
 
 @pytest.fixture(scope="module")
 def docker_backend(has_docker):
-    backend = DockerBackend(warm_pool=0)
+    backend = DockerBackend(warm_pool=0, base_image=has_docker)
     yield backend
     backend.close()
 
