@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pivot_envs.cli.options import policy_help
-from pivot_envs.config import at_least, between, one_of, option
+from pivot_envs.config import ConfigError, at_least, between, one_of, option
 from pivot_envs.extract import ExtractConfig, FilterConfig
 from pivot_envs.profile import ProfileConfig
 
@@ -97,6 +97,13 @@ class GRPOConfig:
     reprofile_k: int = option(8, "samples per candidate when re-profiling (K of Eq. 4)")
     reprofile_lambda_diff: float = option(0.9, "lambda_diff of the re-profiled D_adv (Eq. 5)")
 
+    # -- asynchronous rollouts (beyond the paper) --------------------------------------------------
+    max_staleness: int = option(
+        0,
+        "s: sample (generate, run the envs, score) the next batches in a background thread while the current "
+        "batch updates, from weights at most s updates old (grpo.rollouts); 0: the paper's synchronous loop",
+    )
+
     # -- the run: seed, scoring, evaluation, checkpoints -------------------------------------------
     seed: int = option(0, "seed of pivot sampling, action sampling and torch")
     num_envs: int = option(4, "envs scoring actions concurrently (threads)")
@@ -136,7 +143,15 @@ class GRPOConfig:
             "tokens_per_pass",
             "checkpoint_every",
             "eval_every",
+            "max_staleness",
         )
+        if self.max_staleness and (self.reprofile_every or self.fsdp):
+            # re-profiling samples with the policy of its step, FSDP gathers the weights with every rank
+            # at once: neither is defined for a batch sampled ahead (grpo.rollouts)
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} samples ahead, which "
+                f"{'reprofile_every' if self.reprofile_every else 'fsdp'} does not support: set max_staleness=0"
+            )
         between(self, "learning_rate", 0, 1, open_low=True)
         between(self, "epsilon_low", 0, 1)
         between(self, "top_p", 0, 1, open_low=True)

@@ -4,7 +4,8 @@ In order: lines 1-4 (`select_pivots`); the math of the loop (Eq. 1 group advanta
 objective with Eq. 8's importance weight and the k3 KL to pi_0; the update); lines 11-13 (`learn`,
 E2E RL's too); lines 5-14 (`train`). Equations are numbered and named as in the paper's LaTeX
 source (other modules still number from Eq. 3 on one lower); Algorithm 1's lines as it prints them.
-Beside it: `config` (the settings) and `run` (set-up, and `RunLog`: metrics, evaluation, checkpoints).
+Beside it: `config` (the settings), `run` (set-up, and `RunLog`: metrics, evaluation, checkpoints) and
+`rollouts` (beyond the paper: lines 6-10 sampled ahead while line 13 updates, `max_staleness`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from pivot_envs.adapters.grpo import fsdp, reprofile
+from pivot_envs.adapters.grpo import fsdp, reprofile, rollouts
 from pivot_envs.adapters.grpo.config import GRPOConfig, PivotRLConfig
 from pivot_envs.adapters.grpo.distributed import Ranks, check_split, setup
 from pivot_envs.adapters.grpo.groups import Group, build_group, loss_units, pack_groups, pass_budget
 from pivot_envs.adapters.grpo.policy import TrainablePolicy, sync_weights
 from pivot_envs.adapters.grpo.reference import reference_logprobs
 from pivot_envs.adapters.grpo.results import NoPivotsError, PivotRLResult, Selection, TrainResult
+from pivot_envs.adapters.grpo.rollouts import Rollout
 from pivot_envs.adapters.grpo.run import Run, RunLog, prepare_run, turn_accuracy
 from pivot_envs.adapters.grpo.shared_prefix import groups_logprobs
 from pivot_envs.config import at_least
@@ -205,8 +207,10 @@ def update(
             )
             if iteration == 0:
                 reference_pass = reference_logprobs(model, reference, chunk, config) if beta > 0.0 else None
-                # pi_theta_old is the policy that sampled: the weights before this batch's first step.
-                fixed.append((logprobs.detach(), reference_pass))
+                # pi_theta_old is the policy that sampled: the weights before this batch's first step, or,
+                # sampled ahead (grpo.rollouts), the behaviour logprobs recorded with the samples
+                behaviour = rollouts.behaviour_tensor(chunk, logprobs.detach())
+                fixed.append((logprobs.detach() if behaviour is None else behaviour, reference_pass))
                 if not padding:
                     totals["entropy"] += float((entropy * mask).sum()) / tokens
             advantages = torch.tensor(
@@ -241,10 +245,12 @@ def learn(
     run: Run,
     outcomes: Sequence[tuple[str, Sequence[Any], Sequence[float], Sequence[bool]]],
     groups_of: Callable[[str, Sequence[Any], list[float], Sequence[bool]], list[Group]],
+    publish: Callable[[], None] | None = None,
 ) -> tuple[list[Group], int, int, dict[str, float]]:
     """Lines 11-13 of a step, the pivot trainer's and E2E RL's: Eq. 1 over each group (`outcomes`: its id,
     samples, rewards, validity), Eq. 7's update on the groups `groups_of(id, samples, advantages, valid)`
-    makes (a pivot's group; an episode's turns), the weights to the generator. Returns this rank's groups
+    makes (a pivot's group; an episode's turns), the weights to the generator (`publish`, default
+    `sync_weights`; sampling ahead, the trainer publishes every version itself). Returns this rank's groups
     trained, over every rank the groups trained and without signal, and the update's figures (`STATS`)."""
     config = run.config
     groups, uninformative, zero_variance = [], [], 0
@@ -266,8 +272,106 @@ def learn(
     stats = {}
     if trained:
         stats = update(run.model, run.reference, run.optimizer, groups, config, denominator, run.ranks)
-        sync_weights(run.policy, run.model)
+        (publish or (lambda: sync_weights(run.policy, run.model)))()
     return groups, trained, zero_variance, {key: stats.get(key, 0.0) for key in STATS}
+
+
+# -- Algorithm 1, lines 6-10: a step's batch, sampled and scored ------------------------------------------
+
+
+def sample(
+    run: Run,
+    pivots: Sequence[Pivot],
+    step: int,
+    pool: EnvPool,
+    sampler: Any,
+    generate: Callable[[list[Any], int, SamplingParams], tuple[list[list[Any]], Any]],
+) -> Rollout:
+    """Lines 6-10 of step `step`: B pivots drawn with `sampler`, G actions at each from `generate` (returning
+    the completions and what `Rollout` records of the version that sampled: (version, behaviour logprobs) or
+    None), executed and scored by the envs of `pool`."""
+    import numpy as np
+
+    config, ranks = run.config, run.ranks
+    # line 6: sample a minibatch of B pivots from D_pivot
+    chosen = sampler.choice(len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False)
+    drawn = sampler.bit_generator.state  # the position a checkpoint after this step records
+    share = ranks.share(len(chosen))  # under torchrun this rank's B/N of them; all B in one process
+    batch = [pivots[int(chosen[i])] for i in share]
+
+    # line 7: for each s_b (lines 8-11 run batched over the B pivots)
+    # line 8: G actions at each pivot from pi_theta_old, seeded per step and pivot: a resumed run samples
+    # the same, and so does a rank given the pivot
+    seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in share]
+    sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seeds=seeds)
+    began = time.perf_counter()
+    completions, sampled_by = generate([pivot.observation for pivot in batch], config.group_size, sampling)
+    generated = time.perf_counter()
+
+    # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 6)
+    scores = pool.score([(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group])
+    indices = [int(i) for i in chosen]
+    rollout = Rollout(
+        step, indices, batch, completions, scores, drawn, generated - began, time.perf_counter() - generated
+    )
+    if sampled_by is not None:
+        rollout.version, rollout.behaviour = sampled_by
+    return rollout
+
+
+def synchronous(run: Run) -> Callable[[list[Any], int, SamplingParams], tuple[list[list[Any]], None]]:
+    """Algorithm 1's generation: the policy as it is now (pi_theta_old is the weights before this step)."""
+
+    def generate(chats: list[Any], n: int, sampling: SamplingParams) -> tuple[list[list[Any]], None]:
+        with fsdp.gathered(run.model):  # sharded (grpo.fsdp): whole weights while sampling
+            return run.policy.generate(chats, n, sampling), None
+
+    return generate
+
+
+def outcomes_of(rollout: Rollout, group_size: int) -> list[tuple[Any, list[Any], list[float], list[bool]]]:
+    """Per pivot of the batch: its key (the pivot's id), samples, rewards and validity, as `learn` takes them."""
+    outcomes = []
+    for index, (pivot, group) in enumerate(zip(rollout.batch, rollout.completions)):
+        mine = rollout.scores[index * group_size : (index + 1) * group_size]
+        outcomes.append((pivot.id, group, [s.reward for s in mine], [s.valid for s in mine]))
+    return outcomes
+
+
+def step_record(
+    run: Run,
+    rollout: Rollout,
+    began: float,
+    learning: float,
+    trained: int,
+    zero_variance: int,
+    stats: dict[str, float],
+) -> dict[str, Any]:
+    """A step's record in metrics.jsonl: the rewards of its batch, its groups and the update's figures
+    (`began`: when the step began; `learning`: when its lines 11-13 began)."""
+    import numpy as np
+
+    updated = time.perf_counter()
+    ranks = run.ranks
+    (sampled,) = ranks.total(sum(len(c.token_ids) for group in rollout.completions for c in group))
+    scores = ranks.gather(rollout.scores)  # every rank's, in the batch's order
+    kept = [s for s in scores if s.valid]
+    rewards, strict = [s.reward for s in kept], [s.strict_reward for s in kept]
+    return {
+        "step": rollout.step,
+        "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        "reward_std": float(np.std(rewards)) if rewards else 0.0,
+        "strict_reward_mean": float(np.mean(strict)) if strict else 0.0,
+        "frac_zero_variance": zero_variance / len(rollout.chosen),
+        "frac_invalid": 1.0 - len(kept) / len(scores),
+        "groups_trained": trained,
+        "action_tokens": sampled,
+        "tokens_per_s": sampled / (updated - began),
+        "time_generate_s": rollout.generate_s,
+        "time_score_s": rollout.score_s,
+        "time_update_s": updated - learning,
+        **stats,
+    }
 
 
 # -- Algorithm 1, lines 5-14: the loop ----------------------------------------------------------------
@@ -292,7 +396,6 @@ def train(
     functional verifier whatever `env_kwargs["verifier"]` trains with. candidates: the pool
     `config.reprofile_every` re-profiles (default: `pivots`). Under torchrun every rank calls it alike.
     """
-    import numpy as np
 
     pivots, heldout = list(pivots), list(heldout or [])
     if not pivots:
@@ -309,64 +412,24 @@ def train(
     eval_env = resolve_env(env_id, held, **{k: v for k, v in env_kwargs.items() if k != "verifier"})
     evaluation = (lambda: turn_accuracy(run, heldout[: config.eval_pivots], eval_env)) if heldout else None
 
-    with EnvPool(make_env, config.num_envs) as pool, RunLog(run, asdict(config), "GRPO", evaluation) as log:
-        # line 5: for k = 1, ..., K_train (line 14 ends it)
-        for step in range(run.start + 1, config.steps + 1):
-            began = time.perf_counter()
-            pivots = online.pivots_at(step, run.policy, pool)  # re-profiled when due (beyond the paper)
-            # line 6: sample a minibatch of B pivots from D_pivot
-            chosen = run.sampler.choice(
-                len(pivots), size=min(config.batch_pivots, len(pivots)), replace=False
-            )
-            share = ranks.share(len(chosen))  # under torchrun this rank's B/N of them; all B in one process
-            batch = [pivots[int(chosen[i])] for i in share]
-
-            # line 7: for each s_b (lines 8-11 run batched over the B pivots)
-            # line 8: G actions at each pivot from pi_theta_old, seeded per step and pivot: a resumed run samples
-            # the same, and so does a rank given the pivot
-            seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in share]
-            sampling = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seeds=seeds)
-            with fsdp.gathered(run.model):  # sharded (grpo.fsdp): whole weights while sampling
-                completions = run.policy.generate(
-                    [pivot.observation for pivot in batch], config.group_size, sampling
-                )
-            generated = time.perf_counter()
-
-            # lines 9-10: execute the short rollout and score each action with the verifier (r_func, Eq. 6)
-            scores = pool.score(
-                [(pivot.id, c.action) for pivot, group in zip(batch, completions) for c in group]
-            )
-            scored = time.perf_counter()
-
-            # lines 11-13: Eq. 1 per group, the update with Eq. 7, the new weights to the generator
-            outcomes = []
-            for index, (pivot, group) in enumerate(zip(batch, completions)):
-                mine = scores[index * config.group_size : (index + 1) * config.group_size]
-                outcomes.append((pivot.id, group, [s.reward for s in mine], [s.valid for s in mine]))
-            _, trained, zero_variance, stats = learn(run, outcomes, lambda *group: [build_group(*group)])
-            updated = time.perf_counter()
-
-            (sampled,) = ranks.total(sum(len(c.token_ids) for group in completions for c in group))
-            scores = ranks.gather(scores)  # every rank's, in the batch's order
-            kept = [s for s in scores if s.valid]
-            rewards, strict = [s.reward for s in kept], [s.strict_reward for s in kept]
-            record: dict[str, Any] = {
-                "step": step,
-                "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-                "reward_std": float(np.std(rewards)) if rewards else 0.0,
-                "strict_reward_mean": float(np.mean(strict)) if strict else 0.0,
-                "frac_zero_variance": zero_variance / len(chosen),
-                "frac_invalid": 1.0 - len(kept) / len(scores),
-                "groups_trained": trained,
-                "action_tokens": sampled,
-                "tokens_per_s": sampled / (updated - began),
-                "time_generate_s": generated - began,
-                "time_score_s": scored - generated,
-                "time_update_s": updated - scored,
-                **stats,
-                **online.metrics(),
-            }
-            log.step(record)  # the held-out evaluation, metrics.jsonl and checkpoints (rank 0 alone)
+    settings = asdict(config)
+    if not config.max_staleness:  # recorded only when given: a synchronous run's config.json is as before it
+        del settings["max_staleness"]
+    with EnvPool(make_env, config.num_envs) as pool, RunLog(run, settings, "GRPO", evaluation) as log:
+        if config.max_staleness:
+            rollouts.asynchronous(run, online.pivots, pool, log, heldout)  # beyond the paper: sampled ahead
+        else:
+            # line 5: for k = 1, ..., K_train (line 14 ends it)
+            for step in range(run.start + 1, config.steps + 1):
+                began = time.perf_counter()
+                pivots = online.pivots_at(step, run.policy, pool)  # re-profiled when due (beyond the paper)
+                rollout = sample(run, pivots, step, pool, run.sampler, synchronous(run))
+                # lines 11-13: Eq. 1 per group, the update with Eq. 7, the new weights to the generator
+                learning = time.perf_counter()
+                outcomes = outcomes_of(rollout, config.group_size)
+                _, trained, zero_variance, stats = learn(run, outcomes, lambda *group: [build_group(*group)])
+                record = step_record(run, rollout, began, learning, trained, zero_variance, stats)
+                log.step(record | online.metrics())  # the held-out evaluation, metrics.jsonl and checkpoints
     return log.finish()
 
 
