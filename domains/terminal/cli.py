@@ -47,6 +47,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "gc", help="remove labelled containers/images and bubblewrap sandboxes/directories left behind"
     )
     add_config(gc, GcConfig, "gc")
+    replay = actions.add_parser(
+        "replay-pivot-v1",
+        help="replay each Pivot-v1 terminal row's prefix (pivotrl extract --format pivot-v1) in a bubblewrap "
+        "sandbox of the base image and mark executable the rows whose commands exit as recorded",
+    )
+    replay.add_argument("pivots", help="the pivot JSONL that pivotrl extract --format pivot-v1 wrote")
+    replay.add_argument("--out", required=True, help="write the pivots here, the replayable ones executable")
+    replay.add_argument(
+        "--row-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds one row's replay may take, all its commands together (default: 30)",
+    )
+    replay.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay at most N terminal rows (default: all)",
+    )
     harbor = actions.add_parser(
         "harbor",
         help="replay a Harbor task directory's trajectory (else its oracle solution), "
@@ -112,9 +133,39 @@ def harbor_main(args: argparse.Namespace) -> int:
     return 0 if run.solved and not before.ok else 1
 
 
+def replay_main(args: argparse.Namespace) -> int:
+    """`pivotrl sandbox replay-pivot-v1`: the pivots streamed through `mark_replayable`; prints the share executed."""
+    from pivot_envs.cli._checks import check_output, file_errors
+    from pivot_envs.domains.terminal.pivot_v1 import mark_replayable, replay_backend
+    from pivot_envs.pivot import PivotWriter, iter_pivots
+
+    check_output(args.out)
+    backend = replay_backend()
+    replayed = executable = written = 0
+    try:
+        with file_errors(args.out, "--out"), PivotWriter(args.out, append=False, fsync=False) as writer:
+            marked = mark_replayable(
+                iter_pivots(args.pivots), backend, row_timeout=args.row_timeout, max_rows=args.max_rows
+            )
+            for pivot in marked:
+                replayed += "replayed" in pivot.context or "replay_failed" in pivot.context
+                executable += "replayed" in pivot.context
+                writer.write(pivot)
+                written += 1
+            writer.sync()
+    finally:
+        backend.close()
+    share = f"{100 * executable / replayed:.1f}%" if replayed else "none replayed"
+    print(f"terminal rows replayed in the base image: {replayed}, executed {executable} ({share})")
+    print(f"pivots written: {written} -> {args.out}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.sandbox_action == "harbor":
         return harbor_main(args)
+    if args.sandbox_action == "replay-pivot-v1":
+        return replay_main(args)
     if args.sandbox_action == "build-image":
         from pivot_envs.domains.terminal.image import build_image
 

@@ -33,39 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: detected by content; pivot-v1: NVIDIA's Nemotron-RL-Agentic Pivot-v1 files (parquet "
         "or JSONL), streamed, their recorded pass rates kept as profiles",
     )
-    parser.add_argument(
-        "--replay-terminal",
-        action="store_true",
-        help="with --format pivot-v1: replay each terminal row's prefix in a bubblewrap sandbox of the base "
-        "image and execute the rows whose commands exit as recorded (the summary states the share)",
-    )
-    parser.add_argument(
-        "--replay-row-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="seconds one terminal row's replay may take, all its commands together (default: 30)",
-    )
-    parser.add_argument(
-        "--replay-max-rows",
-        type=int,
-        default=None,
-        metavar="N",
-        help="replay at most N terminal rows; the rest stay unexecuted (default: all)",
-    )
     add_config(parser, ExtractConfig, "extract")
 
 
 def main(args: argparse.Namespace) -> int:
     from pivot_envs.cli._checks import check_output, file_errors, no_pivot_error
-    from pivot_envs.config import ConfigError, progress_bar
+    from pivot_envs.config import progress_bar
     from pivot_envs.extract import ExtractConfig, write_pivot_file
     from pivot_envs.formats import ReadReport, read_as_pivots
 
     config: ExtractConfig = args.extract
     check_output(args.out)
-    if args.replay_terminal and args.format != "pivot-v1":
-        raise ConfigError("--replay-terminal replays Pivot-v1 terminal rows: add --format pivot-v1")
     if args.format == "pivot-v1":
         return _pivot_v1(args)
     report = ReadReport()
@@ -99,21 +77,10 @@ def main(args: argparse.Namespace) -> int:
 def _pivot_v1(args: argparse.Namespace) -> int:
     """NVIDIA's Pivot-v1 files -> pivot JSONL, streamed (see pivot_envs.formats.nemotron_pivot_v1)."""
     from pivot_envs.cli._checks import file_errors, no_pivot_error
-    from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1, replay_backend
+    from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1
 
-    backend = replay_backend() if args.replay_terminal else None
-    try:
-        with file_errors(args.out, "--out"):
-            summary = extract_pivot_v1(
-                args.inputs,
-                args.out,
-                replay_backend=backend,
-                row_timeout=args.replay_row_timeout,
-                max_replay_rows=args.replay_max_rows,
-            )
-    finally:
-        if backend is not None:
-            backend.close()
+    with file_errors(args.out, "--out"):
+        summary = extract_pivot_v1(args.inputs, args.out)
     for problem in summary.report.problems:
         log.warning("%s", problem)
     if not summary.written:

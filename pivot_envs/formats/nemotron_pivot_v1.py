@@ -22,19 +22,17 @@ JSONL (gzip too) a line at a time. A malformed row is reported in the `ReadRepor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pivot_envs.formats.nemo_gym_pivots import nemo_gym_row_to_pivot
-from pivot_envs.formats.records import MalformedRecord
+from pivot_envs.formats.records import MalformedRecord, converted, detect_set, is_pivot_v1_row
 from pivot_envs.jsonl import GzipCut, read_lines
-from pivot_envs.pivot import Pivot, PivotFormatError, PivotWriter, Profile
+from pivot_envs.pivot import Pivot, PivotWriter, Profile
 from pivot_envs.trajectory import ReadReport
 
 PARQUET_MAGIC = b"PAR1"
@@ -80,46 +78,6 @@ SETS: dict[str, PivotV1Set] = {
         ),
     )
 }
-
-
-def detect_set(row: dict) -> str | None:
-    """The Pivot-v1 set a row belongs to, from its fields; None when it is in none."""
-    if not isinstance(row, dict) or "responses_create_params" not in row:
-        return None
-    agent = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
-    name = str(agent.get("name") or "")
-    metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
-    # A key counts when set: a parquet file gives every row every column, null where a row lacked it.
-    if (
-        row.get("expected_answer") is not None
-        or "terminus" in name
-        or metadata.get("harness") == "terminus_2"
-    ):
-        return "terminal"
-    if row.get("expected_action") is None:
-        return None
-    if "swe" in name:
-        return "swe"
-    if any(
-        row.get(key) is not None for key in ("pass_rate", "qwen_235b_info", "meta_info", "num_unique_actions")
-    ):
-        return "conversational-tool-use"
-    if row.get("info") is not None or row.get("trajectory_id") is not None:
-        return "function-calling"
-    return None
-
-
-def is_pivot_v1_row(row: Any) -> bool:
-    """Whether a record is a Pivot-v1 row, not a plain NeMo-Gym pivot row (which `detect_set` would
-    also place): a function-calling row needs its `info` {turn, step, depth} as well, an SWE row its
-    `trajectory_id` or a recorded pass rate (NeMo-Gym's own swe_pivot samples have neither)."""
-    name = detect_set(row)
-    if name == "function-calling":
-        info = row.get("info")
-        return isinstance(info, dict) and {"turn", "depth"} <= info.keys()
-    if name == "swe":
-        return any(row.get(key) is not None for key in ("trajectory_id", "pass_rate", "pass_rate_passed"))
-    return name is not None
 
 
 def _count(value: Any, what: str) -> int | None:
@@ -304,16 +262,8 @@ def iter_pivot_v1(
     prefix = id_prefix or Path(path).name.split(".")[0]
     for where, row in iter_rows(path, report):
         number = where.rsplit(":", 1)[1].removeprefix("row ")
-        try:
-            pivot = pivot_v1_row_to_pivot(row, set_name, f"{prefix}/{number}")
-        except MalformedRecord as error:
-            report.skip(where, error.reason, error.detail)
-            continue
-        except PivotFormatError as error:
-            report.skip(where, "malformed pivot", str(error))
-            continue
-        except (TypeError, ValueError, AttributeError, KeyError) as error:  # shapes we did not foresee
-            report.skip(where, "malformed record", f"{type(error).__name__}: {error}")
+        pivot = converted(report, where, pivot_v1_row_to_pivot, row, set_name, f"{prefix}/{number}")
+        if pivot is None:
             continue
         if pivot.id in seen:
             pivot.id = f"{pivot.id}@{number}"
@@ -341,154 +291,6 @@ def looks_like_pivot_v1(path: str | os.PathLike[str]) -> bool:
     except (OSError, GzipCut, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
-
-
-# -- replaying terminal rows in the base image ---------------------------------------------------------
-
-REPLAY_ROW_TIMEOUT = 30.0  # seconds one row's replay may take, all its commands together
-MISSING_PROGRAM = (126, 127)  # bash's exit status for a program that is not there or cannot run
-
-
-def replay_terminal_prefix(pivot: Pivot, backend: Any, row_timeout: float = REPLAY_ROW_TIMEOUT) -> str:
-    """Replay a terminal pivot's prefix in a fresh sandbox of the base image: "" when every prefix
-    command (as the terminal domain extracts them) exits as recorded (`context["prefix_exit_codes"]`,
-    else 0) within `row_timeout` seconds in all, and the expert's own command then finds its program
-    (no exit 126/127) and ends in time; otherwise why not.
-
-    `backend` is a sandbox backend (bubblewrap or Docker) on the terminal domain's base image; each
-    command gets at most the backend's own per-command timeout, the one the env replays with.
-    """
-    return _replay(pivot, backend, row_timeout)[0]
-
-
-def _replay(pivot: Pivot, backend: Any, row_timeout: float) -> tuple[str, int | None]:
-    """`replay_terminal_prefix`'s reason, and the index of the prefix command that failed (None: none did)."""
-    from pivot_envs.domains.terminal.parse import parse_command
-    from pivot_envs.domains.terminal.prefix import BASE_IMAGE, pivot_image, prefix_commands, setup_commands
-    from pivot_envs.sandboxes import SandboxError
-
-    commands, reason = prefix_commands(pivot)
-    if reason:
-        return reason, None
-    if pivot_image(pivot).split(":")[0] != BASE_IMAGE or setup_commands(pivot.context):
-        return "the row names its own image or setup, which the replay does not have", None
-    expert = parse_command(pivot.expert)
-    workdir = str(pivot.context.get("workdir", "/app"))
-    expected = pivot.context.get("prefix_exit_codes")
-    deadline = time.monotonic() + row_timeout
-    per_command = float(getattr(getattr(backend, "limits", None), "timeout", None) or row_timeout)
-    sandbox = None
-    try:
-        sandbox = backend.create(BASE_IMAGE, workdir) if backend.name == "docker" else backend.create(workdir)
-        steps = [(f"prefix command {i}", c) for i, c in enumerate(commands)]
-        if expert.command is not None and not expert.keys:
-            steps.append(("the expert's command", expert.command))
-        for index, (what, command) in enumerate(steps):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return f"the replay ran past its {row_timeout:g}s bound before {what}", None
-            result = sandbox.run(command, timeout=min(left, per_command))
-            shown = f"{what} {command.strip()[:120]!r}"
-            if result.timed_out:
-                return f"{shown} timed out on replay in the base image", None
-            if index == len(commands):  # the expert's: it may exit otherwise, not miss its program
-                if result.exit_code in MISSING_PROGRAM:
-                    return (
-                        f"{shown} needs a program the base image lacks: {result.output[-160:].strip()}",
-                        None,
-                    )
-                continue
-            want = expected[index] if isinstance(expected, list) and index < len(expected) else 0
-            if result.exit_code != want:
-                return (
-                    f"{shown} exited {result.exit_code} on replay in the base image, recorded {want}: "
-                    f"{result.output[-160:].strip()}",
-                    index,
-                )
-    except SandboxError as error:
-        return f"the replay's sandbox failed: {error}", None
-    finally:
-        if sandbox is not None:
-            sandbox.close()
-    return "", None
-
-
-def replay_backend(command_timeout: float | None = None) -> Any:
-    """A bubblewrap backend on the terminal domain's base image for `mark_replayable` (close it after);
-    raises SandboxError saying what to install or build when bubblewrap or the image is missing."""
-    from pivot_envs.domains.terminal.image import base_rootfs
-    from pivot_envs.sandboxes import SandboxLimits
-    from pivot_envs.sandboxes.backends import resolve_sandbox
-    from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
-
-    resolve_sandbox("bwrap")
-    limits = SandboxLimits() if command_timeout is None else SandboxLimits(timeout=command_timeout)
-    return BwrapBackend(base_rootfs(build=False), limits, warm_pool=0)
-
-
-def _prefix_digests(pivot: Pivot) -> list[str]:
-    """A digest of each leading run of the pivot's prefix commands (the workdir first): rows of one
-    trajectory share them, so a failed replay settles every row that starts with its commands."""
-    from pivot_envs.domains.terminal.prefix import prefix_commands
-
-    commands, _ = prefix_commands(pivot)
-    digest = hashlib.sha256(json.dumps([pivot.context.get("workdir", "/app")]).encode())
-    out = []
-    for command in commands:
-        digest.update(json.dumps(command).encode())
-        out.append(digest.copy().hexdigest()[:24])
-    return out
-
-
-def replayable_candidate(pivot: Pivot) -> bool:
-    """A Pivot-v1 terminal pivot still marked unexecuted: what `mark_replayable` replays."""
-    return pivot.context.get("pivot_v1_set") == "terminal" and pivot.context.get("executable") is False
-
-
-def mark_replayable(
-    pivots: Iterable[Pivot],
-    backend: Any,
-    *,
-    row_timeout: float = REPLAY_ROW_TIMEOUT,
-    max_rows: int | None = None,
-    progress: bool = True,
-) -> Iterator[Pivot]:
-    """Yield `pivots`, each Pivot-v1 terminal pivot (the first `max_rows` of them) replayed by
-    `replay_terminal_prefix` on `backend`: `context["executable"] = True` where it replays, else it
-    keeps its reason with what failed in the replay added. Other pivots pass unchanged.
-
-    A prefix whose commands failed on replay settles, without a sandbox, every later row that
-    starts with the same commands up to the failing one (the rows of one trajectory do).
-    """
-    from pivot_envs.config import progress_bar
-
-    failed: dict[str, str] = {}
-    bar = progress_bar(desc="replaying terminal rows", unit=" rows", total=max_rows, enabled=progress)
-    replayed = 0
-    try:
-        for pivot in pivots:
-            if not replayable_candidate(pivot) or (max_rows is not None and replayed >= max_rows):
-                yield pivot
-                continue
-            replayed += 1
-            digests = _prefix_digests(pivot)
-            reason = next((failed[d] for d in digests if d in failed), None)
-            if reason is None:
-                reason, index = _replay(pivot, backend, row_timeout)
-                if index is not None and index < len(digests):  # exits differ: not a timing matter
-                    failed[digests[index]] = reason
-            if reason:
-                base = pivot.context.get("not_executable_reason") or SETS["terminal"].not_executable_reason
-                pivot.context["not_executable_reason"] = f"{base}; replayed in the base image: {reason}"
-                pivot.context["replay_failed"] = reason
-            else:
-                pivot.context["executable"] = True
-                pivot.context.pop("not_executable_reason", None)
-                pivot.context["replayed"] = "base image"
-            bar.update(1)
-            yield pivot
-    finally:
-        bar.close()
 
 
 @dataclass
@@ -531,25 +333,22 @@ def extract_pivot_v1(
     out: str | os.PathLike[str],
     *,
     set_name: str | None = None,
-    replay_backend: Any = None,
-    row_timeout: float = REPLAY_ROW_TIMEOUT,
-    max_replay_rows: int | None = None,
+    replay: Callable[[Iterable[Pivot]], Iterable[Pivot]] | None = None,
 ) -> PivotV1Summary:
     """Stream Pivot-v1 files into one pivot JSONL at `out` (bounded memory); returns the summary.
 
-    With `replay_backend` (a sandbox backend on the terminal base image), terminal rows go through
-    `mark_replayable` (at most `max_replay_rows`, `row_timeout` seconds each) and those that
-    replay are written executable; the summary counts them.
+    `replay` (the terminal domain's `mark_replayable` with its backend and bounds, see
+    pivot_envs.domains.terminal.pivot_v1) passes the pivots through, marking terminal rows that
+    replay executable; the summary counts those it replayed (context "replayed" or "replay_failed").
     """
-    summary = PivotV1Summary(replayed=None if replay_backend is None else 0)
+    summary = PivotV1Summary(replayed=None if replay is None else 0)
     with PivotWriter(out, append=False, fsync=False) as writer:
         for path in inputs:
             pivots: Iterable[Pivot] = iter_pivot_v1(path, summary.report, set_name=set_name)
-            if replay_backend is not None:
-                left = None if max_replay_rows is None else max(max_replay_rows - summary.replayed, 0)
-                pivots = mark_replayable(pivots, replay_backend, row_timeout=row_timeout, max_rows=left)
+            if replay is not None:
+                pivots = replay(pivots)
             for pivot in pivots:
-                if replay_backend is not None and (
+                if summary.replayed is not None and (
                     "replayed" in pivot.context or "replay_failed" in pivot.context
                 ):
                     summary.replayed += 1

@@ -22,9 +22,9 @@ from pivot_envs.formats.nemo_gym_rollouts import read_rollout
 from pivot_envs.formats.nemotron_pivot_v1 import iter_pivot_v1, looks_like_pivot_v1, pivot_v1_row_to_pivot
 from pivot_envs.formats.openai_chat import read_openai_chat
 from pivot_envs.formats.pivots import read_pivot_record
-from pivot_envs.formats.records import PIVOT_V1, MalformedRecord, record_kind, records
+from pivot_envs.formats.records import PIVOT_V1, converted, record_kind, records
 from pivot_envs.formats.sharegpt import read_sharegpt
-from pivot_envs.pivot import Pivot, PivotFormatError, domain_mismatch
+from pivot_envs.pivot import Pivot, domain_mismatch
 from pivot_envs.trajectory import ReadReport, Trajectory
 
 
@@ -65,16 +65,8 @@ def _read(
             continue
         report.formats.setdefault(str(path), kind)
         default_id = f"{id_prefix or stem}/{where.rsplit(':', 1)[1].strip('[]')}"
-        try:
-            item = _read_record(kind, record, default_id, prefix)
-        except MalformedRecord as error:
-            report.skip(where, error.reason, error.detail)
-            continue
-        except PivotFormatError as error:
-            report.skip(where, "malformed pivot", str(error))
-            continue
-        except (TypeError, ValueError, AttributeError, KeyError) as error:  # bad shapes we did not foresee
-            report.skip(where, "malformed record", f"{type(error).__name__}: {error}")
+        item = converted(report, where, _read_record, kind, record, default_id, prefix)
+        if item is None:
             continue
         if item.id in seen_ids:  # keep ids unique within a file: a repeated id gets its position
             item.id = f"{item.id}@{where.rsplit(':', 1)[1].strip('[]')}"

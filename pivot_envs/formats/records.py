@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.jsonl import may_hold_surrogate, read_text_bytes, surrogate_problem
+from pivot_envs.pivot import PivotFormatError
 from pivot_envs.trajectory import ReadReport
 
 FORMATS = ("openai-chat", "nemo-gym-pivots", "nemo-gym-rollouts", "sharegpt", "pivots")
@@ -123,6 +124,49 @@ def _single_document(data: bytes, report: ReadReport) -> bool:
     return False
 
 
+# -- NVIDIA's Pivot-v1 rows (read by pivot_envs.formats.nemotron_pivot_v1), told apart by their keys -----
+
+
+def detect_set(row: dict) -> str | None:
+    """The Pivot-v1 set a row belongs to, from its fields; None when it is in none."""
+    if not isinstance(row, dict) or "responses_create_params" not in row:
+        return None
+    agent = row.get("agent_ref") if isinstance(row.get("agent_ref"), dict) else {}
+    name = str(agent.get("name") or "")
+    metadata = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+    # A key counts when set: a parquet file gives every row every column, null where a row lacked it.
+    if (
+        row.get("expected_answer") is not None
+        or "terminus" in name
+        or metadata.get("harness") == "terminus_2"
+    ):
+        return "terminal"
+    if row.get("expected_action") is None:
+        return None
+    if "swe" in name:
+        return "swe"
+    if any(
+        row.get(key) is not None for key in ("pass_rate", "qwen_235b_info", "meta_info", "num_unique_actions")
+    ):
+        return "conversational-tool-use"
+    if row.get("info") is not None or row.get("trajectory_id") is not None:
+        return "function-calling"
+    return None
+
+
+def is_pivot_v1_row(row: Any) -> bool:
+    """Whether a record is a Pivot-v1 row, not a plain NeMo-Gym pivot row (which `detect_set` would
+    also place): a function-calling row needs its `info` {turn, step, depth} as well, an SWE row its
+    `trajectory_id` or a recorded pass rate (NeMo-Gym's own swe_pivot samples have neither)."""
+    name = detect_set(row)
+    if name == "function-calling":
+        info = row.get("info")
+        return isinstance(info, dict) and {"turn", "depth"} <= info.keys()
+    if name == "swe":
+        return any(row.get(key) is not None for key in ("trajectory_id", "pass_rate", "pass_rate_passed"))
+    return name is not None
+
+
 def record_kind(record: Any) -> str | None:
     """The format (one of FORMATS, or PIVOT_V1) a parsed record is in, from its keys; None when it is in none."""
     if not isinstance(record, dict):
@@ -130,8 +174,6 @@ def record_kind(record: Any) -> str | None:
     if isinstance(record.get("expert"), dict) and "messages" in record and "id" in record:
         return "pivots"
     if "responses_create_params" in record:
-        from pivot_envs.formats.nemotron_pivot_v1 import is_pivot_v1_row  # it imports this module
-
         if is_pivot_v1_row(record):
             return PIVOT_V1
         return "nemo-gym-pivots" if "expected_action" in record else "nemo-gym-rollouts"
@@ -156,3 +198,20 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     raise FormatError(
         f"{path}: cannot detect the trajectory format{shown}; expected one of {', '.join(FORMATS)}"
     )
+
+
+T = TypeVar("T")
+
+
+def converted(report: ReadReport, where: str, convert: Callable[..., T], *args: Any) -> T | None:
+    """`convert(*args)`, or None with the reason skipped in `report` at `where` when the record is malformed (a
+    MalformedRecord's own reason, an invalid pivot, or a shape no reader foresaw): a bad record never raises."""
+    try:
+        return convert(*args)
+    except MalformedRecord as error:
+        report.skip(where, error.reason, error.detail)
+    except PivotFormatError as error:
+        report.skip(where, "malformed pivot", str(error))
+    except (TypeError, ValueError, AttributeError, KeyError) as error:  # shapes we did not foresee
+        report.skip(where, "malformed record", f"{type(error).__name__}: {error}")
+    return None

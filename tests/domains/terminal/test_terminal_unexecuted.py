@@ -4,18 +4,15 @@ scored without a sandbox, and those whose prefix replays in our base image are e
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import gymnasium as gym
 import pytest
 
 import pivot_envs
 from pivot_envs.domains.terminal.env import bundled_pivots
-from pivot_envs.formats.nemotron_pivot_v1 import (
-    extract_pivot_v1,
-    mark_replayable,
-    pivot_v1_row_to_pivot,
-    replay_terminal_prefix,
-)
+from pivot_envs.domains.terminal.pivot_v1 import mark_replayable, replay_terminal_prefix
+from pivot_envs.formats.nemotron_pivot_v1 import extract_pivot_v1, pivot_v1_row_to_pivot
 from pivot_envs.pivot import read_pivots
 from pivot_envs.sandboxes import SandboxLimits
 from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
@@ -120,7 +117,8 @@ def test_extract_with_replay_states_the_share_executed_and_bounds_the_rows_repla
     source = tmp_path / "terminal.jsonl"
     rows = [REPLAYS, MISSING, terminal_row("ok2", ["echo hi > a.txt"], "cat a.txt"), HANGS]
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    summary = extract_pivot_v1([source], tmp_path / "out.jsonl", replay_backend=bwrap, max_replay_rows=3)
+    replay = partial(mark_replayable, backend=bwrap, max_rows=3, progress=False)
+    summary = extract_pivot_v1([source], tmp_path / "out.jsonl", replay=replay)
     assert (summary.replayed, summary.replayed_executable, summary.executable) == (3, 2, 2)
     assert "terminal rows replayed in the base image: 3, executed 2 (66.7%)" in summary.lines()
     assert "executed: 2 of 4 (50.0%)" in summary.lines()[3]
@@ -129,20 +127,17 @@ def test_extract_with_replay_states_the_share_executed_and_bounds_the_rows_repla
     assert "replay_failed" not in written[3].context  # past max_replay_rows: not replayed
 
 
-# Append to tests/domains/terminal/test_terminal_unexecuted.py once cli_extract.patch is applied:
-
-
-def test_pivotrl_extract_replay_terminal_executes_the_rows_that_replay_and_states_the_share(
+def test_pivotrl_sandbox_replay_pivot_v1_executes_the_rows_that_replay_and_states_the_share(
     has_bwrap, tmp_path, capsys
 ):
     from pivot_envs.cli import main
 
     source = tmp_path / "terminal.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in (REPLAYS, MISSING, HANGS)))
-    out = str(tmp_path / "p.jsonl")
-    argv = ["extract", str(source), "--format", "pivot-v1", "--replay-terminal", "--replay-max-rows", "2"]
-    assert main([*argv, "--replay-row-timeout", "2", "--out", out]) == 0
+    extracted, out = str(tmp_path / "p.jsonl"), str(tmp_path / "replayed.jsonl")
+    assert main(["extract", str(source), "--format", "pivot-v1", "--out", extracted]) == 0
+    capsys.readouterr()
+    argv = ["sandbox", "replay-pivot-v1", extracted, "--max-rows", "2", "--row-timeout", "2", "--out", out]
+    assert main(argv) == 0
     assert "terminal rows replayed in the base image: 2, executed 1 (50.0%)" in capsys.readouterr().out
     assert [p.context["executable"] for p in read_pivots(out)] == [True, False, False]
-    assert main(["extract", str(source), "--replay-terminal", "--out", str(tmp_path / "q.jsonl")]) == 2
-    assert "add --format pivot-v1" in capsys.readouterr().err
