@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CLAIM,...",
         help="experiments to run: signal, strict-functional, ablation, sft, objective, online, theorems, e2e "
         "(default: all of these), or a pre-registered one alone: sft-matched (E1 of docs/preregistration.md), "
-        "paper-regime-pilot then paper-regime (E2)",
+        "paper-regime-pilot then paper-regime (E2), reward-confirmation (E3)",
     )
     parser.add_argument(
         "--domains",

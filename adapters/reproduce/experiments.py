@@ -52,6 +52,8 @@ EXPERIMENT_ARMS = {
     # E1 of docs/preregistration.md: the drift claim against SFT arms of PivotRL's budget
     "sft-matched": ("pivotrl", "sft", "sft-matched", "sft-1epoch"),
     # E2 of docs/preregistration.md (adapters/reproduce/e2.py: its own arms and stages): the pilot, then the arms
+    # E3: the reward ablation's arms on fresh seeds
+    "reward-confirmation": ("cand-functional", "cand-strict"),
     "paper-regime-pilot": (),
     "paper-regime": (),
     "theorems": (),

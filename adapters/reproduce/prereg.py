@@ -69,6 +69,14 @@ def e2_decision(family: list[dict[str, Any]]) -> str:
     )
 
 
+def e3_decision(family: list[dict[str, Any]]) -> str:
+    """E3's rule: confirmed when the 95% interval's lower bound is above 0 (one-sided at 2.5%)."""
+    item = family[0]
+    if item["low"] > 0:
+        return "the functional reward's advantage over exact match is **confirmed** on fresh seeds (E3-1)."
+    return "the functional reward's advantage reads **nominal at 15 seeds, not confirmed** (E3-1)."
+
+
 E1 = Plan(
     name="E1",
     experiment="sft-matched",
@@ -98,7 +106,15 @@ E2 = Plan(
     ),
     decide=e2_decision,
 )
-PLANS = {plan.experiment: plan for plan in (E1, E2)}
+E3 = Plan(
+    name="E3",
+    experiment="reward-confirmation",
+    arms=("cand-functional", "cand-strict"),
+    seeds=tuple(range(100, 115)),
+    family=(Comparison("E3-1", "in-domain", "cand-functional", "cand-strict", primary=True),),
+    decide=e3_decision,
+)
+PLANS = {plan.experiment: plan for plan in (E1, E2, E3)}
 
 
 def tool_call_share(replies: Sequence[str]) -> float | None:
@@ -123,11 +139,13 @@ def tables(
             "drift": out_of_domain([base] * len(train_domains), train_domains, others),
         }
     seeds = len(arms[(train_domains[0], arm)])
+    runs = [run for d in train_domains for run in arms[(d, arm)]]
     return {
         "in-domain": [
             [r for d in train_domains for r in arms[(d, arm)][s]["turns"][d]] for s in range(seeds)
         ],
-        "drift": out_of_domain([run for d in train_domains for run in arms[(d, arm)]], train_domains, others),
+        # arms measured in domain only (the reward ablation's) have no drift items
+        "drift": out_of_domain(runs, train_domains, others) if all("ood_turns" in r for r in runs) else None,
     }
 
 
@@ -165,6 +183,8 @@ def analyse(
     gains = {
         arm: {
             items: crossed_bootstrap(paired_differences(table[arm][items], table["base"][items]))
+            if table[arm][items] is not None
+            else None
             for items in ("in-domain", "drift")
         }
         for arm in plan.arms
@@ -175,7 +195,7 @@ def analyse(
         loss = [
             sum(x - y for x, y in zip(run["wiki_loss"], base["wiki_loss"])) / len(base["wiki_loss"])
             for run in runs
-            if base["wiki_loss"]
+            if base["wiki_loss"] and "wiki_loss" in run
         ]
         shares = [tool_call_share(run["question_replies"]) for run in runs if "question_replies" in run]
         described[arm] = {
@@ -248,7 +268,7 @@ def write_report(
         loss = shown["wiki_loss_change"]
         share = shown["tool_call_share"]
         lines.append(
-            f"| {arm} | {_interval(gain['in-domain'])} | {_interval(gain['drift'])} "
+            f"| {arm} | {_interval(gain['in-domain'])} | {_interval(gain['drift']) if gain['drift'] else 'not measured'} "
             f"| {'n/a' if loss is None else f'{loss:+.4f}'} "
             f"| {'not logged' if share is None else f'{100 * share:.0f}%'} |"
         )

@@ -143,3 +143,23 @@ def test_e1_reports_once_every_registered_seed_finished_and_counts_each_look(tmp
     path, _ = reproduce(scale, tmp_path, ["sft-matched"], finished_only=True)
     assert json.loads((tmp_path / "e1.json").read_text())["looks"] == 2
     assert "this is look 2" in path.read_text()
+
+
+def test_e3_confirms_only_when_the_interval_is_wholly_above_zero():
+    from pivot_envs.adapters.reproduce.prereg import e3_decision
+
+    assert "**confirmed**" in e3_decision([{"low": 0.01, "high": 0.2}])
+    assert "not confirmed" in e3_decision([{"low": -0.01, "high": 0.2}])
+
+
+def test_e3_runs_the_reward_ablation_arms_alone_and_decides_once(tmp_path):
+    from pivot_envs.adapters.reproduce.prereg import E3
+
+    scale = get_scale("quick", seeds=1)
+    assert E3.seeds == tuple(range(100, 115)) and E3.seeds_at(get_scale("cpu")) == list(range(100, 115))
+    path, stages = reproduce(scale, tmp_path, ["reward-confirmation"])
+    report = json.loads((tmp_path / "e3.json").read_text())
+    assert [item["claim"] for item in report["family"]] == ["E3-1"] and report["looks"] == 1
+    assert "E3-1" in report["decision"]
+    assert {"train-tool-use-cand-functional-s0", "train-tool-use-cand-strict-s0"} <= set(stages.computed)
+    assert "not measured" in path.read_text()  # these arms have no drift items
