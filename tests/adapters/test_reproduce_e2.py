@@ -17,7 +17,8 @@ from pivot_envs.config import ConfigError  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    ("norms", "clip"), [([1.34, 1.2, 2.0], 3), ([0.04, 0.05], 0.09), ([0.04, 0.06], 0.1), ([3.6, 4.3], 8), ([0.0], 1.0)]
+    ("norms", "clip"),
+    [([1.34, 1.2, 2.0], 3), ([0.04, 0.05], 0.09), ([0.04, 0.06], 0.1), ([3.6, 4.3], 8), ([0.0], 1.0)],
 )
 def test_the_clip_is_twice_the_median_gradient_norm_rounded_up_to_one_digit(norms, clip):
     assert e2.clip_for(norms) == pytest.approx(clip)

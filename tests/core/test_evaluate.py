@@ -291,7 +291,9 @@ def test_pivotrl_eval_reports_the_tool_use_domain_with_a_local_model(tmp_path, c
 def test_a_change_in_accuracy_is_called_distinguishable_only_when_its_interval_excludes_zero():
     from pivot_envs.evaluate import Accuracy, change_in_words
 
-    small, figures = change_in_words(Accuracy.of([1.0] * 21 + [0.0] * 11), Accuracy.of([1.0] * 26 + [0.0] * 6))
+    small, figures = change_in_words(
+        Accuracy.of([1.0] * 21 + [0.0] * 11), Accuracy.of([1.0] * 26 + [0.0] * 6)
+    )
     assert "not distinguishable from no change" in small and figures["low"] < 0 < figures["high"]
     assert figures["difference"] == pytest.approx(5 / 32)
     large, figures = change_in_words(Accuracy.of([0.0] * 200), Accuracy.of([1.0] * 100 + [0.0] * 100))
