@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SETUP_SYSTEM := PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup-system.sh
 # Harbor (Terminal-Bench 2's harness) needs Python >= 3.12: its own venv, run as a subprocess (docs/harbor.md).
-HARBOR_PYTHON ?= $(shell command -v python3.12 || echo $(HOME)/.pyenv/versions/3.12.1/bin/python3.12)
+# The first python3.12 that runs: pyenv's shim on PATH fails when pyenv's selected version is another one,
+# so pyenv's installed 3.12 builds are tried by path.
+HARBOR_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
 HARBOR_VENV ?= .venv-harbor
 HARBOR_STAMP := $(HARBOR_VENV)/.installed
 
@@ -45,6 +48,7 @@ $(STAMP): pyproject.toml | system
 	touch $(STAMP)
 
 $(HARBOR_STAMP):
+	@test -n "$(HARBOR_PYTHON)" || { echo 'Harbor needs Python 3.12 and none runs here: install one (e.g. pyenv install 3.12) or set HARBOR_PYTHON=/path/to/python3.12' >&2; exit 1; }
 	$(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
 	$(HARBOR_VENV)/bin/python -m pip install --upgrade pip
 	$(HARBOR_VENV)/bin/python -m pip install harbor==0.25.0
