@@ -39,6 +39,22 @@ class HasLetter:
         return Verdict(1.0 if "a" in text else 0.0, "has_letter" if "a" in text else "no_letter")
 
 
+class Parity:
+    """Another toy verifier: 1 when the CRC-32 of the action's text is even. Groups stay mixed at any length
+    (64 random tokens nearly always hold an 'a', so has-letter groups would all score 1 and nothing update)."""
+
+    name = "parity"
+
+    def verify(self, pivot, action, outcome=None):
+        import zlib
+
+        from pivot_envs.verifiers import Verdict
+
+        text = str(action.get("content") if isinstance(action, dict) else action or "")
+        even = zlib.crc32(text.encode()) % 2 == 0
+        return Verdict(1.0 if even else 0.0, "even" if even else "odd")
+
+
 def policy(layers: int, device: str):
     """A random SmolLM2-135M-shaped model (`layers` deep) with SmolLM2's tokenizer, as an HFPolicy."""
     import torch
@@ -79,15 +95,27 @@ def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path) -> di
         max_staleness=staleness,
         out=str(out / f"s{staleness}"),
     )
+    import resource
+
+    import torch
+
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
     result = train(
         config,
         pivots,
         policy=policy(args.layers, args.device),
         env_id="pivot/tool-use-v0",
-        verifier=HasLetter(),
+        verifier=Parity() if args.verifier == "parity" else HasLetter(),
     )
     seconds = time.perf_counter() - began
+    # the accelerator's peak of this run; on a CPU the process's peak RSS (monotonic: one --staleness per process)
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if args.device.startswith("cuda")
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     history = result.history
     samples = args.steps * args.batch_pivots * args.group_size
     return {
@@ -99,6 +127,7 @@ def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path) -> di
         "update_s": sum(r["time_update_s"] for r in history),
         "publish_wait_s": sum(r.get("time_publish_s", 0.0) for r in history),
         "groups_trained": sum(r["groups_trained"] for r in history),
+        "peak_mib": peak,
         "staleness_mean": sum(r.get("staleness_mean", 0.0) for r in history) / len(history),
     }
 
@@ -112,6 +141,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the random model")
     parser.add_argument("--pivots", type=int, default=8, help="the first N bundled tool-use pivots")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--staleness", type=int, nargs="+", default=[0, 1], help="the max_staleness values to run"
+    )
+    parser.add_argument(
+        "--verifier", choices=("has-letter", "parity"), default="has-letter", help="the toy reward"
+    )
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
 
@@ -122,16 +157,19 @@ def main() -> None:
     gym.register_envs(pivot_envs)
     pivots = gym.make("pivot/tool-use-v0").unwrapped.pivots[: args.pivots]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [run(staleness, args, pivots, Path(tmp)) for staleness in (0, 1)]
+        rows = [run(staleness, args, pivots, Path(tmp)) for staleness in args.staleness]
     print(
-        f"{'s':>2} {'seconds':>8} {'samples/s':>10} {'generate_s':>11} {'score_s':>8} {'update_s':>9} {'trained':>8}"
+        f"{'s':>2} {'seconds':>8} {'samples/s':>10} {'generate_s':>11} {'score_s':>8} {'update_s':>9} {'trained':>8} {'peak MiB':>9}"
     )
     for row in rows:
         print(
             f"{row['max_staleness']:>2} {row['seconds']:>8.2f} {row['samples_per_s']:>10.2f} "
-            f"{row['generate_s']:>11.2f} {row['score_s']:>8.2f} {row['update_s']:>9.2f} {row['groups_trained']:>8}"
+            f"{row['generate_s']:>11.2f} {row['score_s']:>8.2f} {row['update_s']:>9.2f} {row['groups_trained']:>8} {row['peak_mib']:>9.0f}"
         )
-    print(f"s=1 / s=0 samples/s: {rows[1]['samples_per_s'] / rows[0]['samples_per_s']:.2f}")
+    if len(rows) == 2:
+        print(
+            f"s={rows[1]['max_staleness']} / s={rows[0]['max_staleness']} samples/s: {rows[1]['samples_per_s'] / rows[0]['samples_per_s']:.2f}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"settings": vars(args), "rows": rows}, indent=2))
 
