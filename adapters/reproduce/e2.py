@@ -161,6 +161,7 @@ class E2:
         self.sizes = sizes_of(self.scale)
         self.data = data(self.scale)
         self.domain = self.scale.train_domains[0]
+        self._choice: dict[str, float] | None = None  # the pilot's, read once
 
     def settings(self, **extra: Any) -> dict[str, Any]:
         """What every E2 stage depends on: the base's fields, E2's sizes, the split's sizes."""
@@ -286,11 +287,22 @@ class E2:
         }
         return policy, {**record, "checkpoints": str(Path(config.out) / "checkpoints")}
 
+    def _pilot_stage(self, rate: float, seed: int) -> tuple[str, dict[str, Any]]:
+        """A pilot run's stage: its name and the settings it depends on."""
+        return f"e2-pilot-lr{rate:g}-s{seed}", self.settings(arm="pivotrl", rate=rate, seed=seed)
+
+    def _pilots(self) -> list[tuple[float, int]]:
+        return list(zip(self.sizes.pilot_rates, self.sizes.pilot_seeds))
+
     def pilot(self, rate: float, seed: int) -> dict[str, Any]:
-        name = f"e2-pilot-lr{rate:g}-s{seed}"
-        return self.runs.stages.run(
-            name, self.settings(arm="pivotrl", rate=rate, seed=seed), lambda f: self._pilot(f, rate, seed)
-        )
+        return self.runs.stages.run(*self._pilot_stage(rate, seed), lambda f: self._pilot(f, rate, seed))
+
+    def pilot_runs(self) -> dict[float, dict[str, Any]]:
+        """Every pilot run's result by rate (each run first when it has not finished)."""
+        return {rate: self.pilot(rate, seed) for rate, seed in self._pilots()}
+
+    def pilot_finished(self) -> bool:
+        return all(self.runs.stages.finished(*self._pilot_stage(rate, seed)) for rate, seed in self._pilots())
 
     def _pilot(self, folder: Path, rate: float, seed: int) -> dict[str, Any]:
         import shutil
@@ -300,21 +312,24 @@ class E2:
         return {key: value for key, value in record.items() if key != "checkpoints"}
 
     def choice(self) -> dict[str, float]:
-        """The pilot's choice (every pilot run is run first when it has not finished)."""
-        pilots = {
-            rate: self.pilot(rate, seed) for rate, seed in zip(self.sizes.pilot_rates, self.sizes.pilot_seeds)
-        }
-        return pilot_choice(pilots)
+        """The pilot's choice (every pilot run is run first when it has not finished); computed once."""
+        if self._choice is None:
+            self._choice = pilot_choice(self.pilot_runs())
+        return self._choice
 
-    def arm(self, arm: str, seed: int) -> dict[str, Any]:
+    def _arm_stage(self, arm: str, seed: int) -> tuple[str, dict[str, Any]]:
+        """An arm's stage on a seed: its name and the settings it depends on (the pilot's choice among them)."""
         if arm not in ARMS:
             raise ConfigError(f"E2 has no arm {arm!r}; its arms: {', '.join(ARMS)}")
-        choice = self.choice()
+        return f"e2-{arm}-s{seed}", self.settings(arm=arm, seed=seed, choice=self.choice())
+
+    def arm(self, arm: str, seed: int) -> dict[str, Any]:
         return self.runs.stages.run(
-            f"e2-{arm}-s{seed}",
-            self.settings(arm=arm, seed=seed, choice=choice),
-            lambda f: self._arm(f, arm, seed, choice),
+            *self._arm_stage(arm, seed), lambda f: self._arm(f, arm, seed, self.choice())
         )
+
+    def arm_finished(self, arm: str, seed: int) -> bool:
+        return self.runs.stages.finished(*self._arm_stage(arm, seed))
 
     def _arm(self, folder: Path, arm: str, seed: int, choice: dict[str, float]) -> dict[str, Any]:
         import shutil
@@ -406,19 +421,6 @@ def load_weights(policy: Any, checkpoint: Path) -> None:
 # -- running E2 (`pivotrl reproduce --only paper-regime-pilot`, then `--only paper-regime`) -------------------
 
 
-def _pilot_runs(e2: E2) -> dict[float, dict[str, Any]]:
-    return {rate: e2.pilot(rate, seed) for rate, seed in zip(e2.sizes.pilot_rates, e2.sizes.pilot_seeds)}
-
-
-def pilot_finished(e2: E2) -> bool:
-    return all(
-        e2.runs.stages.finished(
-            f"e2-pilot-lr{rate:g}-s{seed}", e2.settings(arm="pivotrl", rate=rate, seed=seed)
-        )
-        for rate, seed in zip(e2.sizes.pilot_rates, e2.sizes.pilot_seeds)
-    )
-
-
 def run_pilot(scale: Scale, out: Path) -> tuple[Path, Any]:
     """The pilot: D_adv, then `pivotrl` at each pilot rate on its seed, validation accuracy at every checkpoint;
     writes OUT/e2-pilot.md and .json with the registered choice (learning rate and clip). Its figures are for
@@ -430,13 +432,14 @@ def run_pilot(scale: Scale, out: Path) -> tuple[Path, Any]:
     stages = Stages(out)
     e2 = E2(Experiments(scale, out, stages))
     e2.runs.base()
-    adv = e2.profile()["adv"]
-    pilots = _pilot_runs(e2)
+    profiled = e2.profile()
+    adv = profiled["adv"]
+    pilots = e2.pilot_runs()
     choice = pilot_choice(pilots)
     lines = [
         "# E2 pilot (docs/preregistration.md): learning rate and clip",
         "",
-        f"D_adv: {len(adv)} of {len(e2.data.train_b)} train-B candidates{' (none mixed: the unsolved too)' if e2.profile()['fallback'] else ''}; validation: {len(e2.data.validation)} "
+        f"D_adv: {len(adv)} of {len(e2.data.train_b)} train-B candidates{' (none mixed: the unsolved too)' if profiled['fallback'] else ''}; validation: {len(e2.data.validation)} "
         f"pivots; {e2.sizes.steps} steps x B {e2.sizes.batch_pivots} x G {e2.sizes.group_size}, max_grad_norm 1.0.",
         "",
         "| rate | seed | validation accuracy by step | median gradient norm | steps clipped |",
@@ -471,47 +474,26 @@ def run_main(
     finished, its one analysis on the final checkpoint (primary, OUT/e2.md) and on the checkpoint validation
     selects (secondary, OUT/e2-selected.md)."""
     from pivot_envs.adapters.reproduce.prereg import E2 as PLAN
-    from pivot_envs.adapters.reproduce.prereg import analyse, missing_seeds, write_report
+    from pivot_envs.adapters.reproduce.prereg import analyse, check_seeds, report_missing, write_report
     from pivot_envs.adapters.reproduce.report import count_look
     from pivot_envs.adapters.reproduce.stages import Stages
 
     stages = Stages(out)
     e2 = E2(Experiments(scale, out, stages))
-    if not pilot_finished(e2):
+    if not e2.pilot_finished():
         raise ConfigError(
             "E2's main arms take the pilot's learning rate and clip: run `pivotrl reproduce --only "
             "paper-regime-pilot` into this --out first, and append its choice to docs/preregistration.md"
         )
     planned = PLAN.seeds_at(scale)
-    run_seeds = seeds if seeds is not None else planned
-    strays = [s for s in run_seeds if s not in planned]
-    if strays:
-        raise ConfigError(
-            f"--seeds: E2 registers seeds {planned[0]}-{planned[-1]}; {strays} are not among them"
-        )
+    run_seeds = check_seeds(PLAN, planned, seeds)
     base = e2.base_measures()
     if not finished_only:
         for seed in run_seeds:
             for arm in ARMS:
                 e2.arm(arm, seed)
-    choice = e2.choice()
-    finished = {
-        arm: [
-            s
-            for s in planned
-            if stages.finished(f"e2-{arm}-s{s}", e2.settings(arm=arm, seed=s, choice=choice))
-        ]
-        for arm in ARMS
-    }
-    missing = missing_seeds(PLAN, finished, planned)
-    if missing:
-        done = min(len(v) for v in finished.values())
-        print(
-            f"[reproduce] E2: {done} of {len(planned)} registered seeds finished in every arm; no analysis before "
-            "the last (docs/preregistration.md). Missing: "
-            + "; ".join(f"{a} {m}" for a, m in missing.items()),
-            flush=True,
-        )
+    finished = {arm: [s for s in planned if e2.arm_finished(arm, s)] for arm in ARMS}
+    if report_missing(PLAN, finished, planned):
         return None, stages
     results = {arm: [e2.arm(arm, s) for s in planned] for arm in ARMS}
     domains = [e2.domain, *e2.data.drift]

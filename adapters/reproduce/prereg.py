@@ -18,6 +18,7 @@ from typing import Any
 
 from pivot_envs.adapters.reproduce.claims import out_of_domain
 from pivot_envs.adapters.reproduce.stats import crossed_bootstrap, holm, paired_differences, reading
+from pivot_envs.config import ConfigError
 
 # A reply that is tool-call syntax: it parses as a call, or holds the chat template's tag.
 TOOL_CALL = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:", re.MULTILINE)
@@ -211,6 +212,32 @@ def missing_seeds(plan: Plan, finished: dict[str, list[int]], seeds: Sequence[in
     """Each arm's registered seeds that have not finished (arms with none missing are left out)."""
     missing = {arm: [s for s in seeds if s not in finished.get(arm, [])] for arm in plan.arms}
     return {arm: left for arm, left in missing.items() if left}
+
+
+def check_seeds(plan: Plan, planned: Sequence[int], seeds: Sequence[int] | None) -> list[int]:
+    """The seeds to run (`seeds`, default every registered one); a seed the plan does not register is refused."""
+    run_seeds = list(seeds) if seeds is not None else list(planned)
+    strays = [s for s in run_seeds if s not in planned]
+    if strays:
+        raise ConfigError(
+            f"--seeds: {plan.name} registers seeds {planned[0]}-{planned[-1]}; {strays} are not among them "
+            "(docs/preregistration.md)"
+        )
+    return run_seeds
+
+
+def report_missing(plan: Plan, finished: dict[str, list[int]], planned: Sequence[int]) -> bool:
+    """Whether registered seeds are still missing in some arm; if so, says which (no analysis before the last)."""
+    missing = missing_seeds(plan, finished, planned)
+    if missing:
+        done = min(len(seeds) for seeds in finished.values())
+        print(
+            f"[reproduce] {plan.name}: {done} of {len(planned)} registered seeds finished in every arm; no analysis "
+            f"before the last (docs/preregistration.md). Missing: "
+            + "; ".join(f"{arm} {left}" for arm, left in missing.items()),
+            flush=True,
+        )
+    return bool(missing)
 
 
 def _points(value: float) -> str:

@@ -16,7 +16,7 @@ from pivot_envs.adapters.reproduce.experiments import (
     EXPERIMENTS,
     Experiments,
 )
-from pivot_envs.adapters.reproduce.prereg import PLANS, analyse, missing_seeds, write_report
+from pivot_envs.adapters.reproduce.prereg import PLANS, analyse, check_seeds, report_missing, write_report
 from pivot_envs.adapters.reproduce.report import count_look
 from pivot_envs.adapters.reproduce.scales import Scale
 from pivot_envs.adapters.reproduce.stages import Stages
@@ -124,13 +124,7 @@ def registered(
     analysis. Returns the report's path (None while seeds are missing: nothing held-out is summarised before)."""
     plan = PLANS[name]
     planned = plan.seeds_at(scale)
-    run_seeds = list(seeds) if seeds is not None else planned
-    strays = [s for s in run_seeds if s not in planned]
-    if strays:
-        raise ConfigError(
-            f"--seeds: {plan.name} registers seeds {planned[0]}-{planned[-1]}; {strays} are not among them "
-            "(docs/preregistration.md)"
-        )
+    run_seeds = check_seeds(plan, planned, seeds)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out)
     runs = Experiments(scale, out, stages)
@@ -147,15 +141,7 @@ def registered(
         arm: [s for s in planned if all(runs.arm_finished(d, arm, s) for d in scale.train_domains)]
         for arm in plan.arms
     }
-    missing = missing_seeds(plan, finished, planned)
-    if missing:
-        done = min(len(seeds) for seeds in finished.values())
-        print(
-            f"[reproduce] {plan.name}: {done} of {len(planned)} registered seeds finished in every arm; no analysis "
-            f"before the last (docs/preregistration.md). Missing: "
-            + "; ".join(f"{arm} {left}" for arm, left in missing.items()),
-            flush=True,
-        )
+    if report_missing(plan, finished, planned):
         return None, stages
     arms = {
         (d, arm): [runs.arm(d, arm, s) for s in planned] for d in scale.train_domains for arm in plan.arms
