@@ -1,19 +1,31 @@
 """Samples per second of the GRPO trainer with synchronous rollouts (max_staleness 0) and sampled ahead (1).
 
-Both runs train the same hf policy (a randomly initialised model of SmolLM2-135M's architecture,
-`--layers` deep, with SmolLM2's tokenizer) on the bundled tool-use pivots (pivot/tool-use-v0),
-with the same seeds and sizes. Rewards come from a toy verifier (the action holds the letter 'a')
-so that groups are mixed and every step updates: a random model never calls the airline tools.
-With s = 1 a thread samples the next batch (generation with a copy of the weights, the envs,
-the behaviour logprobs) while the current batch updates; samples/s is (steps x B x G) over the
-run's wall time, the run's set-up included.
+Both runs train the same policy on the bundled tool-use pivots (pivot/tool-use-v0), with the same
+seeds and sizes. By default (`--policy random`) an hf policy: a randomly initialised model of
+SmolLM2-135M's architecture, `--layers` deep, with SmolLM2's tokenizer, generating in this process.
+`--policy SPEC` takes any policy spec instead; `--policy vllm-server:smollm2` samples on a real
+`vllm serve` in another process (started once with the test fixture's CPU settings: --max-model-len,
+one unbound OpenMP thread; reused by every run and stopped at the end), and the trainer updates
+`policy.trainable_model()` on `--device`, syncing each new version to the server over HTTP; each run
+first loads the checkpoint's weights back into the server, so every run starts from the same policy.
+An hf:... spec, trained in place, is loaded afresh for each run.
+
+Rewards come from a toy verifier (`--verifier has-letter`: the action holds the letter 'a';
+`parity`: its CRC-32 is even) so that groups are mixed and every step updates: the models never call
+the airline tools. With s = 1 a thread samples the next batch (generation, the envs, the behaviour
+logprobs from a copy of the weights) while the current batch updates; samples/s is (steps x B x G)
+over the run's wall time, the run's set-up included (not the server's start). The peak memory is
+this process's (the trainer's; a vllm-server's engine is not in it), or the accelerator's.
 
 On a CPU, generation and the update compete for the same cores: with 2 cores little is expected
-(both halves are compute-bound, so overlapping them mostly interleaves them). The gain is for a
-GPU, or a vLLM server in another process, where sampling and the update use different hardware.
+(both halves are compute-bound, so overlapping them mostly interleaves them), even with the server
+in another process. The gain is for a GPU, or a server on other hardware, where sampling and the
+update run on different devices.
 
     python benchmarks/async_rollouts.py                            # 4 steps, B 2, G 4, 4 new tokens, 2 layers
     python benchmarks/async_rollouts.py --steps 10 --layers 4 --device cuda
+    python benchmarks/async_rollouts.py --policy vllm-server:smollm2 --steps 3 --batch-pivots 2 \
+        --group-size 4 --max-new-tokens 8 --verifier parity     # SmolLM2-135M served by vllm serve, CPU
 """
 
 from __future__ import annotations
@@ -55,7 +67,17 @@ class Parity:
         return Verdict(1.0 if even else 0.0, "even" if even else "odd")
 
 
-def policy(layers: int, device: str):
+# The test fixture's settings for a `vllm serve` on a shared CPU (tests/adapters/test_vllm_server.py)
+SERVER = "vllm-server:"
+SERVER_OPTIONS: dict = dict(
+    gpu_memory_utilization=0.3,
+    start_timeout=900,  # ~50 s on an idle machine; minutes on a loaded one
+    # one unbound OpenMP thread: a thread pinned to a busy core, or waiting at a barrier for one, stalls
+    environment={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
+)
+
+
+def random_policy(layers: int, device: str):
     """A random SmolLM2-135M-shaped model (`layers` deep) with SmolLM2's tokenizer, as an HFPolicy."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -79,7 +101,30 @@ def policy(layers: int, device: str):
     return HFPolicy(LlamaForCausalLM(config).to(device).eval(), tokenizer, name="hf:random", device=device)
 
 
-def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path) -> dict:
+def load(args: argparse.Namespace):
+    """The policy every run shares (one that takes weights: vllm, vllm-server), else None (built per run)."""
+    if args.policy == "random" or args.policy.startswith("hf:"):  # trained in place: one per run
+        return None
+    from pivot_envs.policy import load_policy
+
+    options = dict(SERVER_OPTIONS, max_model_len=args.max_model_len) if args.policy.startswith(SERVER) else {}
+    return load_policy(args.policy, **options)
+
+
+def fresh(args: argparse.Namespace, shared):
+    """A run's (policy, model to train): the shared policy reset to its checkpoint's weights, else a new one."""
+    if shared is None:
+        if args.policy == "random":
+            return random_policy(args.layers, args.device), None
+        from pivot_envs.policy import load_policy
+
+        return load_policy(args.policy, device=args.device), None
+    model = shared.trainable_model().to(args.device)
+    shared.update_weights(model.state_dict())  # the run before this one left its trained weights there
+    return shared, model
+
+
+def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path, shared=None) -> dict:
     from pivot_envs.adapters.grpo import GRPOConfig, train
 
     config = GRPOConfig(
@@ -99,13 +144,15 @@ def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path) -> di
 
     import torch
 
+    trained_policy, model = fresh(args, shared)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
     result = train(
         config,
         pivots,
-        policy=policy(args.layers, args.device),
+        policy=trained_policy,
+        model=model,
         env_id="pivot/tool-use-v0",
         verifier=Parity() if args.verifier == "parity" else HasLetter(),
     )
@@ -140,7 +187,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=4, help="short: mixed has-letter groups")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the random model")
     parser.add_argument("--pivots", type=int, default=8, help="the first N bundled tool-use pivots")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="where the trainer's model runs")
+    parser.add_argument(
+        "--policy",
+        default="random",
+        help="random (a random hf model, --layers deep) or a policy spec, e.g. vllm-server:smollm2",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        help="a started vLLM server's context (longer prompts are fitted to it)",
+    )
     parser.add_argument(
         "--staleness", type=int, nargs="+", default=[0, 1], help="the max_staleness values to run"
     )
@@ -156,8 +214,16 @@ def main() -> None:
 
     gym.register_envs(pivot_envs)
     pivots = gym.make("pivot/tool-use-v0").unwrapped.pivots[: args.pivots]
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = [run(staleness, args, pivots, Path(tmp)) for staleness in args.staleness]
+    shared = load(args)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [run(staleness, args, pivots, Path(tmp), shared) for staleness in args.staleness]
+    finally:
+        if shared is not None and hasattr(shared, "close"):
+            shared.close()  # stops a server started here
+    print(
+        f"policy {args.policy}, {args.steps} steps, B {args.batch_pivots}, G {args.group_size}, device {args.device}"
+    )
     print(
         f"{'s':>2} {'seconds':>8} {'samples/s':>10} {'generate_s':>11} {'score_s':>8} {'update_s':>9} {'trained':>8} {'peak MiB':>9}"
     )

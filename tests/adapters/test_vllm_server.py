@@ -4,17 +4,20 @@ One server for the module (`vllm-server:smollm2`: SmolLM2-135M in float32, ~50 s
 CPU). Its samples carry the prompt ids the trainer scores and logprobs the trainer's
 recomputation matches within LOGPROB_TOLERANCE; two GRPO steps of the bundled trainer push their
 weights into it, after which it scores a fixed completion as transformers does on the trained
-weights and not as before; a sync to a server that is down, or that does not answer within the
-timeout, raises WeightSyncError in time.
+weights and not as before; so do three steps sampled one version ahead (max_staleness=1), with one
+sync per published version, the last one reaching the server; a sync to a server that is down, or
+that does not answer within the timeout, raises WeightSyncError in time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,48 +125,86 @@ class HasLetterVerifier:
         return Verdict(1.0 if passed else 0.0, "has_letter" if passed else "no_letter")
 
 
-def test_two_grpo_steps_against_the_server_leave_it_serving_the_trained_weights(policy, tmp_path):
-    from tiny_model import tiny_config
-
-    from pivot_envs.adapters.grpo import train
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-    from echo_domain import EchoEnv, real_pivots  # the core tests' env over real NeMo-Gym tool-use pivots
-
+@contextlib.contextmanager
+def training_on(policy, seed: int):
+    """The server's weights as a trainable model, a completion sampled before training with its logprobs, and
+    the weight syncs counted (each one's time); afterwards the server's original weights are put back (the
+    module's tests share it) and score that completion as before."""
     model = policy.trainable_model()
     original = {name: value.clone() for name, value in model.state_dict().items()}
     ((fixed,),) = policy.generate(
-        [CHAT], n=1, sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=2)
+        [CHAT], n=1, sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed)
     )
     prompt, tokens = fixed.prompt_token_ids, fixed.token_ids
     before = policy.sequence_logprobs(prompt, tokens)
-    assert max_difference([before], trainer_logprobs(model, prompt, [tokens])) < LOGPROB_TOLERANCE
     syncs = []
     update_weights = policy.update_weights
     policy.update_weights = lambda state: (update_weights(state), syncs.append(policy.last_sync_s))
-    config = tiny_config(tmp_path, learning_rate=1e-4, steps=2, checkpoint_every=0)
     try:
-        result = train(
-            config,
-            real_pivots(),
-            policy=policy,
-            model=model,
-            env_id=lambda: EchoEnv(real_pivots(), verifier=HasLetterVerifier()),
-        )
+        yield SimpleNamespace(model=model, prompt=prompt, tokens=tokens, before=before, syncs=syncs)
+    finally:
+        del policy.update_weights
+        policy.update_weights(original)
+    assert max_difference([policy.sequence_logprobs(prompt, tokens)], [before]) < LOGPROB_TOLERANCE
+
+
+def train_echo(policy, model, config):
+    """The bundled trainer through the server on the core tests' env over real NeMo-Gym tool-use pivots."""
+    from pivot_envs.adapters.grpo import train
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+    from echo_domain import EchoEnv, real_pivots
+
+    return train(
+        config,
+        real_pivots(),
+        policy=policy,
+        model=model,
+        env_id=lambda: EchoEnv(real_pivots(), verifier=HasLetterVerifier()),
+    )
+
+
+def test_two_grpo_steps_against_the_server_leave_it_serving_the_trained_weights(policy, tmp_path):
+    from tiny_model import tiny_config
+
+    with training_on(policy, seed=2) as run:
+        prompt, tokens, before = run.prompt, run.tokens, run.before
+        assert max_difference([before], trainer_logprobs(run.model, prompt, [tokens])) < LOGPROB_TOLERANCE
+        config = tiny_config(tmp_path, learning_rate=1e-4, steps=2, checkpoint_every=0)
+        result = train_echo(policy, run.model, config)
         assert [record["groups_trained"] > 0 for record in result.history] == [True, True]
-        assert len(syncs) == 2  # one weight sync per update, each timed
+        assert len(run.syncs) == 2  # one weight sync per update, each timed
         after = policy.sequence_logprobs(prompt, tokens)
-        expected = trainer_logprobs(model, prompt, [tokens])[0]
+        expected = trainer_logprobs(run.model, prompt, [tokens])[0]
         print(
             f"after 2 steps: max |server - trainer| = {max_difference([after], [expected]):.2e}, "
             f"moved by {max_difference([after], [before]):.2e}; sync {policy.last_sync_s:.1f} s"
         )
         assert max_difference([after], [expected]) < LOGPROB_TOLERANCE
         assert max_difference([after], [before]) > 10 * LOGPROB_TOLERANCE
-    finally:
-        del policy.update_weights
-        policy.update_weights(original)
-    assert max_difference([policy.sequence_logprobs(prompt, tokens)], [before]) < LOGPROB_TOLERANCE
+
+
+def test_grpo_sampling_one_version_ahead_on_the_server_syncs_every_version_and_ends_on_the_last(
+    policy, tmp_path
+):
+    from tiny_model import tiny_config
+
+    with training_on(policy, seed=3) as run:
+        config = tiny_config(tmp_path, learning_rate=1e-4, steps=3, checkpoint_every=0, max_staleness=1)
+        records = train_echo(policy, run.model, config).history
+        print("staleness per step:", [r["staleness_max"] for r in records], "syncs (s):", run.syncs)
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(0 <= r["staleness_max"] <= 1 for r in records)
+        assert records[0]["policy_version"] == 0  # nothing is published before the first update
+        # batch 2 is sampled (from version 0, on the server) while step 1 updates: the overlap happened
+        assert any(r["staleness_max"] == 1 for r in records)
+        assert sum(r["groups_trained"] for r in records) > 0
+        assert len(run.syncs) == 3  # one weight sync per published version (1, 2, 3), each timed
+        after = policy.sequence_logprobs(run.prompt, run.tokens)
+        expected = trainer_logprobs(run.model, run.prompt, [run.tokens])[0]
+        print(f"after 3 steps at s=1: max |server - trainer| = {max_difference([after], [expected]):.2e}")
+        assert max_difference([after], [expected]) < LOGPROB_TOLERANCE  # the last version reached the server
+        assert max_difference([after], [run.before]) > 10 * LOGPROB_TOLERANCE
 
 
 def test_a_sync_to_a_server_that_is_down_raises_weight_sync_error_naming_it():
