@@ -32,49 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from toys import HasLetterVerifier, ParityVerifier, cpu_server_options  # noqa: E402  (shared with the tests)
+
 OUT = Path(__file__).resolve().parent / "out" / "async_rollouts.json"
-
-
-class HasLetter:
-    """The toy verifier: 1 when the action's text holds an 'a' (mixed groups for a random model)."""
-
-    name = "has-letter"
-
-    def verify(self, pivot, action, outcome=None):
-        from pivot_envs.verifiers import Verdict
-
-        text = str(action.get("content") if isinstance(action, dict) else action or "").lower()
-        return Verdict(1.0 if "a" in text else 0.0, "has_letter" if "a" in text else "no_letter")
-
-
-class Parity:
-    """Another toy verifier: 1 when the CRC-32 of the action's text is even. Groups stay mixed at any length
-    (64 random tokens nearly always hold an 'a', so has-letter groups would all score 1 and nothing update)."""
-
-    name = "parity"
-
-    def verify(self, pivot, action, outcome=None):
-        import zlib
-
-        from pivot_envs.verifiers import Verdict
-
-        text = str(action.get("content") if isinstance(action, dict) else action or "")
-        even = zlib.crc32(text.encode()) % 2 == 0
-        return Verdict(1.0 if even else 0.0, "even" if even else "odd")
-
-
-# The test fixture's settings for a `vllm serve` on a shared CPU (tests/adapters/test_vllm_server.py)
 SERVER = "vllm-server:"
-SERVER_OPTIONS: dict = dict(
-    gpu_memory_utilization=0.3,
-    start_timeout=900,  # ~50 s on an idle machine; minutes on a loaded one
-    # one unbound OpenMP thread: a thread pinned to a busy core, or waiting at a barrier for one, stalls
-    environment={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
-)
 
 
 def random_policy(layers: int, device: str):
@@ -107,7 +74,12 @@ def load(args: argparse.Namespace):
         return None
     from pivot_envs.policy import load_policy
 
-    options = dict(SERVER_OPTIONS, max_model_len=args.max_model_len) if args.policy.startswith(SERVER) else {}
+    # the test fixture's settings for a shared CPU, with longer to start
+    options = (
+        cpu_server_options(start_timeout=900, max_model_len=args.max_model_len)
+        if args.policy.startswith(SERVER)
+        else {}
+    )
     return load_policy(args.policy, **options)
 
 
@@ -154,7 +126,7 @@ def run(staleness: int, args: argparse.Namespace, pivots: list, out: Path, share
         policy=trained_policy,
         model=model,
         env_id="pivot/tool-use-v0",
-        verifier=Parity() if args.verifier == "parity" else HasLetter(),
+        verifier=ParityVerifier() if args.verifier == "parity" else HasLetterVerifier(),
     )
     seconds = time.perf_counter() - began
     # the accelerator's peak of this run; on a CPU the process's peak RSS (monotonic: one --staleness per process)

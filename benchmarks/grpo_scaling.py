@@ -25,21 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpo_throughput import load_model
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
 
-
-class HasLetterVerifier:
-    """The toy functional verifier: 1 when the action contains 'a' (a random model's actions pass about half the time)."""
-
-    name = "has-letter"
-
-    def verify(self, pivot, action, outcome=None):
-        from pivot_envs.verifiers import Verdict
-
-        hit = "a" in str(action.get("content") or "").lower()
-        return Verdict(1.0 if hit else 0.0, "has_letter" if hit else "no_letter")
+from grpo_throughput import load_model  # noqa: E402
+from toys import HasLetterVerifier  # noqa: E402  (the tests' toy verifier)
 
 
 def worker(args: argparse.Namespace) -> None:

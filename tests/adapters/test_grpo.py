@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
 from tiny_model import smollm2_tokenizer, tiny_config, tiny_policy  # noqa: E402,F401  (other test files import them from here)
+from toys import HasLetterVerifier  # noqa: E402,F401  (as are these)
 
 from pivot_envs.adapters.grpo import (  # noqa: E402
     Group,
@@ -39,19 +40,6 @@ from pivot_envs.adapters.grpo import (  # noqa: E402
 from pivot_envs.adapters.policies.hf import HFPolicy  # noqa: E402
 from pivot_envs.pivot import read_pivots  # noqa: E402
 from pivot_envs.verifiers import Verdict  # noqa: E402
-
-
-class HasLetterVerifier:
-    """A toy functional verifier: the action contains 'a'. A random model's 6-token actions pass about 9 in 10
-    times (2-token ones about 7 in 10), so some groups are mixed and some are not."""
-
-    name = "has-letter"
-
-    def verify(self, pivot, action, outcome=None):
-        text = str(action.get("content") or "")
-        return Verdict(
-            1.0 if "a" in text.lower() else 0.0, "has_letter" if "a" in text.lower() else "no_letter"
-        )
 
 
 def make_env():

@@ -13,21 +13,11 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from echo_domain import EchoEnv, real_pivots  # noqa: E402  (the core tests' env over real NeMo-Gym pivot rows)
+from toys import HasLetterVerifier  # noqa: E402
 from trl_cpu import cpu_grpo_trainer  # noqa: E402
 
 from pivot_envs.adapters.trl import reward_function, to_dataset  # noqa: E402
 from pivot_envs.env import InfrastructureError  # noqa: E402
-from pivot_envs.verifiers import Verdict  # noqa: E402
-
-
-class HasLetterVerifier:
-    """A toy functional verifier SmolLM2 passes about half the time: the action contains the letter 'a'."""
-
-    name = "has-letter"
-
-    def verify(self, pivot, action, outcome=None):
-        hit = "a" in str(action.get("content") or "").lower()
-        return Verdict(1.0 if hit else 0.0, "has_letter" if hit else "no_letter")
 
 
 def letter_env():

@@ -36,15 +36,9 @@ CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?
 
 @pytest.fixture(scope="module")
 def policy():
-    # One unbound OpenMP thread: the test machine's 2 cores are shared, and a thread pinned to a busy core, or
-    # waiting at a barrier for one, stalls.
-    policy = load_policy(
-        "vllm-server:smollm2",
-        max_model_len=2048,
-        gpu_memory_utilization=0.3,
-        start_timeout=600,  # ~50 s on an idle machine; minutes on a loaded one
-        environment={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
-    )
+    from toys import cpu_server_options  # one unbound OpenMP thread: the machine's 2 cores are shared
+
+    policy = load_policy("vllm-server:smollm2", **cpu_server_options(max_model_len=2048))
     yield policy
     policy.close()
     assert policy.server.process.poll() is not None  # close() stopped the server
@@ -113,18 +107,6 @@ def test_top_k_min_p_stop_and_seed_reach_the_server_through_both_clients(policy)
     assert [c.token_ids for c in first] == [c.token_ids for c in again] != [c.token_ids for c in other]
 
 
-class HasLetterVerifier:
-    """Rewards an action containing 'a': SmolLM2's 6-token samples are mixed, so groups carry a signal."""
-
-    name = "has-letter"
-
-    def verify(self, pivot, action, outcome=None):
-        from pivot_envs.verifiers import Verdict
-
-        passed = "a" in str(action.get("content") or "").lower()
-        return Verdict(1.0 if passed else 0.0, "has_letter" if passed else "no_letter")
-
-
 @contextlib.contextmanager
 def training_on(policy, seed: int):
     """The server's weights as a trainable model, a completion sampled before training with its logprobs, and
@@ -154,6 +136,7 @@ def train_echo(policy, model, config):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
     from echo_domain import EchoEnv, real_pivots
+    from toys import HasLetterVerifier
 
     return train(
         config,
