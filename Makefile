@@ -49,8 +49,10 @@ $(STAMP): pyproject.toml | system
 	touch $(STAMP)
 
 $(HARBOR_STAMP):
-	@test -n "$(HARBOR_PYTHON)" || { echo 'Harbor needs Python 3.12 and none runs here: install one (e.g. pyenv install 3.12) or set HARBOR_PYTHON=/path/to/python3.12' >&2; exit 1; }
-	$(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
+	@# HARBOR_PYTHON is referenced once: each reference would search for a python3.12 again
+	@python="$(HARBOR_PYTHON)"; \
+	test -n "$$python" || { echo 'Harbor needs Python 3.12 and none runs here: install one (e.g. pyenv install 3.12) or set HARBOR_PYTHON=/path/to/python3.12' >&2; exit 1; }; \
+	echo "$$python -m venv $(HARBOR_VENV)"; "$$python" -m venv $(HARBOR_VENV)
 	$(HARBOR_VENV)/bin/python -m pip install --upgrade pip
 	$(HARBOR_VENV)/bin/python -m pip install harbor==0.25.0
 	touch $(HARBOR_STAMP)
