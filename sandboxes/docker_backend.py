@@ -27,7 +27,7 @@ from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelle
 from .manifest import KnownDigests, writes_outside
 from .output import new_marker
 from .pool import PooledBackend, PooledSandbox
-from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
+from .protocol import SHELL_BYTES, CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import (
     CHANNEL_DIR,
     DROP_SETPCAP,
@@ -369,8 +369,8 @@ class DockerSandbox(PooledSandbox):
             return result
         argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "", clean=clean)
         if self.channel is not None:
-            # The report: a header, the cut output and the manifest's lines (paths up to 4 KiB each).
-            bound = limits.output_bytes + 65536 + limits.manifest_files * 4200
+            # The report: a header, the cut output, the manifest's lines (paths up to 4 KiB each), the shell state.
+            bound = limits.output_bytes + 65536 + limits.manifest_files * 4200 + SHELL_BYTES
             raw, exit_code, note = self._call(argv[4:], start + timeout + 30, name, max_reply=bound)
             if exit_code is None:
                 return CommandResult(command, 137, f"[{note}]\n", False, 0, None, time.monotonic() - start)

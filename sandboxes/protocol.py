@@ -57,6 +57,10 @@ class FileChange:
     kind: str
 
 
+# The most of a command's saved shell state a result carries (a command may export a megabyte).
+SHELL_BYTES = 64 * 1024
+
+
 @dataclass
 class CommandResult:
     """What running one command produced.
@@ -67,6 +71,8 @@ class CommandResult:
     truncated: how many output bytes were cut (0 when none).
     files:     the workspace manifest after the command ({path: "type mode digest"}), when asked.
     seconds:   wall-clock time of the call.
+    shell:     the shell state after the command, when the manifest was asked: the runner's saved
+               `export -p` lines and `cd -- DIR` line, at most SHELL_BYTES (head and tail halves).
     """
 
     command: str
@@ -76,6 +82,7 @@ class CommandResult:
     truncated: int = 0
     files: dict[str, str] | None = None
     seconds: float = 0.0
+    shell: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -18,7 +18,14 @@ from typing import Any
 
 from .manifest import HASH_BUDGET, KnownDigests, manifest, open_beneath, parse_manifest, read_bounded
 from .output import join_cut, strip_ansi
-from .protocol import CommandRejected, CommandResult, SandboxError, SandboxLimits, command_problem
+from .protocol import (
+    SHELL_BYTES,
+    CommandRejected,
+    CommandResult,
+    SandboxError,
+    SandboxLimits,
+    command_problem,
+)
 
 # Where the runner keeps the shell state and the last output, inside every sandbox; outside the
 # workspace, so it never shows up as a changed file.
@@ -56,7 +63,8 @@ SAFE_ENV = {
 # (0: leave the output in /.pivot/out for the host to read, and exit with the command's status),
 # $4 file size limit (KB), $5 process limit (0: none), $6 address-space limit (KB, 0: none), $7 CPU
 # seconds, $8 marker, $9 workspace to list in the manifest ("" for none), ${10} manifest entries,
-# ${11} "clean" for a command in a fresh shell (CLEAN_INNER) instead of the saved shell state.
+# ${11} "clean" for a command in a fresh shell (CLEAN_INNER) instead of the saved shell state, ${12}
+# the most bytes of the saved shell state printed after the manifest (head and tail halves).
 # The command itself runs under $PIVOT_DROP (see the server below): a process with fewer
 # capabilities than the server and the runner, so it cannot open their descriptors or read their
 # memory through /proc.
@@ -103,6 +111,16 @@ if [ -n "$9" ] && cd "$9" 2>/dev/null; then
   timeout -s KILL 10 find . -mindepth 1 -name .git -prune -o -printf '%y %m %p -> %l\n' 2>/dev/null | head -n "${10}"
   printf '%s digests\n' "$8"
   timeout -s KILL 10 find . -name .git -prune -o -type f -print0 2>/dev/null | head -z -n "${10}" | xargs -0 -r md5sum 2>/dev/null
+  size=0
+  if [ -f /.pivot/env.sh ] && [ ! -L /.pivot/env.sh ]; then size=$(stat -c %s /.pivot/env.sh 2>/dev/null || echo 0); fi
+  printf '%s shell %s\n' "$8" "$size"
+  if [ "$size" -gt 0 ]; then
+    if [ "$size" -gt "${12}" ]; then
+      head -c "$(( ${12} / 2 ))" /.pivot/env.sh; tail -c "$(( ${12} / 2 ))" /.pivot/env.sh
+    else
+      cat /.pivot/env.sh
+    fi
+  fi
 fi
 exit 0
 """
@@ -228,6 +246,7 @@ def runner_argv(
         manifest_dir,
         str(limits.manifest_files),
         "clean" if clean else "",
+        str(SHELL_BYTES),
     ]
 
 
@@ -255,15 +274,28 @@ def parse_runner_output(
     exit_code, size = int(header[1]), int(header[2])
     kept = min(size, limits.output_bytes)
     output = join_cut(raw[header_end + 1 : header_end + 1 + kept], size - kept, limits.output_bytes)
-    files = None
-    rest = raw[header_end + 1 + kept :].decode("utf-8", "replace")
+    files = shell = None
+    tail = raw[header_end + 1 + kept :]
+    # The shell state comes last, after "<marker> shell <size>": the marker is random, so nothing a command
+    # printed or named can forge that line.
+    shell_at = tail.find(b"\n%s shell " % marker.encode())
+    if shell_at >= 0:
+        line_end = tail.find(b"\n", shell_at + 1)
+        saved_size = tail[shell_at + len(marker) + 8 : line_end if line_end >= 0 else len(tail)]
+        saved = tail[line_end + 1 :] if line_end >= 0 else b""
+        if saved_size.isdigit():
+            shell = join_cut(saved, max(int(saved_size) - len(saved), 0), SHELL_BYTES)
+        tail = tail[:shell_at]
+    rest = tail.decode("utf-8", "replace")
     manifest_at = rest.find(f"\n{marker} manifest\n")
     if manifest_at >= 0:
         files = parse_manifest(rest[manifest_at:], marker)
     # timeout -s KILL reports 137; so does a command killed by SIGKILL for other reasons, which
     # the elapsed time tells apart.
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
-    return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
+    return CommandResult(
+        command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds, shell
+    )
 
 
 def clear_output(root: str | os.PathLike, state: str) -> None:
@@ -311,10 +343,14 @@ def result_from_files(
     output = join_cut(body, size - kept, limits.output_bytes)
     if problem:
         output += f"\n[{problem}]\n"
-    files = None
+    files = shell = None
     if workspace is not None:
         files = manifest(
             os.path.join(root, workspace), limits.manifest_files, known, beneath=root, budget=HASH_BUDGET
         )
+        saved_size, saved, problem = read_bounded(root, os.path.join(state, "env.sh"), SHELL_BYTES)
+        shell = None if problem else join_cut(saved, saved_size - len(saved), SHELL_BYTES)
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
-    return CommandResult(command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds)
+    return CommandResult(
+        command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds, shell
+    )

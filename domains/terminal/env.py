@@ -156,6 +156,7 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
                 "expert": state.expert,
                 "expert_repeat": state.expert_repeat,
                 "before": state.before,
+                "shell_before": state.shell_before,
             },
         )
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from pivot_envs.pivot import Pivot
 from pivot_envs.sandboxes import CommandResult, SandboxError, Snapshot, snapshot_cache
-from pivot_envs.sandboxes.snapshot_cache import freeze
 
 from .parse import parse_command
 
@@ -34,6 +33,7 @@ class PrefixState(snapshot_cache.PrefixState):
 
     expert: CommandResult | None = None
     expert_repeat: CommandResult | None = None  # the expert's command run again from the same state
+    shell_before: str | None = None  # the saved shell state there (CommandResult.shell)
 
 
 def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
@@ -135,13 +135,16 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
                         f"pivot {pivot.id}: prefix command {index} {command[:200]!r} "
                         f"{'timed out' if result.timed_out else f'exited {result.exit_code}, expected {want}'}",
                     )
-            before, snapshot = freeze(sandbox)
+            probe = sandbox.run(
+                ":", files=True
+            )  # the manifest and shell state the expert's command starts from
+            before, snapshot = probe.files or {}, sandbox.snapshot()
         except SandboxError as error:
             return PrefixState(key, False, f"pivot {pivot.id}: {error}")
         finally:
             if sandbox is not None:
                 sandbox.close()
-        state = PrefixState(key, True, snapshot=snapshot, before=before)
+        state = PrefixState(key, True, snapshot=snapshot, before=before, shell_before=probe.shell)
         if expert is not None:
             # Twice: what of the effect differs between the two runs is what the verifier cannot measure.
             state.expert = self._run_expert(snapshot, expert)

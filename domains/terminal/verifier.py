@@ -9,19 +9,20 @@ category before reaching here):
    a word's meaning, comments where bash reads comments)              -> 1, "same_command".
 3. Effect equivalence: run from the same forked prefix state, the sampled command and the
    expert's command end with the same exit status, the same normalized output (ANSI stripped,
-   trailing spaces and blank lines dropped) and the same file changes in the workspace (same
-   paths added/removed/modified, with the same resulting type, mode and content) -> 1, "equivalent_effect";
+   trailing spaces and blank lines dropped), the same file changes in the workspace (same
+   paths added/removed/modified, with the same resulting type, mode and content) and the same
+   changes to the shell state (working directory, exported variables) -> 1, "equivalent_effect";
    only where the expert's command shows an effect: one that exits 0 silently and changes no file
-   changed only the shell state or .git/ (not compared), which any silent command would match.
+   and no shell state changed only .git/ (not compared), which any silent command would match.
 4. Token similarity to the expert's command >= `similarity_threshold` -> 1, "similar_command", only
    where the effect differs in nothing the expert's command repeats: the outcome's `expert_repeat` is
    the expert's command run a second time from the same state, and a part of the effect that came
    out the same both times (the exit status, each output line when both outputs have as many lines,
-   each changed file) is measured and must match. Text never overrides a measured difference;
+   each changed file, each changed shell variable) is measured and must match. Text never overrides a measured difference;
    without a repeat, the whole effect counts as measured.
 5. An LLM judge, when given: a callable (pivot, action, outcome) -> reward in [0, 1] or bool -> its reward, "judge".
 6. Otherwise                                                         -> 0, "different_effect"
-   (the detail says what differed: exit status, output, files).
+   (the detail says what differed: exit status, output, files, shell).
 
 A pivot that was not executed (`outcome.data["executed"]` False: a row whose task image does not
 ship) is scored at the string level, as NeMo-Gym's terminal_pivot server scores such rows (the
@@ -34,6 +35,7 @@ The reward is binary (as in the paper); `extra` holds the similarity and the com
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,13 +81,51 @@ def normalize_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
-def effect_of(result: CommandResult, before: dict[str, str]) -> dict[str, Any]:
-    """What a command did, in comparable form: exit status, normalized output, changed files."""
+# Where a new entry of the saved shell state starts: `export -p` prints one `declare -x` per variable
+# (a value may hold newlines), then the runner's `cd -- DIR`.
+_SHELL_ENTRY = re.compile(r"\n(?=declare -x |cd -- )")
+
+
+def shell_entries(state: str) -> dict[str, str]:
+    """The saved shell state (CommandResult.shell) as {name: entry}: each exported variable by its name, the
+    working directory as "cwd". A name seen again (a value can hold a line that reads as an entry) is
+    keyed "name#2", "name#3", ...: a forged entry is one more entry, never a replaced one."""
+    entries: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for entry in _SHELL_ENTRY.split(state.strip("\n")):
+        if not entry:
+            continue
+        if entry.startswith("cd -- "):
+            name = "cwd"
+        else:
+            name = entry.removeprefix("declare -x ").split("\n", 1)[0].split("=", 1)[0]
+        seen[name] = count = seen.get(name, 0) + 1
+        entries[name if count == 1 else f"{name}#{count}"] = entry
+    return entries
+
+
+def shell_changes(before: str, after: str) -> dict[str, str | None]:
+    """The entries of the shell state `after` that differ from `before` (None: an entry removed)."""
+    old, new = shell_entries(before), shell_entries(after)
+    changes: dict[str, str | None] = {name: entry for name, entry in new.items() if old.get(name) != entry}
+    changes.update({name: None for name in old if name not in new})
+    return changes
+
+
+def effect_of(
+    result: CommandResult, before: dict[str, str], shell_before: str | None = None
+) -> dict[str, Any]:
+    """What a command did, in comparable form: exit status, normalized output, changed files, and the
+    changed shell state (None when the result or the prefix carries no shell state)."""
     after = result.files or {}
+    shell = None
+    if shell_before is not None and result.shell is not None:
+        shell = shell_changes(shell_before, result.shell)
     return {
         "exit_code": result.exit_code,
         "output": normalize_output(result.output),
         "files": {change.path: after.get(change.path) for change in file_changes(before, after)},
+        "shell": shell,
     }
 
 
@@ -99,7 +139,7 @@ def measured_differences(
     neither run's and differs in a line both runs printed alike (both outputs with as many lines; a
     varying line count leaves the output unmeasured); a changed file that both runs left alike is
     missing or other, a file the runs left differently is not changed, or, where both runs changed the
-    same paths, another path is changed.
+    same paths, another path is changed; the shell state's changed entries are measured as the files are.
     """
     if repeat is None:
         return [key for key in keys if mine[key] != theirs[key]]
@@ -108,8 +148,12 @@ def measured_differences(
         differences.append("exit_code")
     if "output" in keys and not _output_fits(mine["output"], theirs["output"], repeat["output"]):
         differences.append("output")
-    if "files" in keys and not _files_fit(mine["files"], theirs["files"], repeat["files"]):
+    if "files" in keys and not _changes_fit(mine["files"], theirs["files"], repeat["files"]):
         differences.append("files")
+    if "shell" in keys:
+        again = repeat.get("shell")
+        if not _changes_fit(mine["shell"], theirs["shell"], theirs["shell"] if again is None else again):
+            differences.append("shell")
     return differences
 
 
@@ -129,7 +173,7 @@ def _output_fits(mine: str, first: str, second: str) -> bool:
 _ABSENT = object()  # a path the sample did not change (None is a removed file)
 
 
-def _files_fit(mine: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> bool:
+def _changes_fit(mine: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> bool:
     for path in first.keys() & second.keys():
         if first[path] == second[path] and mine.get(path, _ABSENT) != first[path]:
             return False
@@ -179,22 +223,26 @@ class TerminalVerifier:
         if sample is None or reference is None or reference.timed_out:
             # No effect of the expert's to compare with: nothing is measured, so nothing text could decide.
             return self._reject(pivot, action, outcome, "no effect of the expert's command to compare", extra)
-        before = data.get("before", {})
-        keys = ("exit_code", "output", "files") if self.compare_files else ("exit_code", "output")
-        mine, theirs = effect_of(sample, before), effect_of(reference, before)
+        before, shell_before = data.get("before", {}), data.get("shell_before")
+        keys: tuple[str, ...] = (
+            ("exit_code", "output", "files") if self.compare_files else ("exit_code", "output")
+        )
+        mine, theirs = effect_of(sample, before, shell_before), effect_of(reference, before, shell_before)
+        if mine["shell"] is not None and theirs["shell"] is not None:
+            keys += ("shell",)
         differences = [key for key in keys if mine[key] != theirs[key]]
         extra["differences"] = differences
-        # An expert command that exits 0 silently and changes no file changed only what is not compared
-        # (the shell state, .git/): matching "nothing" would reward any silent command, so text decides.
+        # An expert command that exits 0 silently and changes no file and no shell state changed only what
+        # is not compared (.git/): matching "nothing" would reward any silent command, so text decides.
         visible = theirs["exit_code"] != 0 or any(theirs[key] for key in keys if key != "exit_code")
         if not differences and visible:
             return Verdict(
                 1.0,
                 "equivalent_effect",
-                "same exit status, output and file changes as the expert's command",
+                "same exit status, output, file changes and shell state changes as the expert's command",
                 extra=extra,
             )
-        repeat = effect_of(again, before) if again is not None and not again.timed_out else None
+        repeat = effect_of(again, before, shell_before) if again is not None and not again.timed_out else None
         measured = measured_differences(mine, theirs, repeat, keys)
         extra["measured_differences"] = measured
         if not measured and similarity >= self.similarity_threshold:
@@ -207,13 +255,13 @@ class TerminalVerifier:
                 extra=extra,
             )
         if not differences:
+            unseen = ".git/, which is" if "shell" in keys else "the shell state or .git/, which are"
             return self._reject(
                 pivot,
                 action,
                 outcome,
-                "the expert's command shows no effect here (exit 0, no output, no file changed: its change is "
-                "in the shell state or .git/, which are not compared), so only the same or a similar command "
-                "scores",
+                f"the expert's command shows no effect here (exit 0, no output, nothing compared changed: its "
+                f"change, if any, is in {unseen} not compared), so only the same or a similar command scores",
                 extra,
             )
         return self._reject(

@@ -49,6 +49,17 @@ def test_files_lists_the_workspace_after_the_command(sandbox):
     assert result.files["link"] == "l 777 -> d/a.txt"
 
 
+def test_files_also_reports_the_saved_shell_state_cut_at_its_bound(sandbox):
+    from pivot_envs.sandboxes.protocol import SHELL_BYTES
+
+    assert sandbox.run("mkdir -p /app/sub && cd /app/sub && export GREETING='hello world'").shell is None
+    shell = sandbox.run(":", files=True).shell
+    assert 'declare -x GREETING="hello world"\n' in shell and shell.endswith("cd -- /app/sub\n")
+    shell = sandbox.run("export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)", files=True).shell
+    assert len(shell) < SHELL_BYTES + 100 and "bytes of output cut" in shell
+    assert shell.endswith("cd -- /app/sub\n")  # the tail half is kept
+
+
 def test_the_timeout_kills_the_whole_process_tree(sandbox):
     start = time.monotonic()
     result = sandbox.run("(sleep 3; echo late > /app/late.txt) & sleep 100", timeout=1)
@@ -147,4 +158,23 @@ def test_docker_without_the_command_channel_runs_through_docker_exec(has_docker)
     sandbox.run("cd /tmp && export X=2 && echo data > /app/f")
     result = sandbox.run("pwd; echo $X", files=True)
     assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
+    assert 'declare -x X="2"\n' in result.shell and result.shell.endswith("cd -- /tmp\n")
+    backend.close()
+
+
+def test_docker_reports_through_the_channel_where_its_files_cannot_be_read_from_the_host(has_docker):
+    # A daemon on another machine: no merged directory here, so the runner prints the whole report.
+    from pivot_envs.domains.terminal.image import image_tag
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
+
+    backend = DockerBackend(warm_pool=0)
+    sandbox = backend.create(image_tag(), "/app")
+    assert sandbox.channel is not None and sandbox.merged is not None
+    sandbox.merged = None
+    sandbox.run("cd /tmp && export X=2 && echo data > /app/f")
+    result = sandbox.run("pwd; echo $X", files=True)
+    assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
+    assert 'declare -x X="2"\n' in result.shell and result.shell.endswith("cd -- /tmp\n")
+    shell = sandbox.run("export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)", files=True).shell
+    assert "bytes of output cut" in shell and shell.endswith("cd -- /tmp\n")
     backend.close()

@@ -29,6 +29,25 @@ def test_runner_output_is_decoded_with_exit_code_and_cut_marker():
     assert not result.timed_out
 
 
+def test_runner_report_carries_the_shell_state_last_and_cut_with_its_size():
+    limits = SandboxLimits(output_bytes=10)
+    raw = b'MARK 0 2\nok\nMARK manifest\nf 644 ./a.txt -> \nMARK digests\nd41d8  ./a.txt\nMARK shell 23\ndeclare -x A="1"\ncd -- /app\n'
+    result = parse_runner_output(raw, "cmd", "MARK", limits, timeout=5, seconds=0.1)
+    assert result.files == {"a.txt": "f 644 d41d8"}
+    assert result.shell == 'declare -x A="1"\ncd -- /app\n'
+    from pivot_envs.sandboxes.protocol import SHELL_BYTES
+
+    big = b"x" * (SHELL_BYTES + 100)
+    raw = b"MARK 0 0\n\nMARK manifest\nMARK digests\nMARK shell %d\n%s" % (
+        SHELL_BYTES + 500,
+        big[:SHELL_BYTES],
+    )
+    shell = parse_runner_output(raw, "cmd", "MARK", limits, timeout=5, seconds=0.1).shell
+    assert "500 bytes" in shell and len(shell) < SHELL_BYTES + 100  # the cut is marked with its size
+    raw = b"MARK 0 0\n\nMARK manifest\nMARK digests\n"  # no shell line: not measured
+    assert parse_runner_output(raw, "cmd", "MARK", limits, timeout=5, seconds=0.1).shell is None
+
+
 def test_runner_output_without_its_header_is_a_sandbox_error():
     with pytest.raises(SandboxError, match="did not report"):
         parse_runner_output(b"bash: not found\n", "cmd", "MARK", SandboxLimits(), 5, 0.1)

@@ -15,22 +15,22 @@ from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
 def prefix(has_bwrap):
     backend = BwrapBackend(has_bwrap)
     sandbox = backend.create("/app")
-    sandbox.run("printf 'b\\na\\nc\\n' > list.txt && date > stamp.txt")
-    before = sandbox.run(":", files=True).files
-    yield backend, sandbox.snapshot(), before
+    sandbox.run("printf 'b\\na\\nc\\n' > list.txt && date > stamp.txt && mkdir site && export APP_ENV=dev")
+    probe = sandbox.run(":", files=True)
+    yield backend, sandbox.snapshot(), probe.files, probe.shell
     backend.close()
 
 
 def verdict(prefix, expert: str, sampled: str, repeat: bool = True, **options):
     """The verdict on `sampled` at a pivot whose expert ran `expert` (twice, as the prefix cache runs it)."""
-    backend, snapshot, before = prefix
+    backend, snapshot, before, shell_before = prefix
     results = []
     for command in (sampled, expert, expert):
         fork = backend.fork(snapshot)
         results.append(fork.run(command, timeout=2, files=True))
         fork.close()
     pivot = Pivot("t/1/t0", "terminal", [], canonical_message(expert))
-    data = {"result": results[0], "expert": results[1], "before": before}
+    data = {"result": results[0], "expert": results[1], "before": before, "shell_before": shell_before}
     if repeat:
         data["expert_repeat"] = results[2]
     return TerminalVerifier(**options).verify(pivot, canonical_message(sampled), Outcome(data=data))
@@ -178,3 +178,68 @@ def test_a_silent_command_does_not_match_an_expert_whose_change_the_effect_does_
             found = verdict(prefix, expert, sampled)
             assert (found.reward, found.category) == (0.0, "different_effect"), (expert, sampled)
         assert verdict(prefix, expert, expert + " ;").reward == 1.0
+
+
+# -- the shell state (working directory, exported variables) is part of the effect ----------------------
+
+
+def test_a_rewrite_that_changes_the_shell_state_alike_scores_one(prefix):
+    for expert, sampled in [
+        ("cd site", "cd /app/site"),
+        ("cd site", "cd ./site/"),
+        ("export APP_ENV=production", "APP_ENV=production; export APP_ENV"),
+        ("unset APP_ENV", "export -n APP_ENV"),
+        ("cd site && export A=1", "export A=1; cd site"),
+    ]:
+        found = verdict(prefix, expert, sampled)
+        assert (found.reward, found.category) == (1.0, "equivalent_effect"), (expert, sampled, found.detail)
+
+
+def test_the_same_output_without_the_expert_s_cd_or_export_scores_zero(prefix):
+    # attacks: the expert's visible effect, minus its change to the shell state
+    for expert, sampled in [
+        ("cd site && ls", "ls site"),
+        ("cd site && pwd", "echo /app/site"),
+        ("export APP_ENV=production && echo ok", "echo ok"),
+        ("cd site", "cd /tmp"),
+        ("export APP_ENV=production", "export APP_ENV=staging"),
+        ("export APP_ENV=production", "export APP_ENV=production OTHER=1"),
+    ]:
+        found = verdict(prefix, expert, sampled)
+        assert (found.reward, found.category) == (0.0, "different_effect"), (expert, sampled)
+        assert "shell" in found.extra["measured_differences"], (expert, sampled)
+
+
+def test_a_value_that_forges_an_entry_of_the_saved_state_does_not_pass_for_it(prefix):
+    # `export -p` prints a value's newlines as they are: a line inside it that reads as the expert's cd or
+    # export is one more entry, beside the variable that holds it
+    for expert, sampled in [
+        ("cd site", "export Z=$'x\\ncd -- /app/site'"),
+        ("export APP_ENV=production", "export Z=$'x\\ndeclare -x APP_ENV=\"production\"'"),
+    ]:
+        found = verdict(prefix, expert, sampled)
+        assert found.reward == 0.0, (expert, sampled)
+
+
+def test_a_megabyte_export_is_cut_and_compared_without_harm(prefix):
+    big = "export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)"
+    found = verdict(prefix, big, "export BIG=$(head -c 1000001 /dev/zero | tr '\\0' a)")
+    assert found.reward == 0.0  # the kept head and tail are alike; the cut says how much each one cut
+    found = verdict(prefix, big, "export BIG=$(printf 'a%.0s' $(seq 1000000))")
+    assert (found.reward, found.category) == (1.0, "equivalent_effect")
+
+
+def test_shell_entries_key_a_repeated_name_apart():
+    from pivot_envs.domains.terminal.verifier import shell_changes, shell_entries
+
+    state = 'declare -x A="1"\ndeclare -x Z="x\ncd -- /app/site"\ncd -- /app\n'
+    assert shell_entries(state) == {
+        "A": 'declare -x A="1"',
+        "Z": 'declare -x Z="x',
+        "cwd": 'cd -- /app/site"',
+        "cwd#2": "cd -- /app",
+    }
+    assert shell_changes('declare -x A="1"\ncd -- /app\n', 'declare -x B="2"\ncd -- /app\n') == {
+        "B": 'declare -x B="2"',
+        "A": None,
+    }
