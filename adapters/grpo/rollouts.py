@@ -196,7 +196,13 @@ class Prefetcher:
         self.thread.join()
 
     def _run(self) -> None:
+        import torch
+
         try:
+            # A new thread starts at OpenMP's default thread count; torch sets it to the process's setting
+            # (torch.set_num_threads) on the thread's first call into torch. vLLM's CPU attention reads
+            # OpenMP's count before any such call and fails its check when the two differ: call first.
+            torch.get_num_threads()
             for step in self.steps:
                 # at most s versions behind when step `step` trains on it (which runs at version step - 1)
                 if not self.behaviour.wait_for(step - 1 - self.max_staleness, self.stopped):

@@ -139,6 +139,53 @@ def test_settings_sampling_ahead_cannot_serve_are_refused_with_a_one_line_error(
     assert "\n" not in str(error.value)
 
 
+OPENMP_CHECK = """
+import ctypes, glob, os, sys
+import numpy as np
+import torch
+from pivot_envs.adapters.grpo.rollouts import Prefetcher
+
+openmp = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*"))[0])
+
+class Published:
+    def wait_for(self, version, stopped):
+        return True
+
+seen = []
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    sample = lambda step, sampler: openmp.omp_get_max_threads()  # the sampler's first call: OpenMP's
+    with Prefetcher(sample, Published(), np.random.default_rng(0), 0, 1, 1) as prefetch:
+        seen.append(prefetch.next())
+print(seen)
+"""
+
+
+def test_the_sampling_thread_runs_at_the_process_s_openmp_thread_count():
+    """A new thread starts at OpenMP's default count until its first call into torch; vLLM's CPU attention
+    reads OpenMP's count first and fails its check when it differs from torch's setting (seen in the suite:
+    '(2 vs. 1)'). The sampler's first call is OpenMP's here: it must already see torch's setting. In a
+    fresh process: once vLLM's CPU worker is loaded, torch.set_num_threads does nothing."""
+    import glob
+    import os
+    import subprocess
+
+    import torch
+
+    if not glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*")):
+        pytest.skip("torch is not built with libgomp here")
+    assert (os.cpu_count() or 1) >= 2, "needs 2 cores: a thread count other than OpenMP's default"
+    found = subprocess.run(
+        [sys.executable, "-c", OPENMP_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": ""},
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip().splitlines()[-1] == "[1, 2]"
+
+
 class Engine(HFPolicy):
     """As the vllm backends: generates with weights of its own and takes the trained ones by `update_weights`,
     which must never come while it generates."""

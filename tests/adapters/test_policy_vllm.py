@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,11 @@ CHATS = [
 def vllm_policy():
     # Unbound OpenMP threads: the test machine's cores are shared, and a thread pinned to a busy core waits.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    # One torch thread, as other tests leave the process (and users often set it): a thread that samples
+    # then starts at OpenMP's default count, and vLLM's CPU attention checks the two agree.
+    import torch
+
+    torch.set_num_threads(1)
     return load_policy("vllm:smollm2", gpu_memory_utilization=0.3, max_model_len=2048)
 
 
@@ -194,6 +201,44 @@ def test_trained_weights_reach_the_engine_and_its_logprobs_follow_them(vllm_poli
         with torch.no_grad():
             trainer_model.load_state_dict(original)
         vllm_policy.update_weights(original)
+    (restored,) = vllm_policy.generate(CHATS[:1], n=2, sampling=sampling)
+    assert [c.token_ids for c in restored] == [c.token_ids for c in before]
+
+
+def test_grpo_sampling_one_version_ahead_with_the_engine_in_process_ends_on_the_last_version(
+    vllm_policy, tmp_path
+):
+    """max_staleness=1 with the in-process engine: the trainer's thread samples on the engine while the update
+    runs, publishing (update_weights) only between the engine's batches; the engine ends on the trained weights."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+    from echo_domain import real_pivots  # the core tests' NeMo-Gym tool-use pivots
+    from test_grpo import make_env  # their has-letter env
+    from tiny_model import tiny_config
+
+    from pivot_envs.adapters.grpo import train
+    from pivot_envs.adapters.grpo.policy import sync_weights
+
+    model = vllm_policy.trainable_model()  # a copy of its own: the module's trainer_model stays as it is
+    original = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=13)
+    (before,) = vllm_policy.generate(CHATS[:1], n=2, sampling=sampling)
+    try:
+        config = tiny_config(tmp_path, learning_rate=1e-4, steps=3, checkpoint_every=0, max_staleness=1)
+        records = train(config, real_pivots(), policy=vllm_policy, model=model, env_id=make_env).history
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(0 <= r["staleness_max"] <= 1 for r in records)
+        assert any(r["staleness_max"] == 1 for r in records)  # batch 2 sampled by version 0 during update 1
+        assert sum(r["groups_trained"] for r in records) > 0
+        (after,) = vllm_policy.generate(CHATS[:1], n=2, sampling=sampling)
+        print(
+            f"after 3 steps at s=1: max |engine - trainer| = {max_difference(after, trainer_logprobs(model, after)):.2e}"
+        )
+        assert max_difference(after, trainer_logprobs(model, after)) < LOGPROB_TOLERANCE  # the last version
+        model.load_state_dict(original)
+        assert max_difference(after, trainer_logprobs(model, after)) > 10 * LOGPROB_TOLERANCE  # it moved
+    finally:
+        model.load_state_dict(original)
+        sync_weights(vllm_policy, model)  # the module's other tests sample from the original weights
     (restored,) = vllm_policy.generate(CHATS[:1], n=2, sampling=sampling)
     assert [c.token_ids for c in restored] == [c.token_ids for c in before]
 
