@@ -58,7 +58,7 @@ def expert_effect(env: Any) -> dict[str, Any] | None:
     state = env._state
     if state is None or state.expert is None:
         return None
-    return effect_of(state.expert, state.before)
+    return effect_of(state.expert, state.before, state.shell_before)
 
 
 def mimic(effect: dict[str, Any]) -> str:
@@ -134,6 +134,13 @@ def shadowed(env: Any, pivot: Any) -> dict[str, Any] | None:
     if effect is None or not effect["files"] or not re.fullmatch(r"[a-z][a-z0-9]*", words[0]):
         return None
     return bash(f"{words[0]}() {{ {mimic(effect).replace('; exit', '; return')}; }}\n{expert(pivot)}")
+
+
+def subshelled(env: Any, pivot: Any) -> dict[str, Any] | None:
+    """At a pivot whose expert changes the shell state: its command in a subshell, so the same output, exit
+    status and files, with its cd and exports undone."""
+    effect = expert_effect(env)
+    return bash(f"( {expert(pivot)} )") if effect is not None and effect["shell"] else None
 
 
 def mimic_read_only(env: Any, pivot: Any) -> dict[str, Any] | None:
@@ -234,6 +241,7 @@ FAMILIES = {
         "the expert's output printed and its exit status returned where the expert also changes files",
         mimic_with_files,
     ),
+    "subshelled": Family("the expert's command in a subshell: its cd and exports undone", subshelled),
     "mimic_output_read_only": Family(
         "the expert's output printed and its exit status returned where that is the expert's whole effect",
         mimic_read_only,
