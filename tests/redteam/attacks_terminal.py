@@ -91,7 +91,7 @@ def differs(env: Any, command: str) -> bool:
         result = fork.run(command, files=True)
     finally:
         fork.close()
-    return effect_of(result, state.before) != expert_effect(env)
+    return effect_of(result, state.before, state.shell_before) != expert_effect(env)
 
 
 def unquoted_glob(env: Any, pivot: Any) -> dict[str, Any] | None:
