@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of issue 39 in one short call on a lent device machine (one GPU, no network):
 # async rollouts against the synchronous loop, and the GRPO update against trl.GRPOTrainer at the
-# pivot shapes (prefix 1k-8k, action 64-256, G 8 and 16) with the pass layouts timed per shape. About 9 minutes
+# pivot shapes (prefix 1k-8k, action 64-256, G 8 and 16) with the pass layouts timed per shape. About 10 minutes
 # (the 2026-11-28 figures came from this script's steps in two calls). At most 8 files come back: 8 are written.
 #
 # What it needs beside the repository, prepared here (the machine has torch but no network):
@@ -28,10 +28,18 @@ step() {  # step SECONDS NAME ARGS...: one benchmark, bounded, its output append
   timeout "$seconds" "$@" 2>&1 | grep -v "it/s\]\|s/it\]" | tee -a "$log"
   echo "== $name: exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
+# 0. The update's attention in float32: transformers' sdpa (grouped heads without a mask: the math kernel on CUDA)
+#    against pivot_sdpa (heads repeated: the memory-efficient kernel), one 8k prefix, G 8, 30 layers. Its JSON
+#    goes into the log (8 files come back, all taken).
+step 120 attention python3 benchmarks/attention_memory.py --device cuda --prefix 8192 --layers 30 \
+  --out /tmp/attention.json
+cat /tmp/attention.json >> "$log" 2>/dev/null
 # 1. Sampling ahead (max_staleness 1) against the synchronous loop: hf policy on the GPU, the full 30 layers,
 #    the parity verifier (64 random tokens always hold an 'a': has-letter groups would all score 1 and
 #    nothing would update); one process per value, so each peak is its own. On 2026-11-28 s = 1 ran out
-#    of the H200's memory here while s = 0 fitted (benchmarks/RESULTS.md).
+#    of the H200's memory here while s = 0 fitted (benchmarks/RESULTS.md). The likely cause, read from
+#    torch's dispatch rules and not yet measured: SDPA's math kernel in float32, which the trainer now avoids
+#    (adapters/attention.py); step 0 measures it.
 for s in 0 1; do
   step 90 "async-s$s" python3 benchmarks/async_rollouts.py --device cuda --steps 4 --layers 30 --batch-pivots 8 \
     --group-size 8 --max-new-tokens 64 --pivots 16 --verifier parity --staleness "$s" --out "$OUT/async_s$s.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from pivot_envs.adapters.attention import use_linear_memory_attention
 from pivot_envs.errors import PivotEnvsError
 from pivot_envs.policy import Completion, SamplingParams
 
@@ -58,7 +59,8 @@ def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
 
     Raises UntrainablePolicyError naming the policy when there is none, or when the policy
     neither generates with `model` nor takes new weights (`update_weights`): its samples would
-    never follow the training.
+    never follow the training. A module on transformers' `sdpa` attention is switched to
+    `attention.ATTENTION`, which keeps a float32 update's memory linear in the prefix on a GPU.
     """
     name = getattr(policy, "name", policy)
     module = model if model is not None else getattr(policy, "model", None)
@@ -70,6 +72,7 @@ def trainable_module(policy: TrainablePolicy, model: Any = None) -> Any:
         raise UntrainablePolicyError(
             f"policy {name!r} neither shares the trained module nor has update_weights()"
         )
+    use_linear_memory_attention(module)
     return module
 
 
