@@ -7,8 +7,8 @@ One module per job:
   and `file_changes` (re-exported here);
 - `runner`: the bash runner every command goes through and the command server that runs it inside
   a sandbox (`runner_argv`, `parse_runner_output`, `result_from_files`);
-- `output`, `manifest`: command output cleaned and cut; the workspace's files and disk use read from
-  the host;
+- `output`, `manifest`, `gitstate`: command output cleaned and cut; the workspace's files and disk
+  use read from the host; its git repositories' state (HEAD, refs, index entries) read from the host;
 - `channel`: the host's end of the FIFO channel to a command server (`Channel`);
 - `pool`: the contract both backends keep (`SandboxBackend`: fork, prewarm, release, close, one
   process's own) and the warm pools, close and fork safety they share (`PooledBackend`);

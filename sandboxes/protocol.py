@@ -73,6 +73,9 @@ class CommandResult:
     seconds:   wall-clock time of the call.
     shell:     the shell state after the command, when the manifest was asked: the runner's saved
                `export -p` lines and `cd -- DIR` line, at most SHELL_BYTES (head and tail halves).
+    git:       the workspace's git repository state after the command, when the manifest was asked and
+               the sandbox's tree was read from the host (`gitstate.git_state`: HEAD, refs, index
+               entries; "" without a repository); None otherwise.
     """
 
     command: str
@@ -83,6 +86,7 @@ class CommandResult:
     files: dict[str, str] | None = None
     seconds: float = 0.0
     shell: str | None = None
+    git: str | None = None
 
     @property
     def ok(self) -> bool:

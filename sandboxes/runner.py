@@ -16,6 +16,7 @@ import shutil
 import stat
 from typing import Any
 
+from .gitstate import git_state
 from .manifest import HASH_BUDGET, KnownDigests, manifest, open_beneath, parse_manifest, read_bounded
 from .output import join_cut, strip_ansi
 from .protocol import (
@@ -343,14 +344,15 @@ def result_from_files(
     output = join_cut(body, size - kept, limits.output_bytes)
     if problem:
         output += f"\n[{problem}]\n"
-    files = shell = None
+    files = shell = git = None
     if workspace is not None:
         files = manifest(
             os.path.join(root, workspace), limits.manifest_files, known, beneath=root, budget=HASH_BUDGET
         )
         saved_size, saved, problem = read_bounded(root, os.path.join(state, "env.sh"), SHELL_BYTES)
         shell = None if problem else join_cut(saved, saved_size - len(saved), SHELL_BYTES)
+        git = git_state(root, workspace, (path for path, entry in files.items() if entry.startswith("d ")))
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
     return CommandResult(
-        command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds, shell
+        command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds, shell, git
     )

@@ -157,6 +157,7 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
                 "expert_repeat": state.expert_repeat,
                 "before": state.before,
                 "shell_before": state.shell_before,
+                "git_before": state.git_before,
             },
         )
 

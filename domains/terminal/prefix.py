@@ -34,6 +34,7 @@ class PrefixState(snapshot_cache.PrefixState):
     expert: CommandResult | None = None
     expert_repeat: CommandResult | None = None  # the expert's command run again from the same state
     shell_before: str | None = None  # the saved shell state there (CommandResult.shell)
+    git_before: str | None = None  # the workspace's git repository state there (CommandResult.git)
 
 
 def prefix_commands(pivot: Pivot) -> tuple[list[str], str]:
@@ -137,14 +138,16 @@ class PrefixCache(snapshot_cache.PrefixCache[PrefixState]):
                     )
             probe = sandbox.run(
                 ":", files=True
-            )  # the manifest and shell state the expert's command starts from
+            )  # the manifest, shell state and git state the expert's command starts from
             before, snapshot = probe.files or {}, sandbox.snapshot()
         except SandboxError as error:
             return PrefixState(key, False, f"pivot {pivot.id}: {error}")
         finally:
             if sandbox is not None:
                 sandbox.close()
-        state = PrefixState(key, True, snapshot=snapshot, before=before, shell_before=probe.shell)
+        state = PrefixState(
+            key, True, snapshot=snapshot, before=before, shell_before=probe.shell, git_before=probe.git
+        )
         if expert is not None:
             # Twice: what of the effect differs between the two runs is what the verifier cannot measure.
             state.expert = self._run_expert(snapshot, expert)

@@ -10,10 +10,11 @@ category before reaching here):
 3. Effect equivalence: run from the same forked prefix state, the sampled command and the
    expert's command end with the same exit status, the same normalized output (ANSI stripped,
    trailing spaces and blank lines dropped), the same file changes in the workspace (same
-   paths added/removed/modified, with the same resulting type, mode and content) and the same
-   changes to the shell state (working directory, exported variables) -> 1, "equivalent_effect";
-   only where the expert's command shows an effect: one that exits 0 silently and changes no file
-   and no shell state changed only .git/ (not compared), which any silent command would match.
+   paths added/removed/modified, with the same resulting type, mode and content), the same
+   changes to the shell state (working directory, exported variables) and the same changes to the
+   workspace's git repository (HEAD, refs, index entries; where the sandbox reads it from the host)
+   -> 1, "equivalent_effect"; only where the expert's command shows an effect: one that exits 0
+   silently and changes nothing compared would be matched by any silent command.
 4. Token similarity to the expert's command >= `similarity_threshold` -> 1, "similar_command", only
    where the effect differs in nothing the expert's command repeats: the outcome's `expert_repeat` is
    the expert's command run a second time from the same state, and a part of the effect that came
@@ -112,20 +113,45 @@ def shell_changes(before: str, after: str) -> dict[str, str | None]:
     return changes
 
 
+def git_entries(state: str) -> dict[str, str]:
+    """The git repository state (CommandResult.git, `sandboxes.gitstate`) as {key: value}: "HEAD", each
+    `ref "NAME"`, each `index "PATH"`. Names are JSON-quoted there, so no name forges another line."""
+    entries: dict[str, str] = {}
+    for line in state.split("\n"):
+        key, _, value = line.partition("\t")
+        if key:
+            entries[key] = value
+    return entries
+
+
+def git_changes(before: str, after: str) -> dict[str, str | None]:
+    """The entries of the git state `after` that differ from `before` (None: an entry removed)."""
+    old, new = git_entries(before), git_entries(after)
+    changes: dict[str, str | None] = {key: value for key, value in new.items() if old.get(key) != value}
+    changes.update({key: None for key in old if key not in new})
+    return changes
+
+
 def effect_of(
-    result: CommandResult, before: dict[str, str], shell_before: str | None = None
+    result: CommandResult,
+    before: dict[str, str],
+    shell_before: str | None = None,
+    git_before: str | None = None,
 ) -> dict[str, Any]:
-    """What a command did, in comparable form: exit status, normalized output, changed files, and the
-    changed shell state (None when the result or the prefix carries no shell state)."""
+    """What a command did, in comparable form: exit status, normalized output, changed files, the
+    changed shell state and the changed git state (each None when the result or the prefix carries none)."""
     after = result.files or {}
-    shell = None
+    shell = git = None
     if shell_before is not None and result.shell is not None:
         shell = shell_changes(shell_before, result.shell)
+    if git_before is not None and result.git is not None:
+        git = git_changes(git_before, result.git)
     return {
         "exit_code": result.exit_code,
         "output": normalize_output(result.output),
         "files": {change.path: after.get(change.path) for change in file_changes(before, after)},
         "shell": shell,
+        "git": git,
     }
 
 
@@ -139,7 +165,8 @@ def measured_differences(
     neither run's and differs in a line both runs printed alike (both outputs with as many lines; a
     varying line count leaves the output unmeasured); a changed file that both runs left alike is
     missing or other, a file the runs left differently is not changed, or, where both runs changed the
-    same paths, another path is changed; the shell state's changed entries are measured as the files are.
+    same paths, another path is changed; the shell state's and the git state's changed entries are
+    measured as the files are.
     """
     if repeat is None:
         return [key for key in keys if mine[key] != theirs[key]]
@@ -150,10 +177,11 @@ def measured_differences(
         differences.append("output")
     if "files" in keys and not _changes_fit(mine["files"], theirs["files"], repeat["files"]):
         differences.append("files")
-    if "shell" in keys:
-        again = repeat.get("shell")
-        if not _changes_fit(mine["shell"], theirs["shell"], theirs["shell"] if again is None else again):
-            differences.append("shell")
+    for key in ("shell", "git"):
+        if key in keys:
+            again = repeat.get(key)
+            if not _changes_fit(mine[key], theirs[key], theirs[key] if again is None else again):
+                differences.append(key)
     return differences
 
 
@@ -223,26 +251,27 @@ class TerminalVerifier:
         if sample is None or reference is None or reference.timed_out:
             # No effect of the expert's to compare with: nothing is measured, so nothing text could decide.
             return self._reject(pivot, action, outcome, "no effect of the expert's command to compare", extra)
-        before, shell_before = data.get("before", {}), data.get("shell_before")
+        before = data.get("before", {})
+        states = data.get("shell_before"), data.get("git_before")
         keys: tuple[str, ...] = (
             ("exit_code", "output", "files") if self.compare_files else ("exit_code", "output")
         )
-        mine, theirs = effect_of(sample, before, shell_before), effect_of(reference, before, shell_before)
-        if mine["shell"] is not None and theirs["shell"] is not None:
-            keys += ("shell",)
+        mine, theirs = effect_of(sample, before, *states), effect_of(reference, before, *states)
+        keys += tuple(key for key in ("shell", "git") if mine[key] is not None and theirs[key] is not None)
         differences = [key for key in keys if mine[key] != theirs[key]]
         extra["differences"] = differences
-        # An expert command that exits 0 silently and changes no file and no shell state changed only what
-        # is not compared (.git/): matching "nothing" would reward any silent command, so text decides.
+        # An expert command that exits 0 silently and changes nothing compared changed only what is not
+        # compared: matching "nothing" would reward any silent command, so text decides.
         visible = theirs["exit_code"] != 0 or any(theirs[key] for key in keys if key != "exit_code")
         if not differences and visible:
             return Verdict(
                 1.0,
                 "equivalent_effect",
-                "same exit status, output, file changes and shell state changes as the expert's command",
+                "same exit status, output, file changes, shell state and git state changes as the expert's "
+                "command",
                 extra=extra,
             )
-        repeat = effect_of(again, before, shell_before) if again is not None and not again.timed_out else None
+        repeat = effect_of(again, before, *states) if again is not None and not again.timed_out else None
         measured = measured_differences(mine, theirs, repeat, keys)
         extra["measured_differences"] = measured
         if not measured and similarity >= self.similarity_threshold:
@@ -255,7 +284,14 @@ class TerminalVerifier:
                 extra=extra,
             )
         if not differences:
-            unseen = ".git/, which is" if "shell" in keys else "the shell state or .git/, which are"
+            missing = [
+                name for key, name in (("shell", "the shell state"), ("git", ".git/")) if key not in keys
+            ]
+            unseen = (
+                f"{' or '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
+                if missing
+                else "what is outside the workspace, which is"
+            )
             return self._reject(
                 pivot,
                 action,

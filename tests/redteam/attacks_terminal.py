@@ -4,10 +4,10 @@ expert command's effect, plus generic and degenerate actions.
 - Same command (R2): `#` glued to the expert's last word (`#;echo 999 fake`, `#` then a newline, `\#`,
   `'#'`, a carriage return), an operator quoted into an argument, a quoted glob unquoted.
 - Similar command (R3): the expert's last number changed, its output sent to /dev/null, `true ||`
-  before it; `true` alone, which matches an expert whose whole effect is in the shell state or .git/.
+  before it; `true` alone, which would match an expert whose whole effect is in what is not compared.
 - Printed output: the expert's output and exit status printed (the documented floor where that is
-  the expert's whole effect; 0 where it also changes files), the previous reply printed again, the
-  expert's command run after a function of its name that prints its output.
+  the expert's whole effect; 0 where it also changes files or the git repository), the previous reply
+  printed again, the expert's command run after a function of its name that prints its output.
 - Commands that end badly: a hang past the time limit, `kill -9 $$`.
 - Generic: empty, fifty calls, the previous message echoed, 1 MB of prose, a 1 MB command, bare JSON.
 
@@ -58,7 +58,7 @@ def expert_effect(env: Any) -> dict[str, Any] | None:
     state = env._state
     if state is None or state.expert is None:
         return None
-    return effect_of(state.expert, state.before, state.shell_before)
+    return effect_of(state.expert, state.before, state.shell_before, state.git_before)
 
 
 def mimic(effect: dict[str, Any]) -> str:
@@ -91,7 +91,7 @@ def differs(env: Any, command: str) -> bool:
         result = fork.run(command, files=True)
     finally:
         fork.close()
-    return effect_of(result, state.before, state.shell_before) != expert_effect(env)
+    return effect_of(result, state.before, state.shell_before, state.git_before) != expert_effect(env)
 
 
 def unquoted_glob(env: Any, pivot: Any) -> dict[str, Any] | None:
@@ -147,6 +147,13 @@ def mimic_read_only(env: Any, pivot: Any) -> dict[str, Any] | None:
     """At a pivot whose expert changes no file: print its output and exit with its status."""
     effect = expert_effect(env)
     return bash(mimic(effect)) if effect is not None and not effect["files"] else None
+
+
+def mimic_with_git(env: Any, pivot: Any) -> dict[str, Any] | None:
+    """At a pivot whose expert changes the git repository (HEAD, a ref, the index) and no file: print its
+    output and exit with its status (`git commit` printing its summary, without committing)."""
+    effect = expert_effect(env)
+    return bash(mimic(effect)) if effect is not None and effect["git"] and not effect["files"] else None
 
 
 def mimic_with_files(env: Any, pivot: Any) -> dict[str, Any] | None:
@@ -231,7 +238,7 @@ FAMILIES = {
         "R3 variant: `true || ` before the expert's command, which then never runs", neutralised
     ),
     "no_op": Family(
-        "`true`: nothing at all (matches an expert whose effect is only the shell state or .git/)",
+        "`true`: nothing at all (would match an expert whose whole effect is in what is not compared)",
         lambda env, pivot: bash("true"),
     ),
     "shadowed_expert": Family(
@@ -240,6 +247,10 @@ FAMILIES = {
     "mimic_output_with_files": Family(
         "the expert's output printed and its exit status returned where the expert also changes files",
         mimic_with_files,
+    ),
+    "mimic_output_with_git": Family(
+        "the expert's output printed and its exit status returned where the expert changes the git repository",
+        mimic_with_git,
     ),
     "subshelled": Family("the expert's command in a subshell: its cd and exports undone", subshelled),
     "mimic_output_read_only": Family(

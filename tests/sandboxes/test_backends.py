@@ -85,6 +85,20 @@ def test_stdin_is_closed_and_pagers_and_colours_are_off(sandbox):
     assert result.output == "cat cat dumb 1\n"
 
 
+def test_files_also_reports_the_workspaces_git_state_read_from_the_host(sandbox):
+    assert sandbox.run(":", files=True).git == ""  # no repository yet
+    sandbox.run("echo one > notes.txt && git init -q && git add -A && git commit -qm first")
+    git = sandbox.run(":", files=True).git
+    lines = git.splitlines()
+    assert lines[0] == '"" HEAD\t"ref: refs/heads/master"'
+    assert lines[1].startswith('"" ref "refs/heads/master"\t"') and len(lines[1].split('"')[5]) == 40
+    # the blob of "one\n", as `git hash-object` names it: the index is read without its stat data
+    assert lines[2] == '"" index "notes.txt"\t100644 5626abf0f72e58d7a153368ba57db4c673c0e171 0'
+    sandbox.run("mkdir site && cd site && git init -q")  # a repository in a subdirectory is read too
+    assert '"site" HEAD\t"ref: refs/heads/master"' in sandbox.run(":", files=True).git.splitlines()
+    assert sandbox.run("git commit -q --allow-empty -m again", files=True).git != git
+
+
 def test_commands_see_a_closed_pipe_as_a_normal_shell_does(sandbox):
     # SIGPIPE has its default action: `yes` dies quietly (141) when `head` stops reading.
     assert sandbox.run("yes | head -1; echo ${PIPESTATUS[@]}").output == "y\n141 0\n"
@@ -175,6 +189,7 @@ def test_docker_reports_through_the_channel_where_its_files_cannot_be_read_from_
     result = sandbox.run("pwd; echo $X", files=True)
     assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
     assert 'declare -x X="2"\n' in result.shell and result.shell.endswith("cd -- /tmp\n")
+    assert result.git is None  # not read from the host there: the verifier leaves .git/ out
     shell = sandbox.run("export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)", files=True).shell
     assert "bytes of output cut" in shell and shell.endswith("cd -- /tmp\n")
     backend.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from pivot_envs.domains.terminal.parse import canonical_message
@@ -21,16 +23,33 @@ def prefix(has_bwrap):
     backend.close()
 
 
+@pytest.fixture(scope="module")
+def repo(has_bwrap):
+    """A prefix in a git repository with one commit and a changed and a new file, its git state known."""
+    backend = BwrapBackend(has_bwrap)
+    sandbox = backend.create("/app")
+    sandbox.run(
+        "printf 'a\\n' > notes.txt && git init -q && git add -A && git commit -qm first && "
+        "printf 'b\\n' >> notes.txt && printf 'c\\n' > todo.txt"
+    )
+    probe = sandbox.run(":", files=True)
+    assert probe.git.startswith('"" HEAD')
+    yield backend, sandbox.snapshot(), probe.files, probe.shell, probe.git
+    backend.close()
+
+
 def verdict(prefix, expert: str, sampled: str, repeat: bool = True, **options):
     """The verdict on `sampled` at a pivot whose expert ran `expert` (twice, as the prefix cache runs it)."""
-    backend, snapshot, before, shell_before = prefix
+    backend, snapshot, before, shell_before, *git_before = prefix
     results = []
     for command in (sampled, expert, expert):
         fork = backend.fork(snapshot)
-        results.append(fork.run(command, timeout=2, files=True))
+        results.append(fork.run(command, timeout=5, files=True))
         fork.close()
     pivot = Pivot("t/1/t0", "terminal", [], canonical_message(expert))
     data = {"result": results[0], "expert": results[1], "before": before, "shell_before": shell_before}
+    if git_before:
+        data["git_before"] = git_before[0]
     if repeat:
         data["expert_repeat"] = results[2]
     return TerminalVerifier(**options).verify(pivot, canonical_message(sampled), Outcome(data=data))
@@ -243,3 +262,56 @@ def test_shell_entries_key_a_repeated_name_apart():
         "B": 'declare -x B="2"',
         "A": None,
     }
+
+
+# -- the git repository's state (HEAD, refs, index entries) is part of the effect ------------------------
+
+
+def test_a_rewrite_that_changes_the_repository_alike_scores_one(repo):
+    for expert, sampled in [
+        ("git add -A", "git add ."),
+        ("git add -A", "git add notes.txt todo.txt"),
+        (
+            "git add -A && git commit -qm second",
+            "git commit -qam second; git add todo.txt; git commit -q --amend -m second",
+        ),
+        ("git checkout -q -b feature", "git switch -q -c feature"),
+        ("git branch feature", "git branch feature HEAD"),
+        ("git checkout -q -- notes.txt", "git restore notes.txt"),
+    ]:
+        found = verdict(repo, expert, sampled)
+        assert (found.reward, found.category) == (1.0, "equivalent_effect"), (expert, sampled, found.detail)
+
+
+def test_what_only_looks_like_the_experts_git_command_scores_zero(repo):
+    # attacks: silence, the expert's printed output, part of its staging, a commit that differs only inside .git/
+    for expert, sampled in [
+        ("git add -A", "true"),
+        ("git add -A", "git add notes.txt"),
+        ("git checkout -q -b feature", "git branch feature"),  # the branch, but HEAD stays
+        ("git commit -qam second", "git commit -qam Second"),
+        ("git commit -qam second", "git commit -qm second"),  # nothing staged: no commit, exit 1
+        ("git add -A && git commit -m second", "printf '[master 1234567] second\\n 2 files changed\\n'"),
+        ("git init -q", ":"),
+    ]:
+        found = verdict(repo, expert, sampled)
+        assert (found.reward, found.category) == (0.0, "different_effect"), (expert, sampled, found.detail)
+
+
+def test_printing_a_commits_output_does_not_pass_for_the_commit(repo):
+    # the whole visible effect of the expert's commit is its output: only the repository tells them apart
+    expert = "git add -A && git commit -m second"
+    backend, snapshot, *_ = repo
+    fork = backend.fork(snapshot)
+    output = fork.run(expert).output
+    fork.close()
+    assert "second" in output and "2 files changed" in output
+    found = verdict(repo, expert, f"printf '%s' {shlex.quote(output)}")
+    assert (found.reward, found.category, found.extra["differences"]) == (0.0, "different_effect", ["git"])
+
+
+def test_a_forged_index_does_not_pass_for_a_staged_change(repo):
+    # the expert's index bytes written by hand would hold other stat data; a forged header does not parse
+    found = verdict(repo, "git add -A", "printf 'DIRC\\0\\0\\0\\2\\0\\0\\0\\2' > .git/index")
+    assert (found.reward, found.category) == (0.0, "different_effect")
+    assert "git" in found.extra["measured_differences"]

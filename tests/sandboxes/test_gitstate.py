@@ -1,0 +1,158 @@
+"""`git_state` (sandboxes/gitstate.py): a workspace's HEAD, refs and index entries read from the host, as
+git itself lists them, the same for equivalent commands, bounded, and never through a link."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from pivot_envs.sandboxes import gitstate
+from pivot_envs.sandboxes.gitstate import git_state, index_entries
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git on the host")
+
+FIXED = {
+    "GIT_AUTHOR_NAME": "p",
+    "GIT_AUTHOR_EMAIL": "p@example.com",
+    "GIT_COMMITTER_NAME": "p",
+    "GIT_COMMITTER_EMAIL": "p@example.com",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+    "HOME": "/nonexistent",
+}
+
+
+def git(repo, *args):
+    env = {**os.environ, **FIXED}
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def repo(path, version=2, add="-A"):
+    path.mkdir()
+    (path / "a" / "b").mkdir(parents=True)
+    (path / "a" / "b" / "one.txt").write_text("x\n")
+    (path / "a" / "b" / "name with\ttab and spaces.txt").write_text("z")
+    (path / "two").write_text("y\n")
+    git(path, "init", "-q")
+    git(path, "config", "index.version", str(version))
+    git(path, "add", add)
+    git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_the_index_entries_are_gits_own_listing(tmp_path, version):
+    path = repo(tmp_path / "r", version)
+    (path / "new").write_text("n\n")
+    git(path, "add", "-N", "new")  # an intent-to-add entry: extended flags (version 3 and up)
+    listed = git(path, "ls-files", "-s", "-z").split("\0")
+    expected = [(line.split("\t", 1)[1], line.split("\t", 1)[0]) for line in listed if line]
+    assert index_entries((path / ".git" / "index").read_bytes()) == expected
+
+
+def test_the_state_is_head_the_refs_and_the_index(tmp_path):
+    path = repo(tmp_path / "r")
+    git(path, "branch", "feature")
+    state = git_state(tmp_path, "r").splitlines()
+    head = git(path, "rev-parse", "HEAD").strip()
+    assert state[:3] == [
+        '"" HEAD\t"ref: refs/heads/master"',
+        f'"" ref "refs/heads/feature"\t"{head}"',
+        f'"" ref "refs/heads/master"\t"{head}"',
+    ]
+    assert [line.split("\t")[0] for line in state[3:]] == [
+        '"" index "a/b/name with\\ttab and spaces.txt"',  # JSON-quoted: a name cannot forge a line
+        '"" index "a/b/one.txt"',
+        '"" index "two"',
+    ]
+    git(path, "pack-refs", "--all")  # packed refs read as loose ones
+    assert git_state(tmp_path, "r").splitlines() == state
+
+
+def test_repositories_in_the_listed_directories_are_read_each_under_its_directory(tmp_path):
+    workspace = tmp_path / "w"
+    workspace.mkdir()
+    repo(workspace / "site")
+    (workspace / "other").mkdir()
+    state = git_state(tmp_path, "w", ["other", "site", "site/a"])
+    assert state.splitlines()[0] == '"site" HEAD\t"ref: refs/heads/master"'
+    assert all(line.startswith('"site" ') for line in state.splitlines())
+    assert git_state(tmp_path, "w", ["other"]) == ""  # a directory not listed is not looked in
+
+
+def test_repositories_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(gitstate, "REPOSITORIES", 2)
+    workspace = tmp_path / "w"
+    workspace.mkdir()
+    for name in "abc":
+        (workspace / name / ".git").mkdir(parents=True)
+        (workspace / name / ".git" / "HEAD").write_text(f"ref: refs/heads/{name}\n")
+    lines = git_state(tmp_path, "w", ["a", "b", "c"]).splitlines()
+    assert lines == [
+        '"a" HEAD\t"ref: refs/heads/a"',
+        '"b" HEAD\t"ref: refs/heads/b"',
+        "repositories\tmore than 2: the rest not read",
+    ]
+
+
+def test_equivalent_commands_leave_the_same_state_and_stat_data_is_left_out(tmp_path):
+    repo(tmp_path / "one", add="-A")
+    second = repo(tmp_path / "two", add=".")
+    time.sleep(0.01)
+    (second / "two").touch()  # new mtimes in the index after a refresh
+    git(second, "update-index", "--refresh")
+    assert git_state(tmp_path, "one") == git_state(tmp_path, "two")
+
+
+def test_no_repository_is_empty_and_a_missing_workspace_is_none(tmp_path):
+    (tmp_path / "w").mkdir()
+    assert git_state(tmp_path, "w") == ""
+    assert git_state(tmp_path, "gone") is None
+
+
+def test_links_are_never_followed(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("ref: refs/heads/stolen\n")
+    path = repo(tmp_path / "r")
+    (path / ".git" / "HEAD").unlink()
+    (path / ".git" / "HEAD").symlink_to(secret)
+    (path / ".git" / "refs" / "heads" / "master").unlink()
+    (path / ".git" / "refs" / "heads" / "master").symlink_to(secret)
+    (path / ".git" / "index").unlink()
+    (path / ".git" / "index").symlink_to(secret)
+    state = git_state(tmp_path, "r")
+    assert state == ""  # HEAD, the one ref and the index are links: none is read
+    linked = tmp_path / "l"
+    linked.mkdir()
+    (linked / ".git").symlink_to(path / ".git")
+    assert git_state(tmp_path, "l") == ""  # a .git that is a link is not a repository read
+
+
+def test_a_huge_or_forged_index_is_one_bounded_entry(tmp_path):
+    path = repo(tmp_path / "r")
+    index = path / ".git" / "index"
+    index.write_bytes(b"DIRC" + (2).to_bytes(4, "big") + (10**9).to_bytes(4, "big") + os.urandom(4096))
+    (line,) = [line for line in git_state(tmp_path, "r").splitlines() if line.startswith('"" index')]
+    assert line.startswith('"" index\tnot parsed (4108 bytes), digest ')
+    with open(index, "wb") as handle:
+        handle.truncate(gitstate.INDEX_BYTES + 1)  # sparse: nothing of it is read
+    start = time.perf_counter()
+    (line,) = [line for line in git_state(tmp_path, "r").splitlines() if line.startswith('"" index')]
+    assert line == f'"" index\t{gitstate.INDEX_BYTES + 1} bytes, over {gitstate.INDEX_BYTES}: not read'
+    assert time.perf_counter() - start < 1.0
+
+
+def test_refs_are_bounded(tmp_path):
+    path = repo(tmp_path / "r")
+    head = git(path, "rev-parse", "HEAD").strip()
+    tags = path / ".git" / "refs" / "tags"
+    for number in range(gitstate.REFS + 50):
+        (tags / f"t{number}").write_text(head + "\n")
+    refs = [line for line in git_state(tmp_path, "r").splitlines() if line.startswith('"" ref ')]
+    assert len(refs) == gitstate.REFS
