@@ -19,9 +19,10 @@ repository's directory, JSON-quoted:
     "site" index "notes.txt"      100644 <object id> 0
 
 or "" where no repository is found, or None where the workspace could not be read (it is gone).
-Reads are bounded: REPOSITORIES repositories, HEAD and each loose ref at most 4 KiB, packed-refs
-1 MiB, REFS refs, the index INDEX_BYTES. Past INDEX_ENTRIES entries (or an index that does not parse) the
-index is one entry, a digest of its bytes: it still tells two states apart, and stat data then differs too.
+Reads are bounded: REPOSITORIES repositories; HEAD and each loose ref at most 4 KiB, packed-refs
+1 MiB; REFS refs and INDEX_BYTES of index over all repositories together. Past INDEX_ENTRIES
+entries (or an index that does not parse) an index is one entry, a digest of its bytes: it still
+tells two states apart, and stat data then differs too.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from collections.abc import Iterable
 
 from .manifest import _FILE, _pread_all, open_beneath
 
-REFS = 1000  # loose and packed refs read per repository, at most
+REFS = 1000  # loose and packed refs read per call, over all repositories, at most
 REPOSITORIES = 16  # repositories read per workspace, at most
-INDEX_BYTES = 8 << 20  # an index larger than this is one digest entry of its size
+INDEX_BYTES = 8 << 20  # index bytes read per call, over all repositories; an index past it is not read
 INDEX_ENTRIES = 5000  # index entries kept one by one; past this the index is one digest entry
 _SMALL = 4096  # HEAD and a loose ref
 
@@ -61,11 +62,18 @@ def _text(data: bytes) -> str:
     return json.dumps(data.decode("utf-8", "replace").strip())
 
 
-def _loose_refs(git: int) -> dict[str, str]:
-    """{ref name: its content} of the files under refs/, at most REFS, no link followed."""
+class _Budget:
+    """What one `git_state` call may still read, over all its repositories."""
+
+    def __init__(self) -> None:
+        self.refs, self.index_bytes = REFS, INDEX_BYTES
+
+
+def _loose_refs(git: int, most: int) -> dict[str, str]:
+    """{ref name: its content} of the files under refs/, at most `most`, no link followed."""
     refs: dict[str, str] = {}
     pending = ["refs"]
-    while pending and len(refs) < REFS:
+    while pending and len(refs) < most:
         prefix = pending.pop()
         try:
             directory = open_beneath(git, prefix)
@@ -75,7 +83,7 @@ def _loose_refs(git: int) -> dict[str, str]:
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda entry: entry.name)
             for entry in entries:
-                if len(refs) >= REFS:
+                if len(refs) >= most:
                     break
                 try:
                     info = entry.stat(follow_symlinks=False)
@@ -95,7 +103,7 @@ def _loose_refs(git: int) -> dict[str, str]:
     return refs
 
 
-def _packed_refs(git: int) -> dict[str, str]:
+def _packed_refs(git: int, most: int) -> dict[str, str]:
     data = _read(git, "packed-refs", 1 << 20) or b""
     refs: dict[str, str] = {}
     for line in data.decode("utf-8", "replace").splitlines():
@@ -103,7 +111,7 @@ def _packed_refs(git: int) -> dict[str, str]:
             continue
         object_id, name = line.split(" ", 1)
         refs[name.strip()] = object_id.strip()
-        if len(refs) >= REFS:
+        if len(refs) >= most:
             break
     return refs
 
@@ -164,7 +172,7 @@ def git_state(root: str | os.PathLike, workspace: str, directories: Iterable[str
         return None
     lines: list[str] = []
     try:
-        found = 0
+        found, budget = 0, _Budget()
         for directory in ("", *directories):
             try:
                 git = open_beneath(top, os.path.join(directory, ".git"))
@@ -175,7 +183,7 @@ def git_state(root: str | os.PathLike, workspace: str, directories: Iterable[str
                     lines.append(f"repositories\tmore than {REPOSITORIES}: the rest not read")
                     break
                 found += 1
-                lines += [f"{json.dumps(directory)} {line}" for line in _repository(git)]
+                lines += [f"{json.dumps(directory)} {line}" for line in _repository(git, budget)]
             finally:
                 os.close(git)
     finally:
@@ -183,18 +191,20 @@ def git_state(root: str | os.PathLike, workspace: str, directories: Iterable[str
     return "\n".join(lines)
 
 
-def _repository(git: int) -> list[str]:
-    """One repository's entries, `key<TAB>value`, from its open .git directory."""
+def _repository(git: int, budget: _Budget) -> list[str]:
+    """One repository's entries, `key<TAB>value`, from its open .git directory, within `budget`."""
     lines = []
     head = _read(git, "HEAD", _SMALL)
     if head is not None:
         lines.append(f"HEAD\t{_text(head)}")
-    refs = {**_packed_refs(git), **_loose_refs(git)}
+    packed = _packed_refs(git, budget.refs)
+    refs = {**packed, **_loose_refs(git, budget.refs - len(packed))}
+    budget.refs -= len(refs)
     lines += [f"ref {json.dumps(name)}\t{json.dumps(refs[name])}" for name in sorted(refs)]
-    return lines + _index_lines(git)
+    return lines + _index_lines(git, budget)
 
 
-def _index_lines(git: int) -> list[str]:
+def _index_lines(git: int, budget: _Budget) -> list[str]:
     try:
         descriptor = os.open("index", _FILE, dir_fd=git)
     except OSError:
@@ -203,8 +213,9 @@ def _index_lines(git: int) -> list[str]:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
             return [f"index\tnot a file ({stat.filemode(info.st_mode)})"]
-        if info.st_size > INDEX_BYTES:
-            return [f"index\t{info.st_size} bytes, over {INDEX_BYTES}: not read"]
+        if info.st_size > budget.index_bytes:
+            return [f"index\t{info.st_size} bytes, over the {budget.index_bytes} left to read: not read"]
+        budget.index_bytes -= info.st_size
         data = _pread_all(descriptor, 0, info.st_size)
     finally:
         os.close(descriptor)

@@ -144,7 +144,8 @@ def test_a_huge_or_forged_index_is_one_bounded_entry(tmp_path):
         handle.truncate(gitstate.INDEX_BYTES + 1)  # sparse: nothing of it is read
     start = time.perf_counter()
     (line,) = [line for line in git_state(tmp_path, "r").splitlines() if line.startswith('"" index')]
-    assert line == f'"" index\t{gitstate.INDEX_BYTES + 1} bytes, over {gitstate.INDEX_BYTES}: not read'
+    left = gitstate.INDEX_BYTES
+    assert line == f'"" index\t{left + 1} bytes, over the {left} left to read: not read'
     assert time.perf_counter() - start < 1.0
 
 
@@ -156,3 +157,26 @@ def test_refs_are_bounded(tmp_path):
         (tags / f"t{number}").write_text(head + "\n")
     refs = [line for line in git_state(tmp_path, "r").splitlines() if line.startswith('"" ref ')]
     assert len(refs) == gitstate.REFS
+
+
+def test_a_workspace_of_hostile_repositories_costs_its_bounds_not_more(tmp_path, monkeypatch):
+    # many repositories, each with as many refs and as large an index as one may have: the refs and index
+    # bytes are one budget over all of them
+    monkeypatch.setattr(gitstate, "REFS", 300)
+    monkeypatch.setattr(gitstate, "INDEX_BYTES", 3 << 20)
+    workspace = tmp_path / "w"
+    workspace.mkdir()
+    names = [f"r{number}" for number in range(gitstate.REPOSITORIES + 4)]
+    for name in names:
+        refs = workspace / name / ".git" / "refs" / "tags"
+        refs.mkdir(parents=True)
+        for number in range(100):
+            (refs / f"t{number}").write_text("0" * 40 + "\n")
+        (workspace / name / ".git" / "index").write_bytes(b"DIRC" + os.urandom((1 << 20) - 4))
+    start = time.perf_counter()
+    lines = git_state(tmp_path, "w", names).splitlines()
+    assert time.perf_counter() - start < 2.0
+    assert sum(" ref " in line for line in lines) == 300
+    assert sum("not parsed (1048576 bytes)" in line for line in lines) == 3  # 3 MiB of index read in all
+    assert sum("left to read: not read" in line for line in lines) == gitstate.REPOSITORIES - 3
+    assert lines[-1] == f"repositories\tmore than {gitstate.REPOSITORIES}: the rest not read"
