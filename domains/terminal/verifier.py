@@ -114,8 +114,9 @@ def shell_changes(before: str, after: str) -> dict[str, str | None]:
 
 
 def git_entries(state: str) -> dict[str, str]:
-    """The git repository state (CommandResult.git, `sandboxes.gitstate`) as {key: value}: "HEAD", each
-    `ref "NAME"`, each `index "PATH"`. Names are JSON-quoted there, so no name forges another line."""
+    """The git state (CommandResult.git, `sandboxes.gitstate`) as {key: value}, a key per repository's
+    HEAD, ref and index entry (`"site" HEAD`, `"site" ref "refs/heads/main"`, `"site" index "a.txt"`).
+    Directories and names are JSON-quoted there, so no name forges another line."""
     entries: dict[str, str] = {}
     for line in state.split("\n"):
         key, _, value = line.partition("\t")
