@@ -105,12 +105,16 @@ def shell_entries(state: str) -> dict[str, str]:
     return entries
 
 
+def changed_entries(old: dict[str, str], new: dict[str, str]) -> dict[str, str | None]:
+    """The entries of `new` that differ from `old`'s, and None for each of `old`'s that `new` lacks."""
+    changes: dict[str, str | None] = {key: value for key, value in new.items() if old.get(key) != value}
+    changes.update({key: None for key in old if key not in new})
+    return changes
+
+
 def shell_changes(before: str, after: str) -> dict[str, str | None]:
     """The entries of the shell state `after` that differ from `before` (None: an entry removed)."""
-    old, new = shell_entries(before), shell_entries(after)
-    changes: dict[str, str | None] = {name: entry for name, entry in new.items() if old.get(name) != entry}
-    changes.update({name: None for name in old if name not in new})
-    return changes
+    return changed_entries(shell_entries(before), shell_entries(after))
 
 
 def git_entries(state: str) -> dict[str, str]:
@@ -127,10 +131,7 @@ def git_entries(state: str) -> dict[str, str]:
 
 def git_changes(before: str, after: str) -> dict[str, str | None]:
     """The entries of the git state `after` that differ from `before` (None: an entry removed)."""
-    old, new = git_entries(before), git_entries(after)
-    changes: dict[str, str | None] = {key: value for key, value in new.items() if old.get(key) != value}
-    changes.update({key: None for key in old if key not in new})
-    return changes
+    return changed_entries(git_entries(before), git_entries(after))
 
 
 def effect_of(
