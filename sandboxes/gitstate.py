@@ -20,14 +20,15 @@ repository's directory, JSON-quoted:
 
 or "" where no repository is found, or None where the workspace could not be read (it is gone).
 Reads are bounded: REPOSITORIES repositories; HEAD and each loose ref at most 4 KiB, packed-refs
-1 MiB; REFS refs and INDEX_BYTES of index over all repositories together. Past INDEX_ENTRIES
-entries (or an index that does not parse) an index is one entry, a digest of its bytes: it still
-tells two states apart, and stat data then differs too.
+1 MiB; REFS entries under refs/ (refs and their directories) and INDEX_BYTES of index over all
+repositories together. Past INDEX_ENTRIES entries (or an index that does not parse) an index is one
+entry, a digest of its bytes: it still tells two states apart, and stat data then differs too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -36,7 +37,7 @@ from collections.abc import Iterable
 
 from .manifest import _FILE, _pread_all, open_beneath
 
-REFS = 1000  # loose and packed refs read per call, over all repositories, at most
+REFS = 1000  # refs (and directories under refs/) read per call, over all repositories, at most
 REPOSITORIES = 16  # repositories read per workspace, at most
 INDEX_BYTES = 8 << 20  # index bytes read per call, over all repositories; an index past it is not read
 INDEX_ENTRIES = 5000  # index entries kept one by one; past this the index is one digest entry
@@ -70,10 +71,11 @@ class _Budget:
 
 
 def _loose_refs(git: int, most: int) -> dict[str, str]:
-    """{ref name: its content} of the files under refs/, at most `most`, no link followed."""
+    """{ref name: its content} of the files under refs/, no link followed, with at most `most` entries
+    (files and directories alike) listed: a million refs or nested directories cost `most`."""
     refs: dict[str, str] = {}
-    pending = ["refs"]
-    while pending and len(refs) < most:
+    pending, seen = ["refs"], 0
+    while pending and seen < most:
         prefix = pending.pop()
         try:
             directory = open_beneath(git, prefix)
@@ -81,10 +83,9 @@ def _loose_refs(git: int, most: int) -> dict[str, str]:
             continue
         try:
             with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
+                entries = sorted(itertools.islice(listing, most - seen), key=lambda entry: entry.name)
+            seen += len(entries)
             for entry in entries:
-                if len(refs) >= most:
-                    break
                 try:
                     info = entry.stat(follow_symlinks=False)
                 except OSError:
