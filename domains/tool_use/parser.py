@@ -67,7 +67,11 @@ def _canonical_call(raw: Any, index: int) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise _Unparseable(f"tool call {index} ({name}): arguments must be a JSON object")
     name = name.strip()
-    text = _encode(arguments)
+    try:
+        text = _encode(arguments)
+    except (TypeError, ValueError) as error:  # a set, bytes, a cycle, an int past Python's digit limit
+        why = f"{type(error).__name__}: {error}"[:200]
+        raise _Unparseable(f"tool call {index} ({name!r}): its arguments are not JSON ({why})") from None
     try:
         identifier = call_id(index, name, text)  # encodes name and arguments as UTF-8
     except UnicodeEncodeError:  # a lone surrogate: not text, so no tool could receive it

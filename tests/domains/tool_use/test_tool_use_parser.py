@@ -152,3 +152,23 @@ def test_arbitrary_json_in_a_tool_call_block_or_as_a_message_dict_never_raises(v
     ):
         parsed = parse_action(action)
         assert parsed.message is not None or parsed.category == "unparseable"
+
+
+def _cycle():
+    arguments: dict = {}
+    arguments["self"] = arguments
+    return arguments
+
+
+def test_dict_arguments_json_cannot_hold_are_unparseable_not_an_error():
+    """A message dict's arguments that JSON cannot encode (an int past Python's digit limit, a set, bytes, a
+    cycle) are the action's fault: unparseable, scored 0. They once raised, which the env reports as its own
+    failure (env_error, valid=False)."""
+    for value in (10**5000, {1}, b"a", object(), _cycle()):
+        message = {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "search", "arguments": {"x": value}}}],
+        }
+        parsed = parse_action(message)
+        assert (parsed.message, parsed.category) == (None, "unparseable"), value
+        assert "not JSON" in parsed.detail
