@@ -37,7 +37,10 @@ if TYPE_CHECKING:
     from pivot_envs.pivot import Pivot
 
 Call = tuple[str, Any]  # (tool name, parsed arguments)
-# (expert call index, sampled name, sampled arguments) -> whether their executions are equal
+# (expert call index, sampled name, sampled arguments) -> whether their executions are equal. An oracle may
+# also have `expert_failed(index) -> bool`: where true, an equal execution is not enough to accept a call
+# the argument rules reject (a refused call's failure is shared by many wrong calls); it still rejects a
+# call they accept whose execution differs.
 Equivalence = Callable[[int, str, Any], bool]
 
 UNAVAILABLE = (
@@ -74,6 +77,12 @@ class Effect:
         if self.changes != other.changes:
             return False
         return self.output == other.output or self.normalized_output == other.normalized_output
+
+    @property
+    def failed(self) -> bool:
+        """The call was refused ("Error: ..." and no state change): many wrong calls fail alike, so an equal
+        failure is no evidence that a call does what another does."""
+        return not self.changes and self.output.startswith("Error:")
 
     @cached_property
     def normalized_output(self) -> Any:
@@ -207,11 +216,24 @@ class AirlineBackend:
         return effects
 
     def equivalence(self, pivot: Pivot) -> Equivalence:
-        def equivalent(index: int, name: str, arguments: Any) -> bool:
-            experts = self.expert_effects(pivot)
-            return index < len(experts) and self.effect(pivot, name, arguments).same_as(experts[index])
+        return _AirlineEquivalence(self, pivot)
 
-        return equivalent
+
+class _AirlineEquivalence:
+    """The airline backend's oracle at one pivot (see `Equivalence`)."""
+
+    def __init__(self, backend: AirlineBackend, pivot: Pivot) -> None:
+        self.backend, self.pivot = backend, pivot
+
+    def __call__(self, index: int, name: str, arguments: Any) -> bool:
+        experts = self.backend.expert_effects(self.pivot)
+        return index < len(experts) and self.backend.effect(self.pivot, name, arguments).same_as(
+            experts[index]
+        )
+
+    def expert_failed(self, index: int) -> bool:
+        experts = self.backend.expert_effects(self.pivot)
+        return index < len(experts) and experts[index].failed
 
 
 @dataclass

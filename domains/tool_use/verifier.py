@@ -16,6 +16,10 @@ A sampled assistant turn is locally acceptable when it does what the expert's tu
   else, no fact the conversation never stated, and not a repeat of an earlier turn; or a pluggable
   judge). A message is never accepted
   merely for being a message, unless `message_check="any"` asks for exactly that.
+- text beside tool calls (`call_text`): the calls decide, but the text a call turn also says may state
+  no fact (a word with a digit) that neither the expert's turn nor the conversation states, and may say
+  at most `message_surplus_ceiling` of word weight beyond the expert's own text: a right call cannot
+  carry a false confirmation or a stuffed reply to the user.
 
 Every rule is a field of `FunctionalConfig`, passed as
 `gym.make("pivot/tool-use-v0", verifier_config={...})`.
@@ -33,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from pivot_envs.chat import text_of, tool_name, tool_parameters
 from pivot_envs.config import ConfigError, between, option
-from pivot_envs.domains.tool_use.content import ContentCheck, ExpertMessage, ExpertText, corpus_weights
+from pivot_envs.domains.tool_use.content import (
+    ContentCheck,
+    ExpertMessage,
+    ExpertText,
+    corpus_weights,
+    facts_of,
+)
 from pivot_envs.domains.tool_use.parser import arguments_of
 from pivot_envs.registry import import_object
 from pivot_envs.verifiers import StrictVerifier, Verdict
@@ -53,6 +63,7 @@ STOPWORDS = frozenset(
     there here what which who whom when where why how all any each some just also than too very""".split()
 )
 _TOKEN = re.compile(r"\w+")
+_DIGIT = re.compile(r"\d")
 
 
 @dataclass
@@ -142,6 +153,12 @@ class FunctionalConfig:
     execution_equivalence: bool = option(
         True,
         "accept a call whose output and state change equal the expert call's, executed from the same state",
+    )
+    call_text: bool = option(
+        True,
+        "check the text beside a call turn's calls: no fact (a word with a digit) neither the expert's turn "
+        "nor the conversation states, and at most message_surplus_ceiling of word weight beyond the expert's "
+        "text (False: the calls alone decide, whatever the turn tells the user)",
     )
     execution_decides: bool = option(
         True,
@@ -267,6 +284,9 @@ class _Plan:
     calls: list[_ExpertCall]
     message: str
     compiled_message: ExpertMessage | None  # for message turns judged by the content module
+    # for call turns with call_text: the expert's text beside its calls, and the facts its calls state
+    aside: ExpertMessage | None = None
+    call_facts: frozenset[str] = frozenset()
 
 
 Mismatch = tuple[str, str]  # (category, detail)
@@ -365,6 +385,11 @@ class FunctionalVerifier:
         text = _content(pivot.expert)
         judged = not calls and self.config.message_check == "similarity"
         plan = _Plan(pivot.expert, calls, text, self.content.expert_message(pivot, text) if judged else None)
+        if calls and self.config.call_text:
+            plan.aside = self.content.expert_message(pivot, text)
+            plan.call_facts = frozenset(
+                fact for call in calls for fact in facts_of(json.dumps(call.arguments, ensure_ascii=False))
+            )
         self._plans[pivot.id] = plan
         return plan
 
@@ -519,6 +544,14 @@ class FunctionalVerifier:
         """Score a canonical assistant message at a pivot; `outcome.data["equivalence"]`, when
         present, decides execution equivalence (see ToolUseEnv)."""
         plan = self.plan(pivot)
+        verdict = self._verify_turn(plan, pivot, action, outcome)
+        if verdict.reward > 0 and plan.aside is not None and (aside := _content(action)):
+            refused = self._verify_aside(plan, aside)
+            if refused is not None:
+                return refused
+        return verdict
+
+    def _verify_turn(self, plan: _Plan, pivot: Pivot, action: dict[str, Any], outcome: Any) -> Verdict:
         raw_calls = action.get("tool_calls") or []
         if not plan.calls:
             if raw_calls:
@@ -557,13 +590,15 @@ class FunctionalVerifier:
                         0.0, "execution_different", f"{name}: the arguments match, the execution does not"
                     )
                 return Verdict(1.0, CORRECT)
-            if equivalence is not None and name == plan.calls[0].name and equivalence(0, name, arguments):
+            if _accepts(equivalence, 0, name, plan.calls[0].name, arguments):
                 return Verdict(
                     1.0,
                     CORRECT,
                     f"{found[1]}; accepted by execution equivalence",
                     extra={"execution_equivalent": True},
                 )
+            if equivalence is not None and _expert_failed(equivalence, 0):
+                return Verdict(0.0, found[0], f"{found[1]} (the expert's call fails here: {FAILED})")
             return Verdict(0.0, found[0], found[1])
         return self._verify_calls(plan, sampled, equivalence, decides)
 
@@ -588,7 +623,7 @@ class FunctionalVerifier:
                 if found is None:
                     row.append(j)
                     continue
-                if equivalence is not None and name == expert.name and equivalence(j, name, arguments):
+                if _accepts(equivalence, j, name, expert.name, arguments):
                     row.append(j)
                     executed = True
                     continue
@@ -622,6 +657,31 @@ class FunctionalVerifier:
             return Verdict(reward, category, f"{summary}; {detail}")
         return Verdict(reward, "wrong_call_count", summary)
 
+    def _verify_aside(self, plan: _Plan, text: str) -> Verdict | None:
+        """A call turn's text: None if it passes (`call_text`), else the verdict that refuses it."""
+        expert = plan.aside
+        assert expert is not None
+        if text == expert.text:
+            return None
+        ceiling = self.config.message_surplus_ceiling
+        problem, _, measured = self.content.compare(expert, text, 0.0, 0.0, 0.0, ceiling)
+        if problem is not None or measured is None:
+            return Verdict(0.0, "call_text_too_long", f"the text beside the calls: {problem}")
+        invented = sorted(
+            word
+            for word in measured[0].keys() - expert.bag.keys()
+            if _DIGIT.search(word) and word not in expert.known_facts and word not in plan.call_facts
+        )
+        if invented:
+            shown = ", ".join(invented[:5]) + (" ..." if len(invented) > 5 else "")
+            return Verdict(
+                0.0,
+                "call_text_facts_invented",
+                f"the text beside the calls states {shown}, which neither the expert's turn nor the "
+                "conversation states",
+            )
+        return None
+
     def _verify_message(self, pivot: Pivot, plan: _Plan, text: str) -> Verdict:
         config = self.config
         if not text:
@@ -654,6 +714,26 @@ class FunctionalVerifier:
             config.message_echo,
         )
         return Verdict(0.0, category, detail) if category else Verdict(1.0, CORRECT, detail)
+
+
+FAILED = "a call that fails alike is not accepted beyond the argument rules"
+
+
+def _expert_failed(equivalence: Any, index: int) -> bool:
+    """Whether the oracle says the expert's `index`-th call was refused (see backends.Equivalence)."""
+    failed = getattr(equivalence, "expert_failed", None)
+    return bool(failed(index)) if failed is not None else False
+
+
+def _accepts(equivalence: Any, index: int, name: str, expert_name: str, arguments: Any) -> bool:
+    """Whether execution equivalence accepts a call the argument rules reject: the same tool, an equal
+    execution, and an expert call that did something (a refusal is shared by many wrong calls)."""
+    return (
+        equivalence is not None
+        and name == expert_name
+        and not _expert_failed(equivalence, index)
+        and equivalence(index, name, arguments)
+    )
 
 
 def _same_arguments(expert: _ExpertCall, arguments: Any) -> bool:

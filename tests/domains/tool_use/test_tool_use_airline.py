@@ -368,3 +368,31 @@ def test_changing_a_reservation_to_ten_thousand_legs_twice_takes_linear_time():
         start = time.perf_counter()
         output = call_tool(state, "update_reservation_flights", arguments)
         assert time.perf_counter() - start < 3 and json.loads(output)["flights"][-1]["date"] == date
+
+
+def test_where_the_experts_call_fails_a_call_failing_alike_is_not_accepted_beyond_the_argument_rules(
+    airline_env, call_pivots
+):
+    """An equal failure ("Error: payment method not found") is shared by many wrong calls: at the two bundled
+    pivots where the expert's update_reservation_flights names a payment the user does not have, a made-up
+    payment id or another cabin once scored 1 by execution equivalence. The argument rules decide there, and a
+    call they accept still scores."""
+    failing = ["tau-airline/task26/trial0/t10", "tau-airline/task20/trial1/t8"]
+    by_id = {p.id: p for p in call_pivots}
+    for pivot_id in failing:
+        pivot = by_id[pivot_id]
+        name, arguments = expert_call(pivot)
+        assert airline_env.backend_for(pivot).expert_effects(pivot)[0].failed
+        for change in (
+            {"payment_id": "made_up_123"},
+            {"payment_id": "made_up_123", "cabin": "basic_economy"},
+        ):
+            reward, info, _ = step(airline_env, pivot, hermes(name, {**arguments, **change}))
+            assert (reward, info["category"]) == (0.0, "argument_value_different"), (pivot_id, change)
+            assert "the expert's call fails here" in info["detail"]
+            assert info["output"] == "Error: payment method not found"  # it did fail alike
+        assert step(airline_env, pivot, pivot.expert)[0] == 1.0
+        assert step(airline_env, pivot, hermes(name, dict(reversed(list(arguments.items())))))[0] == 1.0
+    # where the expert's call does something, execution equivalence still accepts other forms
+    thought = first(call_pivots, "think")
+    assert not airline_env.backend_for(thought).expert_effects(thought)[0].failed

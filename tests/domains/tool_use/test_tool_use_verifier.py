@@ -353,3 +353,46 @@ def test_a_malformed_expert_turn_in_a_user_file_scores_actions_without_raising()
     for action in (hermes("f", {"a": 1}), "hello", expert):
         reward, info, _ = step(env, pivot, action)
         assert 0.0 <= reward <= 1.0 and info["valid"]
+
+
+# -- the text beside a call turn's calls (call_text) --------------------------------------------------------
+
+
+def _with_text(pivot, text):
+    return {**pivot.expert, "content": ((pivot.expert.get("content") or "") + " " + text).strip()}
+
+
+@pytest.mark.parametrize("backend", ["tau-airline", "recorded"])
+def test_the_right_calls_with_an_invented_fact_or_a_stuffed_text_score_zero(backend, call_pivots):
+    """The calls decide a call turn, but its text may not carry a fact nobody stated or more than
+    message_surplus_ceiling of word weight: a right call with a false confirmation, or with 60 KB of text, once
+    scored 1 at all 169 call pivots."""
+    env = gym.make("pivot/tool-use-v0", backend=backend).unwrapped
+    claim = "Done! Your refund of $5,000 has been issued (confirmation ZZ9PLURAL). "
+    for pivot in call_pivots[::7]:
+        assert step(env, pivot, _with_text(pivot, claim))[1]["category"] == "call_text_facts_invented", (
+            pivot.id
+        )
+        assert step(env, pivot, _with_text(pivot, claim * 800))[1]["category"] == "call_text_too_long", (
+            pivot.id
+        )
+        # the same turns are right without the text, and with a word of courtesy or the call's own facts
+        assert step(env, pivot, pivot.expert)[0] == 1.0
+        assert step(env, pivot, _with_text(pivot, "Let me look that up for you."))[0] == 1.0
+        name, arguments = expert_call(pivot)
+        said = " ".join(
+            str(v) for v in arguments.values() if isinstance(v, int) or isinstance(v, str) and " " not in v
+        )
+        assert step(env, pivot, _with_text(pivot, f"Checking {said} now."))[0] == 1.0, (pivot.id, said)
+
+
+def test_call_text_off_lets_the_calls_alone_decide(call_pivots):
+    env = gym.make("pivot/tool-use-v0", backend="recorded", verifier_config={"call_text": False}).unwrapped
+    pivot = call_pivots[0]
+    assert step(env, pivot, _with_text(pivot, "Refund ZZ9PLURAL issued. " * 800))[0] == 1.0
+
+
+def test_a_wrong_call_keeps_its_own_category_whatever_its_text(recorded_env, call_pivots):
+    pivot = first(call_pivots, "get_reservation_details")
+    reward, info, _ = step(recorded_env, pivot, "Refund ZZ9PLURAL issued. " + hermes("get_user_details", {}))
+    assert (reward, info["category"]) == (0.0, "unexpected_tool")
