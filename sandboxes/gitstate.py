@@ -41,6 +41,9 @@ REFS = 1000  # refs (and directories under refs/) read per call, over all reposi
 REPOSITORIES = 16  # repositories read per workspace, at most
 INDEX_BYTES = 8 << 20  # index bytes read per call, over all repositories; an index past it is not read
 INDEX_ENTRIES = 5000  # index entries kept one by one; past this the index is one digest entry
+PATH_BYTES = 4096  # the longest path an index entry may hold (git's PATH_MAX); past it the index is a digest
+INDEX_PATH_BYTES = 2 << 20  # the paths of one index together (version 4 compresses them, so they may
+# outgrow the index's own size: each entry may repeat the previous path); past it the index is a digest
 _SMALL = 4096  # HEAD and a loose ref
 
 
@@ -119,14 +122,15 @@ def _packed_refs(git: int, most: int) -> dict[str, str]:
 
 def index_entries(data: bytes, most: int = INDEX_ENTRIES) -> list[tuple[str, str]] | None:
     """[(path, "mode object-id stage")] of a git index (versions 2-4), stat data left out; None when it
-    does not parse or holds more than `most` entries."""
+    does not parse or holds more than `most` entries, a path longer than PATH_BYTES, or more than
+    INDEX_PATH_BYTES of paths in all. Linear in the index's size."""
     if len(data) < 12 or data[:4] != b"DIRC":
         return None
     version, count = struct.unpack(">II", data[4:12])
     if version not in (2, 3, 4) or count > most:
         return None
     entries: list[tuple[str, str]] = []
-    at, previous = 12, b""
+    at, previous, paths = 12, b"", 0
     try:
         for _ in range(count):
             start = at
@@ -140,19 +144,22 @@ def index_entries(data: bytes, most: int = INDEX_ENTRIES) -> list[tuple[str, str
                 at += 1
                 strip = byte & 0x7F
                 while byte & 0x80:
+                    if strip > len(previous):  # checked as it grows: an endless number costs nothing
+                        return None
                     byte = data[at]
                     at += 1
                     strip = ((strip + 1) << 7) | (byte & 0x7F)
                 if strip > len(previous):
                     return None
-                end = data.index(b"\0", at)
+                end = data.index(b"\0", at, at + PATH_BYTES + 1)
                 path = previous[: len(previous) - strip] + data[at:end]
                 at = end + 1
             else:  # the path, then 1-8 NULs to a multiple of 8 bytes
-                end = data.index(b"\0", at)
+                end = data.index(b"\0", at, at + PATH_BYTES + 1)
                 path = data[at:end]
                 at = start + (62 + extended + len(path)) // 8 * 8 + 8
-            if len(object_id) != 20 or at > len(data):
+            paths += len(path)
+            if len(object_id) != 20 or at > len(data) or len(path) > PATH_BYTES or paths > INDEX_PATH_BYTES:
                 return None
             previous = path
             value = f"{mode:o} {object_id.hex()} {(flags >> 12) & 3}"

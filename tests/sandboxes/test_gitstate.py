@@ -192,3 +192,44 @@ def test_nested_ref_directories_cost_the_ref_budget(tmp_path, monkeypatch):
     state = git_state(tmp_path, "r")
     assert time.perf_counter() - start < 1.0
     assert sum(line.startswith('"" ref ') for line in state.splitlines()) <= 50
+
+
+def _v4_index(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """A version-4 index of (strip number's bytes, path suffix) entries, stat data and object ids zero."""
+    header = bytes(24) + (0o100644).to_bytes(4, "big") + bytes(12) + b"\x11" * 20
+    body = [b"DIRC", (4).to_bytes(4, "big"), len(entries).to_bytes(4, "big")]
+    for strip, suffix in entries:
+        body.append(header + min(len(suffix), 0xFFF).to_bytes(2, "big") + strip + suffix + b"\0")
+    return b"".join(body)
+
+
+def test_a_version_4_index_whose_paths_outgrow_it_is_not_parsed_and_costs_no_memory():
+    """Each entry of a version-4 index may keep the whole previous path and add a byte: a 0.4 MB index once
+    made the host hold 5,000 paths of 80 KB (1.2 GB; an 8 MiB one, 38 GiB). A path longer than git's 4,096
+    bytes, or more than INDEX_PATH_BYTES of paths in all, makes it one digest entry instead."""
+    import tracemalloc
+
+    growing = _v4_index([(b"\0", b"a" * 80_000)] + [(b"\0", b"b")] * 4999)
+    at_the_cap = _v4_index([(b"\0", b"a" * 4096)] + [(b"\x01", b"b")] * 4999)  # 20 MB of 4 KB paths
+    tracemalloc.start()
+    try:
+        assert index_entries(growing) is None
+        assert index_entries(at_the_cap) is None
+        assert tracemalloc.get_traced_memory()[1] < 3 * gitstate.INDEX_PATH_BYTES
+    finally:
+        tracemalloc.stop()
+    fine = _v4_index([(b"\0", b"dir/one")] + [(b"\x03", b"two")] * 10)
+    assert index_entries(fine)[:2] == [
+        ("dir/one", "100644 " + "11" * 20 + " 0"),
+        ("dir/two", "100644 " + "11" * 20 + " 0"),
+    ]
+
+
+def test_an_endless_strip_number_in_a_version_4_index_costs_linear_time():
+    """The strip number is a varint: 200 kB of continuation bytes once took the host 6.6 s of CPU after the
+    command had ended (quadratic: about 3 h for an 8 MiB index). It is refused as soon as it exceeds the
+    previous path."""
+    endless = _v4_index([(b"\0", b"a"), (b"\xff" * 8_000_000 + b"\x00", b"b")])
+    start = time.perf_counter()
+    assert index_entries(endless) is None
+    assert time.perf_counter() - start < 0.5
