@@ -18,7 +18,6 @@ own user namespace), so RLIMIT_NPROC bounds fork bombs.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from .background import YIELD_AT_MOST
 from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
-from .cleanup import BWRAP_PREFIX
+from .cleanup import BWRAP_PREFIX, remove_tree
 from .manifest import KnownDigests, file_digests
 from .output import new_marker
 from .pool import ImageUnavailableError, PooledBackend, PooledSandbox
@@ -61,15 +60,11 @@ def _stop_all(servers: set[BwrapServer], root: Path) -> None:
     for server in list(servers):
         server.stop()
     servers.clear()
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(root)
 
 
 def _remove_tree(directory: Path) -> None:
-    # `rm` in a process of its own: a Python rmtree here would hold the GIL against the caller.
-    if subprocess.run(
-        [*BACKGROUND, "rm", "-rf", "--one-file-system", str(directory)], capture_output=True
-    ).returncode:
-        shutil.rmtree(directory, ignore_errors=True)
+    remove_tree(directory, BACKGROUND)
 
 
 class BwrapBackend(PooledBackend["BwrapSandbox"]):
@@ -154,6 +149,14 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
             *self._system,
             "--dev",
             "/dev",
+            # /dev is a tmpfs of half the host's memory, which no rlimit counts: its shm gets the memory
+            # limit, the rest is read-only (a cgroup, when there is one, counts tmpfs pages anyway)
+            "--size",
+            str(self.limits.memory_mb << 20),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
             "--proc",
             "/proc",
             "--bind",
@@ -236,7 +239,7 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
             [*BACKGROUND, "cp", "-a", "--reflink=auto", snapshot.ref, str(directory)], capture_output=True
         )
         if copied.returncode != 0:  # e.g. the snapshot was released while a warm copy was queued
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
             raise SandboxError(
                 f"copying snapshot {snapshot.ref} failed: {copied.stderr.decode(errors='replace')[-300:]}"
             )
@@ -281,7 +284,7 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
             self._submit(remove)
 
     def _drop_snapshot(self, snapshot: Snapshot) -> None:
-        shutil.rmtree(snapshot.ref, ignore_errors=True)
+        remove_tree(snapshot.ref)
 
     def _close_resources(self) -> None:
         assert self._finalizer is not None

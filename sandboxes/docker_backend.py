@@ -15,7 +15,6 @@ and the workspace from the container's overlay2 directories.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from .available import docker_sdk
 from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
-from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned
+from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned, remove_tree
 from .manifest import KnownDigests, writes_outside
 from .output import new_marker
 from .pool import PooledBackend, PooledSandbox
@@ -243,7 +242,7 @@ class DockerBackend(PooledBackend["DockerSandbox"]):
         assert self._finalizer is not None
         self._finalizer.detach()
         if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
 
 
 class DockerSandbox(PooledSandbox):

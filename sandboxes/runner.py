@@ -12,7 +12,6 @@ the head and tail of the output and, optionally, a manifest of the workspace's f
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from typing import Any
 
@@ -310,13 +309,35 @@ def clear_output(root: str | os.PathLike, state: str) -> None:
     try:
         info = os.stat("out", dir_fd=directory, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree("out", dir_fd=directory, ignore_errors=True)
+            remove_directory(directory, "out")
         elif not stat.S_ISREG(info.st_mode):
             os.unlink("out", dir_fd=directory)
     except OSError:
         pass
     finally:
         os.close(directory)
+
+
+REMOVE_SECONDS = 60  # the most a removal of a tree a command left may take
+
+
+def remove_directory(parent: int, name: str) -> None:
+    """Remove the directory `name` in the open directory `parent`, however deep, without following a link.
+
+    `rm -rf` walks any depth (shutil.rmtree recurses once per level: a 1,100-deep chain raised
+    RecursionError); it runs in a process of its own, reaching the directory through the inherited
+    descriptor (/proc/self/fd), so no path component a command could swap for a link is resolved."""
+    import subprocess
+
+    try:
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", f"/proc/self/fd/{parent}/{name}"],
+            pass_fds=(parent,),
+            capture_output=True,
+            timeout=REMOVE_SECONDS,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def result_from_files(
