@@ -42,8 +42,16 @@
       not, its output covers at least `overlap` (default 0.8) of the expert's output lines
       (lines normalised: `cat -n` numbers, `path:line:` prefixes, a leading `./` or the workdir
       dropped; at most `max_lines` lines of each compared) and holds at most `output_ratio` (3)
-      times the expert's lines plus `output_slack` (50)                      -> 1, "covers_expert_output"
-      ("changed_files", "too_much_output", "different_output").
+      times the expert's lines plus `output_slack` (50), both outputs counted whole
+                                                                              -> 1, "covers_expert_output"
+      ("changed_files", "too_much_output", "different_output");
+      where the expert's look-around shows nothing (no output line as compared, no changed file),
+      matching "nothing" would reward any silent call (`true`): there a call that also shows
+      nothing scores only as the expert's call (bash: the same tokens, `terminal.verifier`'s
+      `command_tokens`; the editor: the same arguments, the path normalised) -> 1, "same_call", or a
+      near copy of its bash command (token similarity >= `SILENT_SIMILARITY`, 0.95, as the terminal
+      domain's `similarity_threshold`)                                     -> 1, "similar_call";
+      any other silent call                                                -> 0, "expert_shows_nothing".
   A pivot that was not executed (an external trace without its repository image) is scored at
   the `nemo` level instead, and the verdict says so (extra["level"] = "nemo").
 
@@ -53,6 +61,7 @@ The reward is binary (as in the paper); `extra` holds the comparisons.
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -356,8 +365,8 @@ class EffectConfig:
     )
 
 
-def output_lines(text: str, workdir: str, max_lines: int) -> list[str]:
-    """Output lines as compared for coverage (see the module docstring)."""
+def output_lines(text: str, workdir: str, max_lines: int | None) -> list[str]:
+    """Output lines as compared for coverage (see the module docstring); None: every line."""
     lines = []
     prefix = workdir.rstrip("/") + "/"
     for line in text.splitlines()[:max_lines]:
@@ -383,6 +392,36 @@ def coverage(expert: list[str], sample: list[str]) -> float:
             remaining[line] -= 1
             found += 1
     return found / len(expert)
+
+
+# Where the expert's look-around shows nothing, the token similarity to its bash command at which a
+# silent call is a near copy (the terminal domain's default `similarity_threshold`).
+SILENT_SIMILARITY = 0.95
+
+
+def _look_arguments(arguments: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """A non-bash call's arguments as compared with the expert's: the path normalised (`./a`, `a/`, `/repo/a`)."""
+    path = _path_of(arguments)
+    if not path:
+        return arguments
+    return {**arguments, "path": posixpath.normpath(posixpath.join(workdir, path))}
+
+
+def call_similarity(call: tuple[str, Any], expert: tuple[str, Any], workdir: str) -> float:
+    """How close a call is to the expert's, by text: 1.0 for the expert's call (bash: the same tokens,
+    spacing and quoting that cannot change a word's meaning aside; another tool: the same arguments,
+    the path normalised), the token similarity of two bash commands, else 0.0."""
+    (name, arguments), (expert_name, expert_arguments) = call, expert
+    if name != expert_name:
+        return 0.0
+    mine, theirs = _arguments(arguments), _arguments(expert_arguments)
+    if name == "bash":
+        # the terminal domain's tokenizer: bash's reading of a command (domains/swe already imports
+        # domains/terminal, which imports nothing of domains/swe)
+        from pivot_envs.domains.terminal.verifier import command_similarity
+
+        return command_similarity(_command(mine), _command(theirs))
+    return float(_look_arguments(mine, workdir) == _look_arguments(theirs, workdir))
 
 
 def files_after(result: ToolResult, state: PrefixState) -> dict[str, str]:
@@ -439,7 +478,8 @@ class EffectVerifier:
             (_, arguments), (_, expert_arguments) = _calls(pivot, action)
             commands = (_command(_arguments(arguments)), _command(_arguments(expert_arguments)))
             return self._test(pivot, result, state, commands, data, extra)
-        return self._look_around(result, expert, state, data.get("workdir", "/repo"), extra)
+        calls = _calls(pivot, action)
+        return self._look_around(result, expert, state, calls, data.get("workdir", "/repo"), extra)
 
     def _submit(self, pivot: Pivot, result: ToolResult, state: PrefixState, extra: dict[str, Any]) -> Verdict:
         if state.expert.kind != "submit":
@@ -608,7 +648,13 @@ class EffectVerifier:
         )
 
     def _look_around(
-        self, result: ToolResult, expert: ToolResult, state: PrefixState, workdir: str, extra: dict[str, Any]
+        self,
+        result: ToolResult,
+        expert: ToolResult,
+        state: PrefixState,
+        calls: tuple[tuple[str, Any], tuple[str, Any]],
+        workdir: str,
+        extra: dict[str, Any],
     ) -> Verdict:
         if not same_changes(result, expert, state):
             return Verdict(
@@ -621,13 +667,18 @@ class EffectVerifier:
         )
         share = coverage(theirs, mine)
         extra["coverage"] = round(share, 4)
-        # Printing everything would contain any expert's output: the extra lines are bounded.
-        most = self.config.output_ratio * len(theirs) + self.config.output_slack
-        if len(mine) > most:
-            detail = (
-                f"shows {len(mine)} lines where the expert's output has {len(theirs)} (at most {most:.0f})"
-            )
+        # Printing everything would contain any expert's output: the extra lines are bounded, counted
+        # over the whole outputs (lines past max_lines are not compared, but they are shown).
+        shown, expert_shown = (
+            len(output_lines(result.output, workdir, None)),
+            len(output_lines(expert.output, workdir, None)),
+        )
+        most = self.config.output_ratio * expert_shown + self.config.output_slack
+        if shown > most:
+            detail = f"shows {shown} lines where the expert's output has {expert_shown} (at most {most:.0f})"
             return Verdict(0.0, "too_much_output", detail, extra=extra)
+        if not expert_shown and not shown and not file_changes(state.before, files_after(expert, state)):
+            return self._shows_nothing(calls, workdir, extra)
         if share >= self.config.overlap:
             return Verdict(
                 1.0, "covers_expert_output", f"shows {share:.0%} of the expert's output", extra=extra
@@ -638,3 +689,25 @@ class EffectVerifier:
             f"shows {share:.0%} of the expert's output (< {self.config.overlap:.0%})",
             extra=extra,
         )
+
+    def _shows_nothing(
+        self, calls: tuple[tuple[str, Any], tuple[str, Any]], workdir: str, extra: dict[str, Any]
+    ) -> Verdict:
+        """Neither the expert's look-around nor the call shows anything (no output line as compared, no
+        changed file): matching "nothing" would reward any silent call, so the call's text decides."""
+        similarity = call_similarity(*calls, workdir)
+        extra["similarity"] = round(similarity, 4)
+        if similarity == 1.0:
+            return Verdict(
+                1.0, "same_call", "the expert's call, which shows nothing here, as the call does", extra=extra
+            )
+        if similarity >= SILENT_SIMILARITY:
+            detail = (
+                f"a near copy (similarity {similarity:.2f}) of the expert's call, which shows nothing here"
+            )
+            return Verdict(1.0, "similar_call", detail, extra=extra)
+        detail = (
+            "the expert's look-around shows nothing here (no output, no changed file), so only its call or "
+            f"a near copy scores (similarity {similarity:.2f} < {SILENT_SIMILARITY})"
+        )
+        return Verdict(0.0, "expert_shows_nothing", detail, extra=extra)

@@ -10,6 +10,10 @@ other rules): each family tries to earn a rule's reward without the effect the r
 - Test-run pivots (R6): a printed `Ran N tests ... OK` summary, the expert's test ids named but
   never run (`true ||`, `-k` filtering everything out, a shell function or a sitecustomize
   standing in for python), a runner that is not installed, a run sent to the background.
+- Look-around pivots: a call that prints nothing and changes nothing (`true`), which matched an expert
+  look-around that shows nothing (a grep with no match, `git diff` in a clean tree, a view of an
+  empty file): no bundled expert look-around shows nothing, so it scores 0 here either way;
+  tests/domains/swe/test_swe_silent_lookaround.py runs it where the expert's does.
 - Every pivot: generic and degenerate actions (empty, 50 calls, the previous call or output
   echoed, 1 MB of arguments, a submit anywhere, a look-around that prints the whole package),
   and the documented floor: printing the expert's own output at a look-around pivot.
@@ -418,6 +422,16 @@ def _background(env: SweEnv, pivot: Any) -> dict[str, Any] | None:
     return _bash(f"python3 -m unittest {ids} & exit {status}")
 
 
+# -- look-around pivots ----------------------------------------------------------------------------------
+
+
+def _silent_look_around(env: SweEnv, pivot: Any) -> dict[str, Any] | None:
+    """`true` at a look-around pivot: it shows what an expert look-around that shows nothing shows."""
+    if _kind(pivot) not in ("search", "view", "run", "other"):
+        return None
+    return _bash("true")
+
+
 # -- every pivot -----------------------------------------------------------------------------------------
 
 
@@ -505,6 +519,11 @@ FAMILIES = {
     "test_sitecustomize": Family("a sitecustomize on PYTHONPATH printing the summary", _sitecustomize),
     "test_missing_runner": Family("the expert's tests under pytest, which is not installed", _missing_runner),
     "test_background": Family("the expert's tests sent to the background, exit status forged", _background),
+    # look-around pivots
+    "silent_look_around": Family(
+        "`true` at a look-around pivot, matching an expert look-around that shows nothing",
+        _silent_look_around,
+    ),
     # generic and degenerate
     "empty": Family("an empty completion", _empty, generic=True),
     "repeated_call_x50": Family("the expert's call 50 times in one turn", _repeated_call, generic=True),
