@@ -136,6 +136,12 @@ class Channel:
             raise ServerDown(f"the command server of {name} is gone")
         if not self.connected:
             self.connect(deadline, name, alive)
+        if check is not None:
+            # Once before the command starts: a sandbox far over its disk limit runs nothing more,
+            # where a command would otherwise have CHECK_EVERY seconds to write before a check.
+            broken = check()
+            if broken:
+                raise LimitExceeded(broken)
         trailer = b"\n%s exit " % args[7].encode()
         body = b"".join(arg.encode() + b"\0" for arg in args)
         os.ftruncate(self._request, 0)
@@ -215,28 +221,77 @@ CHECK_EVERY = 0.1
 
 
 class DiskFloor:
-    """What one sandbox's disk use was when a command was last killed for it (0: none since it was
-    back under its limit): a sandbox left just over its limit by the command killed there still
-    runs the commands after it, unless they write more."""
+    """One sandbox's disk state across its commands, for `disk_check`: `bytes` is what the sandbox
+    may hold while the current command runs (0: its limit).
+
+    The check is a poll, and `fallocate` allocates gigabytes between two polls (RLIMIT_FSIZE does
+    not bound it), so a command can leave a sandbox far over its limit, and the sandbox keeps its
+    files. Over its limit, a sandbox may not grow: a command that starts with the sandbox over its
+    limit is killed at the first check that finds it larger than at that start (by more than
+    SLACK, the runner's own files), and a command that would start with it holding more than
+    `most` is not run at all. A sandbox back under its limit (a command deleted files) is checked
+    as before. What a sandbox holds is so bounded by `most` plus what one command allocates
+    before its first check, however many commands it runs.
+    """
+
+    # What a sandbox over its limit may grow by during one command: the runner's output and state files.
+    SLACK = 1 << 20
 
     def __init__(self) -> None:
         self.bytes = 0
+        # The check of the command running now: the first call of another one is that command's start.
+        self.command: Callable[[], str] | None = None
+
+    @staticmethod
+    def most(limits: SandboxLimits) -> int:
+        """The most a sandbox may hold and still start a command, in bytes: twice its disk limit, and
+        at least the limit plus one largest file, so that a sandbox a writer left over its limit (what
+        it wrote between the last check and its end) can still be cleaned up by the next command."""
+        return max(2 * limits.disk_mb, limits.disk_mb + limits.file_mb) << 20
 
 
 def disk_check(root: Path, limits: SandboxLimits, floor: DiskFloor | None = None) -> Callable[[], str]:
-    """A check for `Channel.call`: what it says when the tree at `root` holds more than
-    `limits.disk_mb` (and more than `floor`, the sandbox's use when a command was last killed for it)."""
+    """A check for `Channel.call` (before the command starts, then every CHECK_EVERY seconds): what it
+    says when the tree at `root` breaks `limits.disk_mb` or `limits.entries`, given what `floor` knows
+    of the sandbox's earlier commands (see DiskFloor)."""
     limit = limits.disk_mb * 1024 * 1024
     floor = floor if floor is not None else DiskFloor()
 
     def check() -> str:
-        used = disk_usage(root, stop_above=max(limit, floor.bytes))
+        # A command's first check, which Channel.call makes before the command starts, counts as far
+        # as the most a sandbox may hold to start one and notes what it holds then (see DiskFloor).
+        starting = floor.command is not check
+        if starting:
+            floor.command, floor.bytes = check, DiskFloor.most(limits)
+        used = disk_usage(root, stop_above=max(limit, floor.bytes), most_entries=limits.entries)
         if used <= limit:
             floor.bytes = 0
             return ""
+        if starting and used <= floor.bytes:
+            # Over its limit, not far: the command runs, and may not make the sandbox larger.
+            floor.bytes = used + DiskFloor.SLACK
+            return ""
         if used <= floor.bytes:
             return ""
+        grew = floor.bytes > limit  # it started over its limit
         floor.bytes = used
+        ending = "the command was not run" if starting else "killed"
+        if used.over == "entries":
+            return (
+                f"the sandbox holds more files, directories and links than its entry limit ({limits.entries}): "
+                f"{ending}"
+            )
+        if used.over == "depth":
+            return f"the sandbox nested its directories deeper than the host counts them: {ending}"
+        if starting:
+            return (
+                f"the sandbox holds more than {DiskFloor.most(limits) >> 20} MB, far over its disk limit "
+                f"({limits.disk_mb} MB): the command was not run"
+            )
+        if grew:
+            return (
+                f"the sandbox is over its disk limit ({limits.disk_mb} MB) and the command wrote more: killed"
+            )
         return f"the sandbox wrote more than its disk limit ({limits.disk_mb} MB): killed"
 
     return check

@@ -2,18 +2,22 @@
 uses, the files the host opens in it, and what it wrote outside its writable roots.
 
 Everything here runs as the host (often root) on a tree that commands of the sandbox may change
-while it is read, so nothing follows a link or trusts a path: directories are opened one component
-at a time with O_NOFOLLOW from a root the host made (`open_beneath`), entries are listed and
-stat'ed relative to their directory's descriptor, and files are opened O_NOFOLLOW | O_NONBLOCK and
-checked to be the regular file that was listed. A directory swapped for a link between its listing
-and its opening is skipped, never followed into the host. Reads are bounded: a manifest hashes at
-most `budget` bytes, and a file's holes are never read (`_digest`).
+while it is read, so nothing follows a link or trusts a path: a root is opened one component at a
+time with O_NOFOLLOW from a directory the host made (`open_beneath`), a walk opens each directory
+once, O_NOFOLLOW from its parent's descriptor, and checks it is the directory that was listed
+(`_entries`), entries are listed and stat'ed relative to their directory's descriptor, and files are
+opened O_NOFOLLOW | O_NONBLOCK and checked to be the regular file that was listed. A directory
+swapped for a link between its listing and its opening is skipped, never followed into the host.
+Reads are bounded: a walk holds at most MAX_DEPTH descriptors and lists nothing deeper, reads a
+directory only as far as its entry limit, a manifest hashes at most `budget` bytes, and a file's
+holes are never read (`_digest`).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -31,6 +35,15 @@ HASH_BUDGET = 4 << 30
 BLOCKWISE = 64 << 10
 _BLOCK = 64 << 10
 _ZERO_BLOCK = bytes(_BLOCK)
+# Entries of one directory a walk with a limit reads at most, beyond what the limit still allows: a
+# directory up to this size is listed in the walk's order whatever the limit, a bigger one in part.
+LISTED = 1 << 16
+# How deep a walk lists a tree: entries more than MAX_DEPTH directories below its top are left out
+# (a walk holds one descriptor per level), and `disk_usage` counts a tree holding any as over its limit.
+MAX_DEPTH = 128
+# What `disk_usage` counts an entry as at least (one block): an empty file, a directory, a link take an
+# inode of the host's filesystem, so they cost disk too.
+ENTRY_BYTES = 4096
 
 
 def open_beneath(root: str | os.PathLike | int, relative: str = "", flags: int = _DIRECTORY) -> int:
@@ -113,20 +126,63 @@ def _pread_all(descriptor: int, offset: int, length: int) -> bytes:
     return b"".join(chunks)
 
 
+class DiskUsage(int):
+    """What `disk_usage` counted, in bytes; `over` says why the walk stopped short of the whole tree:
+    "entries" (more than its `most_entries`), "depth" (entries deeper than MAX_DEPTH), or "" (none)."""
+
+    over: str
+
+    def __new__(cls, value: int, over: str = "") -> DiskUsage:
+        usage = super().__new__(cls, value)
+        usage.over = over
+        return usage
+
+
 def disk_usage(
-    root: str | os.PathLike, stop_above: int | None = None, beneath: str | os.PathLike | None = None
-) -> int:
-    """Bytes allocated under `root` (links never followed); stops counting once above `stop_above`."""
-    total = 0
+    root: str | os.PathLike,
+    stop_above: int | None = None,
+    beneath: str | os.PathLike | None = None,
+    most_entries: int | None = None,
+) -> DiskUsage:
+    """Bytes allocated under `root` (links never followed, .git directories included: what a command
+    writes there is on the host's disk too), each entry counted as at least ENTRY_BYTES; stops
+    counting once above `stop_above`.
+
+    A tree of more than `most_entries` entries, or with entries deeper than MAX_DEPTH, is not walked
+    further: the answer is then above `stop_above` (the total so far where none is given) and its
+    `over` says which ("entries", "depth"). One walk costs O(min(entries, most_entries)).
+    """
+    total, count, over = 0, 0, ""
+    deep = _Deep()
     try:
         with _opened(root, beneath) as top:
-            for _, _, info in _entries(top, None):
-                total += info.st_blocks * 512
-                if stop_above is not None and total > stop_above:
-                    break
+            walk = _entries(
+                top,
+                None if most_entries is None else most_entries + 1,
+                skip=frozenset(),
+                deep=deep,
+                ordered=False,
+            )
+            try:
+                for _, _, info in walk:
+                    count += 1
+                    if most_entries is not None and count > most_entries:
+                        over = "entries"
+                        break
+                    total += max(info.st_blocks * 512, ENTRY_BYTES)
+                    if stop_above is not None and total > stop_above:
+                        return DiskUsage(total)
+                    if deep.found:
+                        break
+            finally:
+                walk.close()
     except OSError:
-        return total
-    return total
+        return DiskUsage(total)
+    if not over and deep.found:
+        over = "depth"
+    if over and stop_above is not None:
+        total = max(total, stop_above + 1)
+    return DiskUsage(total, over)
 
 
 class KnownDigests:
@@ -209,51 +265,186 @@ class KnownDigests:
         return digest if max(mtime_ns, ctime_ns) < self.stamp_ns else None
 
 
+class _Deep:
+    """Set by a walk (`_entries`) that left out entries deeper than MAX_DEPTH."""
+
+    def __init__(self) -> None:
+        self.found = False
+
+
 def _entries(
-    top: int, limit: int | None, skip: frozenset[str] = frozenset({".git"})
+    top: int,
+    limit: int | None,
+    skip: frozenset[str] = frozenset({".git"}),
+    deep: _Deep | None = None,
+    ordered: bool = True,
 ) -> Iterator[tuple[str, int, os.stat_result]]:
     """(relative path, parent directory descriptor, lstat) of every entry under the open directory
     `top`, top-down: a directory's subdirectories (sorted) then its other entries, then each
     subdirectory's tree (os.walk's order; a link is never a directory here). Directories named in
     `skip` (relative paths; .git by default) are left out. The parent descriptor is valid until the
-    next entry is yielded."""
-    pending = [""]
+    next entry is yielded. At most `limit` entries (None: all).
+
+    Depth first, holding the descriptors of the directories along the current path: each directory
+    is opened once, from its parent's descriptor without following a link, and walked only when it
+    is still the directory its parent's listing saw (one swapped since is skipped, never followed).
+    Entries more than MAX_DEPTH directories below `top` are not listed; `deep`, when given, is told
+    when there were any. A directory is read only as far as `limit` allows (see `_listing`).
+    `ordered=False`: each directory's entries in listing order, yielded as they are read (nothing
+    but its subdirectories is kept: a walk that only counts).
+    """
     count = 0
-    while pending:
-        prefix = pending.pop()
-        try:
-            directory = open_beneath(top, prefix)
-        except OSError:  # swapped for a link or removed since it was listed: not followed
-            continue
-        try:
-            try:
-                with os.scandir(directory) as listing:
-                    entries = list(listing)
-            except OSError:
+    # One frame per directory along the current path: (descriptor, relative path + "/", the
+    # subdirectories still to walk). The frames' descriptors but `top`'s are the walk's own.
+    frames: list[tuple[int, str, Iterator[tuple[str, os.stat_result]]]] = [(top, "", iter(()))]
+    try:
+        subdirs: list[tuple[str, os.stat_result]] = []
+        for name, info in _listed(top, "", skip, limit, ordered, subdirs):
+            count += 1
+            yield name, top, info
+        frames[-1] = (top, "", iter(subdirs))
+        while frames and (limit is None or count < limit):
+            parent, prefix, pending = frames[-1]
+            following = next(pending, None)
+            if following is None:
+                frames.pop()
+                if parent != top:
+                    os.close(parent)
                 continue
-            infos = []
-            for entry in entries:
+            name, info = following
+            if len(frames) >= MAX_DEPTH:  # its entries would lie deeper than MAX_DEPTH
+                if deep is not None and not deep.found:
+                    deep.found = _holds_any(parent, name, info)
+                continue
+            directory = _open_listed(parent, name, info)
+            if directory < 0:  # swapped for a link or removed since it was listed: not followed
+                continue
+            path = f"{prefix}{name}/"
+            frames.append((directory, path, iter(())))
+            subdirs = []
+            for child, child_info in _listed(
+                directory, path, skip, None if limit is None else limit - count, ordered, subdirs
+            ):
+                count += 1
+                yield path + child, directory, child_info
+            frames[-1] = (directory, path, iter(subdirs))
+    finally:
+        for descriptor, _, _ in frames:
+            if descriptor != top:
+                os.close(descriptor)
+
+
+def _listed(
+    directory: int,
+    prefix: str,
+    skip: frozenset[str],
+    most: int | None,
+    ordered: bool,
+    subdirs: list[tuple[str, os.stat_result]],
+) -> Iterator[tuple[str, os.stat_result]]:
+    """(name, lstat) of at most `most` entries of the open `directory` (None: all), `skip`'s
+    directories left out; its subdirectories (sorted when `ordered`) are added to `subdirs`.
+    `ordered`: as `_listing` gives them; else in listing order, each yielded as it is read."""
+    if ordered:
+        listed = _listing(directory, prefix, skip, most)
+        if listed is not None:
+            subdirs += listed[0]
+            yield from itertools.chain(*listed)
+        return
+    if most is not None and most <= 0:
+        return
+    count = 0
+    try:
+        with os.scandir(directory) as listing:
+            for entry in listing:
                 try:
-                    infos.append((entry.name, entry.stat(follow_symlinks=False)))
+                    info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-            dirs = sorted(
-                (
-                    (name, info)
-                    for name, info in infos
-                    if stat.S_ISDIR(info.st_mode) and name not in skip and prefix + name not in skip
-                ),
-                key=lambda pair: pair[0],
-            )
-            others = [(name, info) for name, info in infos if not stat.S_ISDIR(info.st_mode)]
-            for name, info in [*dirs, *others]:
-                if limit is not None and count >= limit:
-                    return
+                if stat.S_ISDIR(info.st_mode):
+                    if entry.name in skip or prefix + entry.name in skip:
+                        continue
+                    subdirs.append((entry.name, info))
+                yield entry.name, info
                 count += 1
-                yield prefix + name, directory, info
-            pending.extend(f"{prefix}{name}/" for name, _ in reversed(dirs))
-        finally:
-            os.close(directory)
+                if most is not None and count >= most:
+                    return
+    except OSError:  # it cannot be listed (any more)
+        return
+
+
+def _listing(
+    directory: int, prefix: str, skip: frozenset[str], most: int | None
+) -> tuple[list[tuple[str, os.stat_result]], list[tuple[str, os.stat_result]]] | None:
+    """(subdirectories sorted by name, other entries in listing order) of the open `directory` (at
+    `prefix` under the walk's top), each with its lstat; directories named in `skip` are left out,
+    entries gone before their lstat too. None when it cannot be listed.
+
+    At most `most` of them (None: all): the first `most` of the whole directory's order as long as it
+    holds at most max(`most`, LISTED) entries; of a bigger one only that many are read (their
+    subdirectories sorted, then the rest). Only the entries kept are stat'ed (the listing's types
+    tell directories apart; an entry's lstat has the last word)."""
+    if most is not None and most <= 0:
+        return [], []
+    try:
+        with os.scandir(directory) as listing:
+            read = list(listing if most is None else itertools.islice(listing, max(most, LISTED)))
+    except OSError:
+        return None
+    dirs, others = [], []
+    for entry in read:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if not is_dir:
+            others.append(entry)
+        elif entry.name not in skip and prefix + entry.name not in skip:
+            dirs.append(entry)
+    dirs.sort(key=lambda entry: entry.name)
+    kept: tuple[list[tuple[str, os.stat_result]], list[tuple[str, os.stat_result]]] = ([], [])
+    for entry in itertools.islice(itertools.chain(dirs, others), most):
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            kept[1].append((entry.name, info))
+        elif entry.name not in skip and prefix + entry.name not in skip:
+            kept[0].append((entry.name, info))
+    kept[0].sort(key=lambda pair: pair[0])  # in order but for an entry changed since the listing
+    return kept
+
+
+def _open_listed(parent: int, name: str, listed: os.stat_result) -> int:
+    """A descriptor of the directory `name` in `parent`, opened without following a link, when it is
+    still the directory `listed` (same device and inode); -1 otherwise."""
+    try:
+        directory = os.open(name, _DIRECTORY, dir_fd=parent)
+    except OSError:
+        return -1
+    try:
+        info = os.fstat(directory)
+        if (info.st_dev, info.st_ino) == (listed.st_dev, listed.st_ino):
+            return directory
+    except OSError:
+        pass
+    os.close(directory)
+    return -1
+
+
+def _holds_any(parent: int, name: str, listed: os.stat_result) -> bool:
+    """Whether the directory `name` in `parent` (still the one `listed`) holds any entry."""
+    directory = _open_listed(parent, name, listed)
+    if directory < 0:
+        return False
+    try:
+        with os.scandir(directory) as listing:
+            return next(iter(listing), None) is not None
+    except OSError:
+        return False
+    finally:
+        os.close(directory)
 
 
 def _walk(

@@ -297,7 +297,7 @@ class PooledSandbox:
         # A foreground sandbox's commands hold the pool's background work back while they run.
         self.foreground = foreground
         self.closed = False
-        # What its disk use was when a command was last killed for it (see channel.disk_check).
+        # Its disk state across commands: what it may hold while one runs (see channel.DiskFloor).
         self._disk = DiskFloor()
 
     def run(

@@ -44,7 +44,13 @@ class SandboxLimits:
         64, "largest file a command may write in MB (RLIMIT_FSIZE): bounds disk filling and endless output"
     )
     disk_mb: int = option(
-        1024, "most a sandbox may write in all, in MB: a command over it is killed (checked every 0.1 s)"
+        1024,
+        "most a sandbox may write in all, in MB: checked before each command and every 0.1 s while it runs; "
+        "a command over it is killed, and a sandbox over it may not grow (docs/reliability.md)",
+    )
+    entries: int = option(
+        100_000,
+        "files, directories and links a sandbox's writable tree may hold: the disk check counts them, and a command past it is killed like one past disk_mb",
     )
     manifest_files: int = option(5000, "at most this many workspace entries are compared for file changes")
 

@@ -300,8 +300,9 @@ def parse_runner_output(
 
 def clear_output(root: str | os.PathLike, state: str) -> None:
     """Remove the output path in the state directory `state` under `root` unless it is a regular
-    file: a FIFO, link or directory a command left there would hold or misdirect the next
-    command's output (the runner opens it for writing). Links are never followed."""
+    file, which is emptied: a FIFO, link or directory a command left there would hold or misdirect
+    the next command's output (the runner opens it for writing), and a command the host refuses to
+    start must not show the previous one's. Links are never followed."""
     try:
         directory = open_beneath(root, state)
     except OSError:
@@ -312,6 +313,10 @@ def clear_output(root: str | os.PathLike, state: str) -> None:
             remove_directory(directory, "out")
         elif not stat.S_ISREG(info.st_mode):
             os.unlink("out", dir_fd=directory)
+        elif info.st_size:
+            os.close(
+                os.open("out", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+            )
     except OSError:
         pass
     finally:
