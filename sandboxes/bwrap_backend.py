@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import seccomp
 from .background import YIELD_AT_MOST
 from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import BWRAP_PREFIX, remove_tree
@@ -132,7 +133,9 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
         """
         d = directory
         return [
+            *seccomp.argv_prefix(seccomp.filter_file(self.root)),
             "bwrap",
+            *seccomp.bwrap_arguments(),
             "--unshare-all",
             "--die-with-parent",
             "--cap-drop",
