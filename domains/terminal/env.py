@@ -175,9 +175,19 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
     # -- sandbox management ------------------------------------------------------------------------
 
     def _send_keys(self, keys: str) -> CommandResult:
+        from pivot_envs.sandboxes.channel import disk_check
         from pivot_envs.sandboxes.shell import InteractiveShell
 
-        shell = InteractiveShell(self.sandbox.interactive_argv(), timeout=self.limits.timeout)
+        # The shell's output is cut to the output limit, and the keys' writes are held to the disk
+        # limit by the check the sandbox's commands run under: the tree the host counts is the
+        # container's upper layer (Docker; None where it cannot be read) or the sandbox's directory.
+        root = getattr(self.sandbox, "upper", None) or getattr(self.sandbox, "directory", None)
+        shell = InteractiveShell(
+            self.sandbox.interactive_argv(),
+            timeout=self.limits.timeout,
+            limits=self.limits,
+            check=disk_check(root, self.limits) if root is not None else None,
+        )
         try:
             result = shell.send_keys(keys)
             self._shell_exited = shell.exited
