@@ -167,6 +167,10 @@ class TerminalEpisodeEnv(TerminalEnv):
         except SandboxError as error:
             info.update(category="infrastructure_error", detail=f"task {self.task.id}: {error}", valid=False)
             return self._end(info, truncated=False)
+        except Exception as error:  # a bug of the env, not the action's doing: the contract's env_error
+            detail = f"task {self.task.id}: {type(error).__name__}: {error}"[:2000]
+            info.update(category="env_error", detail=detail, valid=False)
+            return self._end(info, truncated=False)
         call_id = f"call_{self.turns - 1}"
         message = canonical_message(command)
         message["tool_calls"][0]["id"] = call_id

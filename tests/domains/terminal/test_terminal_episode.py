@@ -250,3 +250,30 @@ def test_processes_an_episode_left_running_are_stopped_before_its_check(kind):
     env.close()
     assert (reward, info["valid"]) == (0.0, True), info
     assert "No such file" in info["check"]["output"]
+
+
+def test_an_exception_of_the_envs_own_code_ends_the_episode_as_env_error_not_out_of_step(
+    has_bwrap, monkeypatch
+):
+    """`step` never raises on an action (docs/env-contract.md): a RecursionError once came out of a sandbox's
+    run, and out of the episode's step with it."""
+    env = TerminalEpisodeEnv(sandbox="bwrap")
+    env.reset(options={"task": "count-error-lines"})
+
+    def broken(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(env.sandbox, "run", broken)
+    _, reward, terminated, truncated, info = env.step(bash("ls"))
+    assert (reward, terminated, truncated, info["category"], info["valid"]) == (
+        0.0,
+        True,
+        False,
+        "env_error",
+        False,
+    )
+    assert "RecursionError" in info["detail"]
+    monkeypatch.undo()
+    steps = play(env, "count-error-lines", [bash(c) for c in TASKS["count-error-lines"].expert] + ["Done."])
+    assert steps[-1][1] == 1.0
+    env.close()
