@@ -9,13 +9,13 @@ process that is gone (or, with `all_owners`, any) has its sandboxes removed by `
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import uuid
 from pathlib import Path
 
 from . import cgroups
 from .available import docker_available
+from .trees import remove_tree
 
 LABEL = "pivot-envs"
 OWNER_LABEL = "pivot-envs.owner"
@@ -44,29 +44,6 @@ def remove_owned(owner: str, root: Path | None) -> None:
         pass
     if root is not None:
         remove_tree(root)
-
-
-def remove_tree(path: str | os.PathLike, background: tuple[str, ...] = ()) -> None:
-    """Remove a directory a sandbox's commands may have filled, however deep: `rm -rf` in a process of its
-    own (shutil.rmtree recurses once per level and raises RecursionError past about a thousand; in this
-    process it would also hold the GIL), prefixed by `background` (e.g. `nice -n 19`); shutil.rmtree only
-    where `rm` fails to start, and never raising."""
-    import subprocess
-
-    try:
-        done = (
-            subprocess.run(
-                [*background, "rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True
-            ).returncode
-            == 0
-        )
-    except OSError:
-        done = False
-    if not done and os.path.lexists(path):
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-        except RecursionError:
-            pass
 
 
 def remove_labelled(client, owner: str | None = None, include_base: bool = False) -> tuple[int, int]:

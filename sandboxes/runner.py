@@ -26,6 +26,7 @@ from .protocol import (
     SandboxLimits,
     command_problem,
 )
+from .trees import remove_tree
 
 # Where the runner keeps the shell state and the last output, inside every sandbox; outside the
 # workspace, so it never shows up as a changed file.
@@ -327,22 +328,10 @@ REMOVE_SECONDS = 60  # the most a removal of a tree a command left may take
 
 
 def remove_directory(parent: int, name: str) -> None:
-    """Remove the directory `name` in the open directory `parent`, however deep, without following a link.
-
-    `rm -rf` walks any depth (shutil.rmtree recurses once per level: a 1,100-deep chain raised
-    RecursionError); it runs in a process of its own, reaching the directory through the inherited
-    descriptor (/proc/self/fd), so no path component a command could swap for a link is resolved."""
-    import subprocess
-
-    try:
-        subprocess.run(
-            ["rm", "-rf", "--one-file-system", "--", f"/proc/self/fd/{parent}/{name}"],
-            pass_fds=(parent,),
-            capture_output=True,
-            timeout=REMOVE_SECONDS,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    """Remove the directory `name` in the open directory `parent`, however deep, without following a
+    link: cleanup.remove_tree reaching it through the inherited descriptor (/proc/self/fd), so no path
+    component a command could swap for a link is resolved."""
+    remove_tree(f"/proc/self/fd/{parent}/{name}", pass_fds=(parent,), timeout=REMOVE_SECONDS)
 
 
 def result_from_files(
