@@ -1,6 +1,11 @@
 """Trees a command left that are deeper than Python recurses: the host removes them with `rm -rf` (shutil.rmtree
 recursed once per level and raised RecursionError past about a thousand), so the sandbox answers its next
-command, and closing or cleaning up never raises. Every sandbox test runs on both backends."""
+command, and closing or cleaning up never raises. Every sandbox test runs on both backends.
+
+Inside a sandbox a command is killed once its directories nest deeper than the host counts them
+(manifest.MAX_DEPTH), at about 150 levels here, so the end-to-end test below shows the kill and the removal
+of what was left; the depths past Python's recursion, which a faster command could reach before the host
+looks, are tested on the host's removal itself (the last two tests)."""
 
 from __future__ import annotations
 
@@ -9,17 +14,19 @@ import os
 from pivot_envs.sandboxes.cleanup import remove_tree
 from pivot_envs.sandboxes.runner import clear_output
 
-# One mkdir of a 2,200-character path: the chain exists before any check of the host can stop the command.
+# One `mkdir -p` of a 1,100-level path, at the output path the runner writes.
 DEEP_OUTPUT = (
     "rm -f /.pivot/out; mkdir /.pivot/out; cd /.pivot/out && mkdir -p $(printf 'd/%.0s' $(seq 1100))"
 )
 
 
-def test_an_output_path_replaced_by_a_directory_deeper_than_python_recurses_is_removed(sandbox):
-    """The runner removes whatever is at the output path before the next command; a 1,100-deep chain there
-    made every later command of the sandbox raise RecursionError."""
+def test_an_output_path_replaced_by_a_deep_chain_is_killed_and_removed(sandbox):
+    """The command is killed when its chain passes the depth the host counts; the runner removes whatever is
+    at the output path before the next command, so the sandbox answers (a sandbox left deeper than the
+    host counts runs nothing more)."""
     first = sandbox.run(DEEP_OUTPUT)
     assert "not a file" in first.output
+    assert "deeper than the host counts" in first.output
     for _ in range(2):
         assert sandbox.run("echo next").output == "next\n"
 
