@@ -96,6 +96,7 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
     def _own_resources(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"{BWRAP_PREFIX}{os.getpid()}-", dir=self._parent))
         self.root.chmod(0o755)
+        self._seccomp = seccomp.filter_file(self.root)  # written once; every start opens it
         self._servers: set[BwrapServer] = set()
         # A backend that is never closed still kills its sandboxes and removes its directories
         # when collected or at exit.
@@ -133,7 +134,7 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
         """
         d = directory
         return [
-            *seccomp.argv_prefix(seccomp.filter_file(self.root)),
+            *seccomp.argv_prefix(self._seccomp),
             "bwrap",
             *seccomp.bwrap_arguments(),
             "--unshare-all",
