@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from . import seccomp
 from .available import docker_sdk
 from .channel import Channel, LimitExceeded, ServerDown, ServerTimeout, disk_check
 from .cleanup import DOCKER_PREFIX, LABEL, OWNER_LABEL, owner_id, remove_labelled, remove_owned, remove_tree
@@ -96,7 +97,8 @@ class DockerBackend(PooledBackend["DockerSandbox"]):
             with self._lock:
                 self._channels.add(channel)
             volumes = {str(channel.directory): {"bind": CHANNEL_DIR, "mode": "ro"}}
-            command = ["bash", "-c", SERVER]
+            # under the fallocate filter (seccomp.py): the server's commands inherit it
+            command = seccomp.container_command(["bash", "-c", SERVER])
         # create, not run: run pulls an image it does not find (a released snapshot is not in any registry).
         container = None
         try:

@@ -1,4 +1,4 @@
-"""A seccomp filter for bubblewrap sandboxes: `fallocate(2)` fails with EOPNOTSUPP.
+"""A seccomp filter for the sandboxes: `fallocate(2)` fails with EOPNOTSUPP.
 
 The disk limit (`SandboxLimits.disk_mb`) is a poll of the sandbox's tree every 0.1 s. `fallocate`
 reserves blocks without writing them: inside bubblewrap it allocated 2.5 GB in 15-21 ms, and with
@@ -13,6 +13,12 @@ nothing is denied.
 `argv_prefix(path)` is the argv that hands it to bwrap: bwrap takes the filter from a descriptor
 (`--seccomp FD`), which a `sh` that opens the file and `exec`s bwrap passes on (so that every way
 bwrap is started, a Popen or a pty, passes it alike).
+
+Docker applies its own default profile, which allows `fallocate`. `container_command(argv)` starts a
+container's command server under this filter as well (filters stack; the container runs with
+no-new-privileges, so an unprivileged process may add one): the image's `python3` installs it with
+prctl(2) and `exec`s the server, whose commands inherit it. An image without `python3` (and ctypes)
+runs the server without it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,42 @@ def filter_file(directory: Path) -> Path:
         partial.chmod(0o644)
         partial.replace(path)
     return path
+
+
+# Run by the image's python3 as `python3 -c INSTALLER PROGRAM_HEX ARGV...`: install the filter, put back the
+# signal dispositions Python's start-up ignores (an ignored signal stays ignored across exec, and bash cannot
+# trap one ignored at its start: `yes | head` would not end by SIGPIPE), then exec ARGV.
+INSTALLER = r"""
+import os, signal, sys
+
+for name in ("SIGPIPE", "SIGXFSZ"):
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
+try:
+    import ctypes
+except ImportError:  # a Python without ctypes: the server runs without the filter
+    os.execvp(sys.argv[2], sys.argv[2:])
+
+class Program(ctypes.Structure):
+    _fields_ = [("length", ctypes.c_ushort), ("instructions", ctypes.c_void_p)]
+
+code = bytes.fromhex(sys.argv[1])
+buffer = ctypes.create_string_buffer(code, len(code))
+program = Program(len(code) // 8, ctypes.addressof(buffer))
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+# PR_SET_NO_NEW_PRIVS (38), then PR_SET_SECCOMP (22) with SECCOMP_MODE_FILTER (2)
+if prctl(38, 1, None, 0, 0) or prctl(22, 2, ctypes.addressof(program), 0, 0):
+    sys.exit("pivot-envs: the seccomp filter was refused: " + os.strerror(ctypes.get_errno()))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def container_command(argv: list[str]) -> list[str]:
+    """A container's command that runs `argv` under the filter where the image has python3 with ctypes, and
+    `argv` as it is where it has not (a filter the kernel refuses ends the command: nothing starts
+    unfiltered on a host whose image could install it)."""
+    script = 'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$0" "$@"; fi; shift; exec "$@"'
+    return ["sh", "-c", script, INSTALLER, program().hex(), *argv]
 
 
 def argv_prefix(path: Path) -> list[str]:

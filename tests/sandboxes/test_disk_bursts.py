@@ -1,6 +1,6 @@
 """The disk limit against bursts (boundary audit F7): the limit is a poll (every CHECK_EVERY
 seconds), so one command gets past the limit before a check (by what it writes in 0.1 s; with
-`fallocate`, which bubblewrap's seccomp filter refuses and Docker allows, by gigabytes); the
+`fallocate`, which both backends' seccomp filter now refuses, it was gigabytes); the
 sandbox keeps its files. A sandbox over its limit may not grow further, so what it holds stays
 bounded by one burst however many commands follow. Both backends (the `backend` and `sandbox`
 fixtures)."""

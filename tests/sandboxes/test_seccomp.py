@@ -1,15 +1,15 @@
-"""The bubblewrap sandboxes' seccomp filter (sandboxes/seccomp.py): fallocate fails, so nothing allocates disk
+"""The sandboxes' seccomp filter (sandboxes/seccomp.py): fallocate fails, so nothing allocates disk
 faster than it writes. Between two polls of the disk limit (0.1 s) fallocate reserved gigabytes, and with
 FALLOC_FL_KEEP_SIZE past the file-size limit too (a 54 ms command left 1 GB at disk_mb=20)."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
 
-from pivot_envs.sandboxes import SandboxLimits, seccomp
-from pivot_envs.sandboxes.bwrap_backend import BwrapBackend
+from pivot_envs.sandboxes import seccomp
 
 X86_64, I386, AARCH64, RISCV64 = 0xC000003E, 0x40000003, 0xC00000B7, 0xC00000F3
 
@@ -46,12 +46,12 @@ def test_the_filter_denies_fallocate_and_allows_the_rest(architecture, fallocate
     assert run_filter(program, RISCV64, fallocate) == 0x7FFF0000
 
 
-def test_in_a_sandbox_fallocate_fails_and_posix_fallocate_writes_within_the_file_size_limit(
-    has_bwrap, tmp_path
-):
-    backend = BwrapBackend(has_bwrap, SandboxLimits(timeout=10.0, disk_mb=20, file_mb=16))
+def test_in_a_sandbox_fallocate_fails_and_posix_fallocate_writes_within_the_file_size_limit(backend):
+    """On both backends: bubblewrap takes the filter from a descriptor, a Docker container's command server
+    installs it over Docker's own profile (seccomp.container_command), and every command inherits it."""
+    backend.limits = dataclasses.replace(backend.limits, timeout=10.0, disk_mb=20, file_mb=16)
+    sandbox = backend.new_sandbox("/app")
     try:
-        sandbox = backend.new_sandbox("/app")
         result = sandbox.run("fallocate -l 1G a; echo $?; touch b; fallocate -n -l 1G b; echo $?; du -sk a b")
         lines = result.output.splitlines()
         assert lines[1] == "1" and lines[3] == "1" and "not supported" in lines[0], result.output
@@ -64,4 +64,24 @@ def test_in_a_sandbox_fallocate_fails_and_posix_fallocate_writes_within_the_file
         )
         assert result.output.splitlines()[-1] in {"16", "15"} and "refused 27" in result.output, result.output
     finally:
-        backend.close()
+        sandbox.close()
+
+
+def test_commands_under_the_filter_ignore_no_signal(sandbox):
+    """Python ignores SIGPIPE and SIGXFSZ at its start and an ignored signal stays ignored across exec, where
+    bash cannot trap it again: the Docker server's installer puts them back, so a pipeline ends as on the
+    host (`yes | head` by SIGPIPE, 141) and no command starts with a signal ignored."""
+    result = sandbox.run("yes | head -1; echo ${PIPESTATUS[0]}; grep SigIgn /proc/self/status")
+    assert result.output.splitlines() == ["y", "141", "SigIgn:\t0000000000000000"], result.output
+
+
+def test_an_image_without_python_runs_the_server_as_it_is(tmp_path):
+    """The container command execs its argv unchanged where python3 is missing (a user's minimal image)."""
+    import subprocess
+
+    command = seccomp.container_command(["sh", "-c", "echo ran $0", "unfiltered"])
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    (empty / "sh").symlink_to("/bin/sh")
+    result = subprocess.run(command, capture_output=True, text=True, env={"PATH": str(empty)})
+    assert result.stdout == "ran unfiltered\n", result.stderr
