@@ -251,7 +251,7 @@ class BwrapBackend(PooledBackend["BwrapSandbox"]):
         digests = self._once(
             snapshot, lambda: file_digests(Path(snapshot.ref) / "work", self.limits.manifest_files)
         )
-        return directory, KnownDigests.of_copy(directory / "work", digests)
+        return directory, KnownDigests.of_copy(directory / "work", digests, self.limits.manifest_files)
 
     def _make(self, snapshot: Snapshot) -> BwrapSandbox:
         """A copy of the snapshot's tree with its server started (not yet handed out)."""

@@ -206,10 +206,14 @@ class KnownDigests:
         self.stamp_ns: int | None = None
 
     @classmethod
-    def of_copy(cls, root: str | os.PathLike, digests: dict[str, tuple[int, int, str]]) -> KnownDigests:
-        """The digests of `root`, a copy (mtimes kept) of a tree whose files `file_digests` hashed."""
+    def of_copy(
+        cls, root: str | os.PathLike, digests: dict[str, tuple[int, int, str]], limit: int = 5000
+    ) -> KnownDigests:
+        """The digests of `root`, a copy (mtimes kept) of a tree whose files `file_digests` hashed with the
+        same entry `limit`: the walk is ordered, so the copy's first `limit` entries are the ones hashed
+        and no later entry can have a digest (a copy is read no further than its snapshot was)."""
         known: dict[str, tuple[int, int, int, int, str]] = {}
-        for relative, _, info in _walk(root, None):
+        for relative, _, info in _walk(root, limit):
             if stat.S_ISREG(info.st_mode):
                 size_mtime_digest = digests.get(relative)
                 if size_mtime_digest is not None and size_mtime_digest[:2] == (
@@ -602,15 +606,28 @@ def parse_manifest(text: str, marker: str) -> dict[str, str]:
     return entries
 
 
-def writes_outside(upper: str | os.PathLike, allowed: list[str], limit: int = 50) -> list[str]:
+OUTSIDE_ENTRIES = 10_000  # the most entries of a writable layer walked outside the writable roots
+
+
+def writes_outside(
+    upper: str | os.PathLike, allowed: list[str], limit: int = 50, most_entries: int = OUTSIDE_ENTRIES
+) -> list[str]:
     """Absolute paths an overlay's writable layer `upper` holds outside the `allowed` roots: files,
     links and removals (whiteouts) a container's commands made there; directories only copied up
-    for a file below them are not listed. Sorted, at most `limit`."""
+    for a file below them are not listed. Sorted, at most `limit`. The walk reads at most
+    `most_entries` entries outside the roots (the copied-up directories of a few writes are a handful):
+    a layer with more, however many are directories, is itself a write outside, listed as the path
+    "/[more than N entries outside the writable roots]"."""
     roots = frozenset(root.strip("/") for root in allowed if root.strip("/"))
     found: list[str] = []
+    walked = 0
     try:
         with _opened(upper) as top:
-            for relative, _, info in _entries(top, None, skip=roots):
+            for relative, _, info in _entries(top, most_entries + 1, skip=roots):
+                walked += 1
+                if walked > most_entries:
+                    found.append(f"/[more than {most_entries} entries outside the writable roots]")
+                    break
                 if relative in roots or stat.S_ISDIR(info.st_mode):
                     continue
                 found.append("/" + relative)

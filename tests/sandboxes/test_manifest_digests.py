@@ -152,3 +152,27 @@ def test_a_bubblewrap_fork_reports_a_same_size_rewrite_whose_mtime_a_command_put
         }
         left_alone.close()
         rewritten.close()
+
+
+def test_a_copy_is_read_no_further_than_its_snapshot_was_hashed(tmp_path, monkeypatch):
+    """of_copy walks the copy with the entry limit file_digests hashed the snapshot with: 5,000 more files
+    cost it nothing, and the files it keeps are the same."""
+    snapshot, fork = tmp_path / "snapshot", tmp_path / "fork"
+    make_tree(snapshot)
+    (snapshot / "zz").mkdir()
+    for index in range(5000):
+        (snapshot / "zz" / f"f{index}").write_text("")
+    digests = file_digests(snapshot, limit=10)
+    shutil.copytree(snapshot, fork, symlinks=True)
+    listed = []
+    real = manifest_module._listed
+
+    def counted(directory, prefix, *rest):
+        for entry in real(directory, prefix, *rest):
+            listed.append(prefix + entry[0])
+            yield entry
+
+    monkeypatch.setattr(manifest_module, "_listed", counted)
+    known = KnownDigests.of_copy(fork, digests, limit=10)
+    assert len(listed) <= 10
+    assert set(known.files) == set(digests) and {"pkg/mod.py", "README"} <= set(known.files)

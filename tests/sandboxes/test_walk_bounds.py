@@ -143,6 +143,29 @@ def test_the_manifest_of_an_ordinary_tree_is_unchanged(tmp_path):
     assert list(manifest(tree, limit=4)) == ["a", "b", "top.txt", "a/c"]
 
 
+def test_a_writable_layer_flooded_outside_the_roots_is_walked_a_bounded_way_and_listed(scratch, monkeypatch):
+    """Docker's `system_writes` walks the container's writable layer outside the writable roots: 20,000
+    directories there (which it never lists) were all walked; the walk stops at OUTSIDE_ENTRIES and the
+    flood is itself reported as a write outside."""
+    (scratch / "app").mkdir()
+    make_empty_files(scratch / "app", 100)  # inside a root: not walked
+    (scratch / "var").mkdir()
+    descriptor = os.open(scratch / "var", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for index in range(20_000):
+            os.mkdir(f"d{index}", dir_fd=descriptor)
+    finally:
+        os.close(descriptor)
+    (scratch / "zz").mkdir()
+    (scratch / "zz" / "evil").write_text("")
+    counts = counted_listings(monkeypatch)
+    found = manifest_module.writes_outside(scratch, ["/app"], most_entries=5000)
+    assert found == ["/[more than 5000 entries outside the writable roots]"]
+    assert counts["stat"] <= 5001  # (a listing is read up to manifest.LISTED entries; only these are stat'ed)
+    # under the bound the file is listed, as before
+    assert manifest_module.writes_outside(scratch, ["/app"], most_entries=30_000) == ["/zz/evil"]
+
+
 def test_empty_files_cost_the_disk_limit_a_block_each(scratch):
     make_empty_files(scratch, 200_000)
     assert disk_usage(scratch) >= 200_000 * ENTRY_BYTES
