@@ -19,6 +19,7 @@ import errno
 import hashlib
 import itertools
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -588,22 +589,36 @@ def _blockwise_digest(descriptor: int, size: int, budget: _Budget) -> str:
 
 
 def parse_manifest(text: str, marker: str) -> dict[str, str]:
-    """The manifest the runner printed after the line "<marker> manifest" (`find` listing, then md5sums)."""
+    """The manifest the runner printed after the line "<marker> manifest": the `find` listing as
+    NUL-separated pairs ("type mode ./path", link target), then md5sum's lines.
+
+    A file name may hold any byte but NUL: a newline-separated listing let a file named
+    "README\\nd 755 ./build" forge the entry of a directory nobody made. md5sum escapes such names (the
+    line starts with a backslash; \\n, \\r and \\\\ in the name), which is undone here."""
     listing, _, digests = text.partition(f"{marker} digests\n")
+    listing = listing.partition(f"{marker} manifest\n")[2]
+    fields = listing.split("\0")
     entries: dict[str, str] = {}
-    for line in listing.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[0] not in "fdlps" or len(parts[0]) != 1:
+    for head, target in zip(fields[0::2], fields[1::2]):  # an unpaired last field was cut: left out
+        parts = head.split(" ", 2)
+        if len(parts) != 3 or len(parts[0]) != 1 or parts[0] not in "fdlps":
             continue
-        kind, mode, rest = parts
-        path, _, target = rest.rpartition(" -> ")
+        kind, mode, path = parts
         entries[path.removeprefix("./")] = f"{kind} {mode}" + (f" -> {target}" if kind == "l" else "")
-    for line in digests.splitlines():
-        digest, _, path = line.partition("  ")
+    for line in digests.split("\n"):
+        escaped = line.startswith("\\")
+        digest, _, path = line[escaped:].partition("  ")
+        if escaped:
+            path = _unescaped(path)
         path = path.removeprefix("./")
-        if path in entries:
+        if path in entries and entries[path].startswith("f "):
             entries[path] += f" {digest}"
     return entries
+
+
+def _unescaped(name: str) -> str:
+    """A file name as md5sum escaped it (\\\\, \\n and \\r) back as it was."""
+    return re.sub(r"\\(.)", lambda match: {"n": "\n", "r": "\r"}.get(match[1], match[1]), name)
 
 
 OUTSIDE_ENTRIES = 10_000  # the most entries of a writable layer walked outside the writable roots

@@ -109,7 +109,7 @@ half=$(( $3 / 2 ))
 if [ "$size" -gt "$3" ]; then head -c "$half" /.pivot/out; tail -c "$half" /.pivot/out; else cat /.pivot/out; fi
 if [ -n "$9" ] && cd "$9" 2>/dev/null; then
   printf '\n%s manifest\n' "$8"
-  timeout -s KILL 10 find . -mindepth 1 -name .git -prune -o -printf '%y %m %p -> %l\n' 2>/dev/null | head -n "${10}"
+  timeout -s KILL 10 find . -mindepth 1 -name .git -prune -o -printf '%y %m %p\0%l\0' 2>/dev/null | head -z -n "$(( ${10} * 2 ))"
   printf '%s digests\n' "$8"
   timeout -s KILL 10 find . -name .git -prune -o -type f -print0 2>/dev/null | head -z -n "${10}" | xargs -0 -r md5sum 2>/dev/null
   size=0

@@ -193,3 +193,31 @@ def test_docker_reports_through_the_channel_where_its_files_cannot_be_read_from_
     shell = sandbox.run("export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)", files=True).shell
     assert "bytes of output cut" in shell and shell.endswith("cd -- /tmp\n")
     backend.close()
+
+
+# Names a newline-separated listing misread: a directory whose name ends in a newline and "d 755 ." holding
+# `build` forged the entry of a directory `build` nobody made; " -> " in a name, a backslash, a link whose
+# target holds a newline.
+HOSTILE_NAMES = (
+    "cd /app && echo readme > README && mkdir \"$(printf 'README\\nd 755 .')\""
+    " && touch \"$(printf 'README\\nd 755 .')/build\" 'a -> b' 'back\\slash' && ln -s \"$(printf 'x\\ny')\" link"
+)
+
+
+def test_docker_reports_the_manifest_the_host_reads_whatever_the_names(has_docker):
+    """Where the runner prints the manifest (a remote daemon), it lists with NUL separators and md5sum's
+    escapes are undone: the same entries as the host's own walk; before, a file `build` in a directory named
+    "README\\nd 755 ." made a `build` directory appear (the effect of `mkdir build`)."""
+    from pivot_envs.domains.terminal.image import image_tag
+    from pivot_envs.sandboxes.docker_backend import DockerBackend
+
+    backend = DockerBackend(warm_pool=0)
+    try:
+        read, printed = (backend.create(image_tag(), "/app") for _ in range(2))
+        printed.merged = None
+        files = [sandbox.run(HOSTILE_NAMES, files=True).files for sandbox in (read, printed)]
+        assert files[1] == files[0], files
+        assert "build" not in files[1] and "README\nd 755 ./build" in files[1], files[1]
+        assert files[1]["link"] == "l 777 -> x\ny" and files[1]["back\\slash"].startswith("f 644 ")
+    finally:
+        backend.close()
