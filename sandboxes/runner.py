@@ -329,7 +329,7 @@ REMOVE_SECONDS = 60  # the most a removal of a tree a command left may take
 
 def remove_directory(parent: int, name: str) -> None:
     """Remove the directory `name` in the open directory `parent`, however deep, without following a
-    link: cleanup.remove_tree reaching it through the inherited descriptor (/proc/self/fd), so no path
+    link: trees.remove_tree reaching it through the inherited descriptor (/proc/self/fd), so no path
     component a command could swap for a link is resolved."""
     remove_tree(f"/proc/self/fd/{parent}/{name}", pass_fds=(parent,), timeout=REMOVE_SECONDS)
 

@@ -82,7 +82,7 @@ def filter_file(directory: Path) -> Path:
     return path
 
 
-# Run by the image's python3 as `python3 -c INSTALLER PROGRAM_HEX ARGV...`: install the filter, put back the
+# Run by the image's python3 as `python3 -I -S -c INSTALLER PROGRAM_HEX ARGV...`: install the filter, put back the
 # signal dispositions Python's start-up ignores (an ignored signal stays ignored across exec, and bash cannot
 # trap one ignored at its start: `yes | head` would not end by SIGPIPE), then exec ARGV.
 INSTALLER = r"""
@@ -114,7 +114,10 @@ def container_command(argv: list[str]) -> list[str]:
     """A container's command that runs `argv` under the filter where the image has python3 with ctypes, and
     `argv` as it is where it has not (a filter the kernel refuses ends the command: nothing starts
     unfiltered on a host whose image could install it)."""
-    script = 'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$0" "$@"; fi; shift; exec "$@"'
+    # -I -S: no user site, no PYTHON* variables, no site module (nothing of the image's own Python set-up runs)
+    script = (
+        'if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; fi; shift; exec "$@"'
+    )
     return ["sh", "-c", script, INSTALLER, program().hex(), *argv]
 
 
