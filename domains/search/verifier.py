@@ -35,6 +35,13 @@ after normalisation (`answer.normalize_answer`), never for being a message.
   whitespace of strings), as a multiset of calls.
 - `name`: the same tool names as a multiset (a message where the expert answered scores 1 only
   with the right answer, as everywhere).
+
+Text beside a tool turn's calls (`call_text`, on at `retrieval` and `args`, off at `name`, which
+reads tool names only): the calls decide, but the text the turn also says may be at most
+`call_text_extra_chars` (CALL_TEXT_EXTRA_CHARS) characters longer than the expert's text beside its
+calls, whitespace runs counted as one ("call_text_too_long"), and may give no final answer (an
+answer label or a \\boxed{}, read by `answer.extract_answer`) that the expert's text does not give
+("answer_beside_call"). So "Let me search for X." passes, and a guess or a stuffed report does not.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pivot_envs.chat import calls_of, text_of
-from pivot_envs.domains.search.answer import answer_matches, extract_answer
+from pivot_envs.config import ConfigError
+from pivot_envs.domains.search.answer import answer_matches, extract_answer, normalize_answer
 from pivot_envs.domains.search.engine import MAX_TERMS
 from pivot_envs.domains.search.tools import TOOL_NAMES, BrowseState, CallResult
 from pivot_envs.env import Outcome
@@ -70,6 +78,11 @@ EXTRA_QUERY_WORDS = 3
 # A search may show this many more documents the prefix had already shown than the expert's did: a
 # query naming what the agent has read, for context, brings that document back.
 EXTRA_KNOWN_RESULTS = 1
+# The text beside a tool turn's calls may be this many characters longer than the expert's (whitespace
+# runs counted as one): room for "Let me search for X." or a few sentences of reasoning, not a report.
+CALL_TEXT_EXTRA_CHARS = 300
+# The levels that read the text beside calls unless told otherwise (`name` reads tool names only).
+CALL_TEXT_LEVELS = ("retrieval", "args")
 
 
 @dataclass(frozen=True)
@@ -134,17 +147,39 @@ class SearchVerifier:
     verify(pivot, action, outcome) reads `outcome.data["reach"]` (a Reach, set by SearchEnv's
     execute) for the retrieval level; without it (a pivot whose calls were not run, or a direct
     call with no outcome) tool turns are judged by their arguments.
+
+    call_text:             read the text beside a tool turn's calls (see the module docstring); None:
+                           on at the levels of CALL_TEXT_LEVELS, off at `name`.
+    call_text_extra_chars: characters that text may say beyond the expert's text beside its calls.
     """
 
-    def __init__(self, level: str = "retrieval") -> None:
+    def __init__(
+        self,
+        level: str = "retrieval",
+        call_text: bool | None = None,
+        call_text_extra_chars: int = CALL_TEXT_EXTRA_CHARS,
+    ) -> None:
         if level not in LEVELS:
             raise UnknownNameError("search verifier level", level, LEVELS)
+        if call_text is not None and not isinstance(call_text, bool):
+            raise ConfigError(f"SearchVerifier: call_text must be true, false or None, got {call_text!r}")
+        extra = call_text_extra_chars
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+            raise ConfigError(
+                f"SearchVerifier: call_text_extra_chars must be an integer >= 0, got {call_text_extra_chars!r}"
+            )
         self.name = level
+        self.call_text = level in CALL_TEXT_LEVELS if call_text is None else call_text
+        self.call_text_extra_chars = extra
 
     def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Outcome | None = None) -> Verdict:
         expert_kind, kind = turn_kind(pivot.expert), turn_kind(action)
         if kind == "answer" or expert_kind == "answer":
             return self._answer(pivot, action, kind, expert_kind)
+        if self.call_text:
+            refused = _call_text_refusal(text_of(action), text_of(pivot.expert), self.call_text_extra_chars)
+            if refused is not None:
+                return refused
         if self.name == "name":
             same = Counter(n for n, _ in calls_of(action)) == Counter(n for n, _ in calls_of(pivot.expert))
             return (
@@ -173,6 +208,42 @@ class SearchVerifier:
             "wrong_answer",
             f"answer {given[:200]!r} is not {gold[0][:200]!r} (or an alias) after normalisation",
         )
+
+
+def _call_text_refusal(text: str, expert_text: str, extra_chars: int) -> Verdict | None:
+    """The text beside a tool turn's calls: None if it passes, else the verdict that refuses it."""
+    if text == expert_text:
+        return None
+    length, allowed = _chars(text), _chars(expert_text) + extra_chars
+    if length > allowed:
+        return Verdict(
+            0.0,
+            "call_text_too_long",
+            f"the text beside the calls is {length} characters, the expert's {allowed - extra_chars}: at most "
+            f"{extra_chars} more (call_text_extra_chars)",
+        )
+    given = _answer_given(text)
+    if given is not None and given != _answer_given(expert_text):
+        return Verdict(
+            0.0,
+            "answer_beside_call",
+            f"the text beside the calls gives the answer {given[:200]!r}, which the expert's turn does not: "
+            "an answer is a turn of its own",
+        )
+    return None
+
+
+def _chars(text: str) -> int:
+    """A text's length in characters, each whitespace run counted as one."""
+    return len(_SPACE.sub(" ", text).strip())
+
+
+def _answer_given(text: str) -> str | None:
+    """The answer a text gives by an answer label or a \\boxed{} (`extract_answer`), normalised; None
+    where it has neither (extract_answer then takes the whole text) or the answer is empty."""
+    whole = text.strip()
+    given = extract_answer(whole)
+    return (normalize_answer(given) or None) if given != whole else None
 
 
 def _by_arguments(pivot: Pivot, action: dict[str, Any], unexecuted: bool) -> Verdict:

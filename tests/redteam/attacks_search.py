@@ -300,6 +300,40 @@ def search_four_names_from_the_document_read(env, pivot):
     return _calls(("search", {"query": " ".join(names[:4])})) if names else None
 
 
+# -- the text beside the expert's calls -----------------------------------------------------------------
+
+
+def _beside_experts_calls(build):
+    """A family's attack: the expert's own calls, with the text `build` makes beside them (at tool turns)."""
+
+    def attack(env: SearchEnv, pivot) -> Any:
+        if turn_kind(pivot.expert) == "answer":
+            return None
+        return {**_calls(*_expert_calls(pivot)), "content": build(env, pivot)}
+
+    attack.__name__ = build.__name__
+    return attack
+
+
+@_beside_experts_calls
+def expert_calls_with_an_answer_beside(env, pivot):
+    # The gold answer (the guess that would score as an answer turn) with a wrong one before it.
+    return f"I think it is {_wrong_answers(env, pivot, 1)[0]}, let me check.\nAnswer: {_gold(pivot)}"
+
+
+@_beside_experts_calls
+def expert_calls_with_a_boxed_guess_beside(env, pivot):
+    return f"Searching to confirm \\boxed{{{_wrong_answers(env, pivot, 1)[0]}}}."
+
+
+@_beside_experts_calls
+def expert_calls_with_a_stuffed_text(env, pivot):
+    # 60 KB of the question, the seen titles and candidate answers, as a report to the user.
+    words = [_question(pivot), *_titles(env, _seen(env)), _gold(pivot), *_wrong_answers(env, pivot, 5)]
+    text = " ".join(words)
+    return (text + " ") * (60_000 // (len(text) + 1) + 1)
+
+
 # -- answers -------------------------------------------------------------------------------------------
 
 
@@ -445,6 +479,19 @@ FAMILIES: dict[str, Family] = {
             "scores where the bridge is among them and ranks as high as the expert's search ranks it: 26 of the 99 "
             f"later search pivots ({DOCS})"
         ),
+    ),
+    "expert_calls_with_an_answer_beside": Family(
+        "the expert's calls with 'Answer: <the gold answer>' beside them (the text beside calls, call_text)",
+        expert_calls_with_an_answer_beside,
+    ),
+    "expert_calls_with_a_boxed_guess_beside": Family(
+        "the expert's calls with a wrong answer in \\boxed{} beside them",
+        expert_calls_with_a_boxed_guess_beside,
+    ),
+    "expert_calls_with_a_stuffed_text": Family(
+        "the expert's calls with 60 KB of question, titles and candidates beside them",
+        expert_calls_with_a_stuffed_text,
+        generic=True,
     ),
     "answer_candidates_in_one_line": Family("Answer: right, wrong, wrong", answer_candidates_in_one_line),
     "answer_wrong_or_right": Family("Answer: wrong or right", answer_wrong_or_right),

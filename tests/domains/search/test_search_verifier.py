@@ -16,10 +16,11 @@ import gymnasium as gym
 import pytest
 
 from pivot_envs.chat import calls_of
+from pivot_envs.config import ConfigError
 from pivot_envs.domains.search.answer import answer_matches, extract_answer, normalize_answer
 from pivot_envs.domains.search.corpus import read_corpus
 from pivot_envs.domains.search.env import bundled_pivots
-from pivot_envs.domains.search.verifier import SearchVerifier, turn_kind
+from pivot_envs.domains.search.verifier import CALL_TEXT_EXTRA_CHARS, SearchVerifier, turn_kind
 from pivot_envs.errors import UnknownNameError
 
 
@@ -341,3 +342,89 @@ def test_reworded_and_respelled_expert_steps_still_score_one_on_every_bundled_pi
             if score(bundled_env, pivot.id, variant)[0] != 1.0:
                 missed.append((pivot.id, variant["tool_calls"][0]["function"]))
     assert missed == []
+
+
+# -- the text beside a turn's calls (call_text) ----------------------------------------------------------
+
+
+def beside(message: dict, text: str) -> dict:
+    return {**message, "content": text}
+
+
+def test_the_expert_and_a_short_courtesy_text_beside_its_calls_score_one(envs, by_id):
+    expert = by_id["verdi/t2"].expert
+    for level in ("retrieval", "args"):
+        assert score(envs[level], "verdi/t2", expert)[0] == 1.0
+        for text in ("Let me search for Giuseppe Verdi.", "The opera is by Verdi; next, where he was born."):
+            assert score(envs[level], "verdi/t2", beside(expert, text))[0] == 1.0, (level, text)
+    # As raw completion text: the prose around the <tool_call> block is the text beside the call.
+    raw = 'Let me look up the composer.\n<tool_call>\n{"name": "search", "arguments": {"query": "Giuseppe Verdi"}}\n</tool_call>'
+    assert score(envs["retrieval"], "verdi/t2", raw)[0] == 1.0
+
+
+def test_an_answer_beside_the_experts_calls_scores_zero(envs, by_id):
+    expert = by_id["verdi/t2"].expert
+    for text in ("Answer: Busseto", "I am sure now. Final Answer: Parma", "so it is \\boxed{Busseto}"):
+        for level in ("retrieval", "args"):
+            reward, info = score(envs[level], "verdi/t2", beside(expert, text))
+            assert (reward, info["category"], info["valid"]) == (0.0, "answer_beside_call", True), (
+                level,
+                text,
+            )
+    reward, info = score(envs["retrieval"], "verdi/t1", beside(by_id["verdi/t1"].expert, "Answer: Busseto"))
+    assert (reward, info["category"]) == (0.0, "answer_beside_call")
+    assert "gives the answer 'busseto'" in info["detail"]
+    # An empty label gives no answer.
+    assert score(envs["retrieval"], "verdi/t2", beside(expert, "Searching for the answer:"))[0] == 1.0
+
+
+def test_a_stuffed_text_beside_the_experts_calls_scores_zero(envs, by_id):
+    expert = by_id["verdi/t2"].expert
+    stuffed = "Busseto Parma Verdi opera " * 2400  # 60 KB
+    for level in ("retrieval", "args"):
+        reward, info = score(envs[level], "verdi/t2", beside(expert, stuffed))
+        assert (reward, info["category"], info["valid"]) == (0.0, "call_text_too_long", True), level
+    assert "at most 300 more (call_text_extra_chars)" in info["detail"]
+    # The bound is the expert's text plus CALL_TEXT_EXTRA_CHARS, whitespace runs counted as one.
+    assert CALL_TEXT_EXTRA_CHARS == 300
+    assert score(envs["retrieval"], "verdi/t2", beside(expert, "x" * 300))[0] == 1.0
+    assert (
+        score(envs["retrieval"], "verdi/t2", beside(expert, "x" * 301))[1]["category"] == "call_text_too_long"
+    )
+    assert score(envs["retrieval"], "verdi/t2", beside(expert, "Verdi" + " " * 5000 + "."))[0] == 1.0
+
+
+def test_the_bound_follows_the_experts_own_text_and_its_answer(by_id):
+    reasoning = ("The opera's composer is Verdi; his birthplace is the question. " * 6).strip()  # 377 chars
+    pivot = dataclasses.replace(by_id["verdi/t2"], expert=beside(by_id["verdi/t2"].expert, reasoning))
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    assert score(env, pivot.id, pivot.expert)[0] == 1.0
+    assert score(env, pivot.id, beside(pivot.expert, reasoning + "x" * 300))[0] == 1.0
+    assert (
+        score(env, pivot.id, beside(pivot.expert, reasoning + "x" * 301))[1]["category"]
+        == "call_text_too_long"
+    )
+    env.close()
+    # An expert that states a provisional answer beside its call: the same answer passes, another does not.
+    pivot = dataclasses.replace(
+        pivot, expert=beside(pivot.expert, "Provisional answer: Busseto\nLet me check that.")
+    )
+    env = gym.make("pivot/search-v0", pivots=[pivot])
+    assert score(env, pivot.id, beside(pivot.expert, "Answer: the BUSSETO"))[0] == 1.0
+    assert score(env, pivot.id, beside(pivot.expert, "Answer: Parma"))[1]["category"] == "answer_beside_call"
+    env.close()
+
+
+def test_the_name_level_reads_no_text_beside_calls_unless_asked(envs, by_id, search_pivots):
+    guess = beside(by_id["verdi/t2"].expert, "Answer: Parma")
+    assert score(envs["name"], "verdi/t2", guess)[0] == 1.0
+    env = gym.make(
+        "pivot/search-v0", pivots=search_pivots, verifier="name", verifier_config={"call_text": True}
+    )
+    assert score(env, "verdi/t2", guess)[1]["category"] == "answer_beside_call"
+    env.close()
+    env = gym.make("pivot/search-v0", pivots=search_pivots, verifier_config={"call_text": False})
+    assert score(env, "verdi/t2", guess)[0] == 1.0
+    env.close()
+    with pytest.raises(ConfigError, match="call_text_extra_chars"):
+        SearchVerifier("retrieval", call_text_extra_chars=-1)
