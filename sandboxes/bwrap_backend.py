@@ -37,8 +37,8 @@ from .processes import (
     drop_privileges,
     hard_limits,
     host_environment,
+    process_limit,
     sandbox_cgroup,
-    user_process_count,
 )
 from .protocol import CommandResult, SandboxError, SandboxLimits, Snapshot
 from .runner import (
@@ -327,7 +327,7 @@ class BwrapSandbox(PooledSandbox):
     def _run(self, command: str, timeout: float | None, files: bool, clean: bool) -> CommandResult:
         limits = self.owner.limits
         timeout = limits.timeout if timeout is None else timeout
-        nproc = user_process_count(NOBODY if self.owner._drop else os.getuid()) + limits.processes
+        nproc = process_limit(limits, NOBODY if self.owner._drop else os.getuid())
         args = runner_argv(
             command,
             None,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
+import re
 import shutil
 import subprocess
 import time
@@ -150,6 +152,30 @@ def child_pids(pid: int) -> list[int]:
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+@functools.lru_cache(maxsize=1)
+def nproc_per_namespace() -> bool:
+    """Whether the kernel counts RLIMIT_NPROC per user namespace (Linux 5.14 and later, where the
+    count lives in the namespace's ucounts): each sandbox is a user namespace of its own, so its
+    limit then counts its own processes alone, not those of every sandbox of the same host user."""
+    found = re.match(r"(\d+)\.(\d+)", platform.release())
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)
+
+
+def process_limit(limits: SandboxLimits, uid: int) -> int:
+    """The RLIMIT_NPROC each command of a sandbox runs under (the runner's `ulimit -u`).
+
+    Where the kernel counts per user namespace: a fixed ceiling on the sandbox's own processes,
+    `processes` + the infrastructure's (as its cgroup's), which whatever earlier commands left
+    running counts against. It used to be `processes` above the count of `uid`'s processes when
+    the command started, so what each command left running raised the next one's limit: without a
+    cgroup, 20 commands of a sandbox with processes=64 left 1,000 processes. Older kernels count
+    every process of `uid` on the host (every sandbox's): there the limit stays `processes` above
+    that count, and only a cgroup bounds what commands leave running."""
+    if nproc_per_namespace():
+        return limits.processes + cgroups.INFRASTRUCTURE_PROCESSES
+    return user_process_count(uid) + limits.processes
 
 
 _COUNTS: dict[int, tuple[float, int]] = {}

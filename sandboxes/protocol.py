@@ -38,7 +38,7 @@ class SandboxLimits:
     cpu_seconds: int = option(60, "CPU time per process in seconds (RLIMIT_CPU)")
     processes: int = option(
         128,
-        "process-count limit (Docker pids limit; bubblewrap: the sandbox's cgroup when run as root, plus RLIMIT_NPROC above the current count)",
+        "process-count limit (Docker pids limit; bubblewrap: the sandbox's cgroup when run as root, plus RLIMIT_NPROC, a fixed ceiling per sandbox on Linux 5.14 and later)",
     )
     file_mb: int = option(
         64, "largest file a command may write in MB (RLIMIT_FSIZE): bounds disk filling and endless output"
