@@ -2,9 +2,9 @@
 recursed once per level and raised RecursionError past about a thousand), so the sandbox answers its next
 command, and closing or cleaning up never raises. Every sandbox test runs on both backends.
 
-Inside a sandbox a command is killed once its directories nest deeper than the host counts them
-(manifest.MAX_DEPTH), at about 150 levels here, so the end-to-end test below shows the kill and the removal
-of what was left; the depths past Python's recursion, which a faster command could reach before the host
+Inside a sandbox a command is killed once a disk check (every 0.1 s) sees its directories nest deeper than
+the host counts them (manifest.MAX_DEPTH), at about 150 levels here, so the end-to-end test below mostly
+shows the kill and the removal of what was left; the depths past Python's recursion, which a faster command could reach before the host
 looks, are tested on the host's removal itself (the last two tests)."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ DEEP_OUTPUT = (
 
 
 def test_an_output_path_replaced_by_a_deep_chain_is_killed_and_removed(sandbox):
-    """The command is killed when its chain passes the depth the host counts; the runner removes whatever is
-    at the output path before the next command, so the sandbox answers (a sandbox left deeper than the
-    host counts runs nothing more)."""
+    """The command is killed when a disk check sees its chain past the depth the host counts (or ends first,
+    on a quick machine, with the whole chain made); the runner removes whatever is at the output path before
+    the next command, so the sandbox answers (a sandbox left deeper than the host counts runs nothing more)."""
     first = sandbox.run(DEEP_OUTPUT)
     assert "not a file" in first.output
-    assert "deeper than the host counts" in first.output
+    assert first.exit_code == 0 or "deeper than the host counts" in first.output, first.output
     for _ in range(2):
         assert sandbox.run("echo next").output == "next\n"
 

@@ -31,7 +31,8 @@ def test_runner_output_is_decoded_with_exit_code_and_cut_marker():
 
 def test_runner_report_carries_the_shell_state_last_and_cut_with_its_size():
     limits = SandboxLimits(output_bytes=10)
-    raw = b'MARK 0 2\nok\nMARK manifest\nf 644 ./a.txt -> \nMARK digests\nd41d8  ./a.txt\nMARK shell 23\ndeclare -x A="1"\ncd -- /app\n'
+    # the listing: NUL-separated ("type mode ./path", link target) pairs
+    raw = b'MARK 0 2\nok\nMARK manifest\nf 644 ./a.txt\0\0MARK digests\nd41d8  ./a.txt\nMARK shell 23\ndeclare -x A="1"\ncd -- /app\n'
     result = parse_runner_output(raw, "cmd", "MARK", limits, timeout=5, seconds=0.1)
     assert result.files == {"a.txt": "f 644 d41d8"}
     assert result.shell == 'declare -x A="1"\ncd -- /app\n'
