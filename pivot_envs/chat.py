@@ -99,7 +99,9 @@ def text_of(message: dict[str, Any]) -> str:
     """An assistant message's text content, trimmed ("" when there is none)."""
     content = message.get("content")
     if isinstance(content, list):  # content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        content = "".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return content.strip() if isinstance(content, str) else ""
 
 

@@ -61,7 +61,12 @@ from pivot_envs.domains.search.tools import TOOL_NAMES, BrowseState, CallResult
 from pivot_envs.env import Outcome
 from pivot_envs.errors import UnknownNameError
 from pivot_envs.pivot import Pivot
-from pivot_envs.verifiers import Verdict
+from pivot_envs.verifiers import (
+    CALL_TEXT_EXTRA_CHARS,
+    Verdict,
+    check_call_text_extra_chars,
+    text_beside_calls_too_long,
+)
 
 LEVELS = ("retrieval", "args", "name")
 # What an action of each kind is called in a verdict's detail.
@@ -78,9 +83,8 @@ EXTRA_QUERY_WORDS = 3
 # A search may show this many more documents the prefix had already shown than the expert's did: a
 # query naming what the agent has read, for context, brings that document back.
 EXTRA_KNOWN_RESULTS = 1
-# The text beside a tool turn's calls may be this many characters longer than the expert's (whitespace
-# runs counted as one): room for "Let me search for X." or a few sentences of reasoning, not a report.
-CALL_TEXT_EXTRA_CHARS = 300
+# The text beside a tool turn's calls may be CALL_TEXT_EXTRA_CHARS (300) characters longer than the
+# expert's, whitespace runs counted as one (pivot_envs.verifiers, the rule the terminal and SWE share).
 # The levels that read the text beside calls unless told otherwise (`name` reads tool names only).
 CALL_TEXT_LEVELS = ("retrieval", "args")
 
@@ -163,11 +167,7 @@ class SearchVerifier:
             raise UnknownNameError("search verifier level", level, LEVELS)
         if call_text is not None and not isinstance(call_text, bool):
             raise ConfigError(f"SearchVerifier: call_text must be true, false or None, got {call_text!r}")
-        extra = call_text_extra_chars
-        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
-            raise ConfigError(
-                f"SearchVerifier: call_text_extra_chars must be an integer >= 0, got {call_text_extra_chars!r}"
-            )
+        extra = check_call_text_extra_chars("SearchVerifier", call_text_extra_chars)
         self.name = level
         self.call_text = level in CALL_TEXT_LEVELS if call_text is None else call_text
         self.call_text_extra_chars = extra
@@ -214,14 +214,9 @@ def _call_text_refusal(text: str, expert_text: str, extra_chars: int) -> Verdict
     """The text beside a tool turn's calls: None if it passes, else the verdict that refuses it."""
     if text == expert_text:
         return None
-    length, allowed = _chars(text), _chars(expert_text) + extra_chars
-    if length > allowed:
-        return Verdict(
-            0.0,
-            "call_text_too_long",
-            f"the text beside the calls is {length} characters, the expert's {allowed - extra_chars}: at most "
-            f"{extra_chars} more (call_text_extra_chars)",
-        )
+    too_long = text_beside_calls_too_long(text, expert_text, extra_chars)
+    if too_long is not None:
+        return too_long
     given = _answer_given(text)
     if given is not None and given != _answer_given(expert_text):
         return Verdict(
@@ -231,11 +226,6 @@ def _call_text_refusal(text: str, expert_text: str, extra_chars: int) -> Verdict
             "an answer is a turn of its own",
         )
     return None
-
-
-def _chars(text: str) -> int:
-    """A text's length in characters, each whitespace run counted as one."""
-    return len(_SPACE.sub(" ", text).strip())
 
 
 def _answer_given(text: str) -> str | None:

@@ -10,6 +10,9 @@ blocks (reasoning in `<think>...</think>` is dropped) or a bare JSON call. Argum
 valid JSON are kept as their text: the call then runs and the tool answers "invalid_arguments",
 as a harness would. Anything else has no call: "no_tool_call" (text only), "multiple_calls",
 "unparseable" (a block that is not JSON, a call without a name).
+
+`text_beside` is what a turn says beside its call (prose around the block, a message's content): not
+part of the canonical form, it is handed to the verifier apart (`call_text`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import re
 from typing import Any
 
-from pivot_envs.chat import assistant_message, tool_call
+from pivot_envs.chat import assistant_message, text_of, tool_call
 from pivot_envs.env import ParsedAction
 
 from .tools import canonical_name
@@ -95,6 +98,32 @@ def _calls(action: Any) -> list[tuple[Any, Any]]:
     raise ValueError(f"an action must be text or a message dict, got {type(action).__name__}")
 
 
+def text_beside(action: Any) -> str:
+    """What an action says beside its call, which the canonical form drops and the effect verifier bounds
+    (`call_text`): a message's content beside its tool calls, or the completion text outside its
+    `<tool_call>` blocks; reasoning in `<think>...</think>` (or all before a lone `</think>`) is not
+    counted, as the parser drops it. "" for a bare JSON call, a Responses API `function_call` item or an
+    action of no text."""
+    if isinstance(action, dict):
+        if action.get("type") == "function_call":
+            return ""
+        content = text_of(action)
+        if action.get("tool_calls"):
+            return _without_think(content).strip()
+        action = content
+    if not isinstance(action, str):
+        return ""
+    text = _without_think(action)
+    if not _BLOCK.search(text) and text.strip().startswith("{"):
+        return ""  # a bare JSON call (or prose starting with a brace, which calls nothing)
+    return _BLOCK.sub("", text).strip()
+
+
+def _without_think(text: str) -> str:
+    text = _THINK.sub("", text)
+    return text.rsplit("</think>", 1)[1] if "</think>" in text else text
+
+
 def _name_and_arguments(call: Any, index: int) -> tuple[Any, Any]:
     function = call.get("function", call) if isinstance(call, dict) else None
     if not isinstance(function, dict):
@@ -104,9 +133,7 @@ def _name_and_arguments(call: Any, index: int) -> tuple[Any, Any]:
 
 
 def _calls_in_text(text: str) -> list[tuple[Any, Any]]:
-    text = _THINK.sub("", text)
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
+    text = _without_think(text)
     blocks = _BLOCK.findall(text)
     stripped = text.strip()
     if not blocks and stripped.startswith("{"):

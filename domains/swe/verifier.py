@@ -54,6 +54,15 @@
       any other silent call                                                -> 0, "expert_shows_nothing".
   A pivot that was not executed (an external trace without its repository image) is scored at
   the `nemo` level instead, and the verdict says so (extra["level"] = "nemo").
+  Before all of these, the text the turn says beside its call (`call_text`, on by default: a message's
+  content beside its tool call, or the completion text outside its `<tool_call>` block; `parse.text_beside`,
+  reasoning in `<think>` not counted) may be at most `call_text_extra_chars` (300) characters longer
+  than the expert's, whitespace runs counted as one (`pivot_envs.verifiers.text_beside_calls_too_long`,
+  search's and the terminal's rule)                                     -> else 0, "call_text_too_long".
+  The call decides; the text beside it is bounded, not read for meaning: "Let me look at the tests."
+  passes, 60 KB of report beside the expert's call does not, and a short false claim ("Done. All 57
+  tests pass.") does (docs/swe.md, "What this verifier cannot tell apart"). The `name`, `kind` and
+  `nemo` levels (the paper's and NeMo-Gym's scorers) read the call only.
 
 The reward is binary (as in the paper); `extra` holds the comparisons.
 """
@@ -66,14 +75,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, option
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
 from pivot_envs.sandboxes import SandboxError, file_changes
-from pivot_envs.verifiers import Verdict
+from pivot_envs.verifiers import (
+    CALL_TEXT_EXTRA_CHARS,
+    Verdict,
+    check_call_text_extra_chars,
+    text_beside_calls_too_long,
+)
 
 from .effects import changed_test_files, edit_effect, run_tests
-from .parse import call_of
+from .parse import call_of, text_beside
 from .prefix import PrefixState, task_tests
 from .testruns import named_tests, plain_test_run
 from .tools import ToolResult, action_kind, canonical_name
@@ -363,6 +377,10 @@ class EffectConfig:
     output_slack: int = option(
         50, "lines a look-around's output may hold beyond output_ratio times the expert's"
     )
+    call_text: bool = option(True, "bound the text beside the call by the expert's text beside its call")
+    call_text_extra_chars: int = option(
+        CALL_TEXT_EXTRA_CHARS, "characters the text beside the call may say beyond the expert's"
+    )
 
 
 def output_lines(text: str, workdir: str, max_lines: int | None) -> list[str]:
@@ -448,12 +466,29 @@ class EffectVerifier:
         run_tests: bool = True,
         output_ratio: float = 3.0,
         output_slack: int = 50,
+        call_text: bool = True,
+        call_text_extra_chars: int = CALL_TEXT_EXTRA_CHARS,
     ) -> None:
-        self.config = EffectConfig(overlap, max_lines, run_tests, output_ratio, output_slack)
+        if not isinstance(call_text, bool):
+            raise ConfigError(f"EffectVerifier: call_text must be true or false, got {call_text!r}")
+        extra_chars = check_call_text_extra_chars("EffectVerifier", call_text_extra_chars)
+        self.config = EffectConfig(
+            overlap, max_lines, run_tests, output_ratio, output_slack, call_text, extra_chars
+        )
         self.fallback = NemoVerifier()
 
     def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Any = None) -> Verdict:
         data = outcome.data if isinstance(outcome, Outcome) else {}
+        if self.config.call_text:
+            # The env hands over the text its canonical form drops; a direct call's message holds its own.
+            text, expert_text = data.get("call_text"), data.get("expert_call_text")
+            refused = text_beside_calls_too_long(
+                text_beside(action) if text is None else text,
+                text_beside(pivot.expert) if expert_text is None else expert_text,
+                self.config.call_text_extra_chars,
+            )
+            if refused is not None:
+                return refused
         if not data.get("executed", False):
             verdict = self.fallback.verify(pivot, action)
             why = data.get("reason", "the action was not executed")

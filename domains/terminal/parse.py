@@ -19,6 +19,9 @@ Anything else parses to no command, with a category: "no_command", "multiple_com
 (a NUL byte or a lone surrogate: it cannot cross into the sandbox intact, see
 `pivot_envs.sandboxes.protocol.command_problem`).
 
+`text_beside` is what an action says beside its command (prose around the block, a message's
+content): not part of the canonical form, it is handed to the verifier apart (`call_text`).
+
 `shell_tokens` splits a command into tokens as bash reads it, for comparing commands by text.
 """
 
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pivot_envs.chat import assistant_message, parse_arguments, tool_call
+from pivot_envs.chat import assistant_message, parse_arguments, text_of, tool_call
 from pivot_envs.env import ParsedAction
 from pivot_envs.sandboxes.protocol import command_problem
 
@@ -212,6 +215,60 @@ def _from_terminus(text: str) -> Command | None:
             None, "incomplete_command", "keystrokes that do not end with a newline do not run a command"
         )
     return Command("".join(keys))
+
+
+# -- the text beside the command ----------------------------------------------------------------------
+
+_THINK = re.compile(r"<think>.*?</think>", re.S)
+
+
+def text_beside(action: Any) -> str:
+    """What an action says beside its command, which the canonical form drops and the functional verifier
+    bounds (`call_text`): a message's content beside its tool call, or the completion text outside its
+    `<tool_call>` block or ```bash block; in Terminus JSON, every string but the keystrokes (analysis,
+    plan). Reasoning in `<think>...</think>` (or all before a lone `</think>`) is not counted; "" for a
+    Responses API `function_call` item or an action of no text."""
+    if isinstance(action, dict):
+        if action.get("type") == "function_call":
+            return ""
+        content = text_of(action)
+        if action.get("tool_calls"):
+            return _without_think(content)
+        action = content
+    if not isinstance(action, str):
+        return ""
+    stripped = action.strip()
+    if _HERMES.search(stripped):
+        return _without_think(_HERMES.sub("", stripped))
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and ("keystrokes" in data or isinstance(data.get("commands"), list)):
+            return "\n".join(_strings_but_keystrokes(data))
+    return _without_think(_FENCE.sub("", stripped, count=1))
+
+
+def _without_think(text: str) -> str:
+    text = _THINK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    return text.strip()
+
+
+def _strings_but_keystrokes(value: Any) -> list[str]:
+    """Every string in a JSON value but the values of "keystrokes" keys (walked without recursion)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed([inner for key, inner in item.items() if key != "keystrokes"]))
+    return found
 
 
 # -- bash's tokens, for comparing commands by text -----------------------------------------------------

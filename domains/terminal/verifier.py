@@ -3,6 +3,14 @@
 Rules, applied in order to a parsed command (an unparseable action already scored 0 with its
 category before reaching here):
 
+T. The text the action says beside its command (`call_text`, on by default: a message's content beside
+   its tool call, the completion text outside its ```bash or `<tool_call>` block, a Terminus JSON's
+   analysis and plan; `parse.text_beside`, reasoning in `<think>` not counted) is more than
+   `call_text_extra_chars` (300) characters longer than the expert's, whitespace runs counted as one
+   (`pivot_envs.verifiers.text_beside_calls_too_long`, search's rule) -> 0, "call_text_too_long". The
+   command decides; the text beside it is bounded, not read for meaning: "Let me list the files." passes,
+   60 KB of report beside the expert's command does not, and a short false claim ("Done, all tests
+   pass.") does (docs/terminal.md, "What this verifier cannot tell apart").
 0. The command exited 2 and `bash -n` rejects it                    -> 0, "malformed_command".
 1. The sampled command hit the hard timeout                         -> 0, "timed_out".
 2. The same bash tokens as the expert's command (`shell_tokens`: spacing, quoting that cannot change
@@ -41,13 +49,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pivot_envs.config import option
+from pivot_envs.config import ConfigError, option
 from pivot_envs.env import Outcome
 from pivot_envs.pivot import Pivot
 from pivot_envs.sandboxes import CommandResult, file_changes
-from pivot_envs.verifiers import Verdict
+from pivot_envs.verifiers import (
+    CALL_TEXT_EXTRA_CHARS,
+    Verdict,
+    check_call_text_extra_chars,
+    text_beside_calls_too_long,
+)
 
-from .parse import Token, command_of_message, shell_tokens, syntax_error
+from .parse import Token, command_of_message, shell_tokens, syntax_error, text_beside
 
 Judge = Callable[[Pivot, dict[str, Any], Any], "float | bool"]
 
@@ -62,6 +75,12 @@ class TerminalVerifierConfig:
         "only in what the expert's command does not repeat",
     )
     compare_files: bool = option(True, "require the same workspace file changes for effect equivalence")
+    call_text: bool = option(
+        True, "bound the text beside the command by the expert's text beside its command (rule T)"
+    )
+    call_text_extra_chars: int = option(
+        CALL_TEXT_EXTRA_CHARS, "characters the text beside the command may say beyond the expert's"
+    )
 
 
 def command_tokens(command: str) -> list[Token]:
@@ -219,16 +238,36 @@ class TerminalVerifier:
     name = "functional"
 
     def __init__(
-        self, similarity_threshold: float = 0.95, compare_files: bool = True, judge: Judge | None = None
+        self,
+        similarity_threshold: float = 0.95,
+        compare_files: bool = True,
+        judge: Judge | None = None,
+        call_text: bool = True,
+        call_text_extra_chars: int = CALL_TEXT_EXTRA_CHARS,
     ) -> None:
+        if not isinstance(call_text, bool):
+            raise ConfigError(f"TerminalVerifier: call_text must be true or false, got {call_text!r}")
         self.similarity_threshold = similarity_threshold
         self.compare_files = compare_files
         self.judge = judge
+        self.call_text = call_text
+        self.call_text_extra_chars = check_call_text_extra_chars("TerminalVerifier", call_text_extra_chars)
 
     def verify(self, pivot: Pivot, action: dict[str, Any], outcome: Outcome | None = None) -> Verdict:
         command = command_of_message(action) or ""
         expert = command_of_message(pivot.expert) or ""
         data = outcome.data if isinstance(outcome, Outcome) else {}
+        if self.call_text:
+            # The env hands over the text its canonical form drops; a direct call's message holds its own.
+            text = data.get("call_text")
+            expert_text = data.get("expert_call_text")
+            refused = text_beside_calls_too_long(
+                text_beside(action) if text is None else text,
+                text_beside(pivot.expert) if expert_text is None else expert_text,
+                self.call_text_extra_chars,
+            )
+            if refused is not None:
+                return refused
         if data.get("executed", True) is False:
             return self._unexecuted(pivot, action, outcome, command, expert, data)
         sample: CommandResult | None = data.get("result")

@@ -10,6 +10,9 @@ expert command's effect, plus generic and degenerate actions.
   printed again, the expert's command run after a function of its name that prints its output.
 - Commands that end badly: a hang past the time limit, `kill -9 $$`.
 - Generic: empty, fifty calls, the previous message echoed, 1 MB of prose, a 1 MB command, bare JSON.
+- Text beside the expert's command (`call_text`): 60 KB of report beside its tool call or around its
+  ```bash block (0), and a short false claim beside it (the documented floor: the text is bounded, not
+  read for meaning).
 
 A family builds its action from the pivot (the expert's command, the prefix) or, for the printing
 families, from the expert's recorded effect at the pivot (`expert_effect`): an oracle a policy never
@@ -206,6 +209,31 @@ def stuffed_command(env: Any, pivot: Any) -> dict[str, Any]:
     return bash(f"{expert(pivot)}\n: {'x' * 1_000_000}")
 
 
+# A report stuffed beside the right command, about 60 KB (the size the tool-use and search audits used).
+STUFFED_KB = 60_000
+CLAIM = "Done. All 57 tests pass and the fix is deployed."
+
+
+def _report(pivot: Any) -> str:
+    line = f"I ran {expert(pivot)} and checked its output: the task is complete and verified. "
+    return line * (STUFFED_KB // len(line) + 1)
+
+
+def expert_call_with_a_stuffed_text(env: Any, pivot: Any) -> dict[str, Any]:
+    """The expert's bash call with 60 KB of report as the message's content beside it."""
+    return {**bash(expert(pivot)), "content": _report(pivot)}
+
+
+def expert_block_with_a_stuffed_text(env: Any, pivot: Any) -> str:
+    """The expert's command in a ```bash block with 60 KB of report around it (completion text)."""
+    return f"{_report(pivot)}\n```bash\n{expert(pivot)}\n```\n{_report(pivot)}"
+
+
+def expert_call_with_a_short_claim(env: Any, pivot: Any) -> dict[str, Any]:
+    """The expert's bash call with one short false claim beside it."""
+    return {**bash(expert(pivot)), "content": CLAIM}
+
+
 def json_of(env: Any, pivot: Any) -> str:
     """The expert's call as JSON text in an unsupported shape (no tool-call wrapper)."""
     return json.dumps({"command": expert(pivot)})
@@ -275,4 +303,19 @@ FAMILIES = {
         generic=True,
     ),
     "json_without_call": Family("the expert's command as bare JSON {command: ...}", json_of, generic=True),
+    # Text beside the expert's command (call_text).
+    "expert_call_with_a_stuffed_text": Family(
+        expert_call_with_a_stuffed_text.__doc__, expert_call_with_a_stuffed_text, generic=True
+    ),
+    "expert_block_with_a_stuffed_text": Family(
+        expert_block_with_a_stuffed_text.__doc__, expert_block_with_a_stuffed_text, generic=True
+    ),
+    "expert_call_with_a_short_claim": Family(
+        expert_call_with_a_short_claim.__doc__,
+        expert_call_with_a_short_claim,
+        floor=1.0,
+        why_floor="the command decides; the text beside it is bounded (at most call_text_extra_chars, 300, "
+        "characters beyond the expert's) but not read for meaning: a short false claim beside the expert's "
+        f"command keeps its reward (114 of 114 bundled pivots) and earns nothing the command did not ({FLOOR_DOC})",
+    ),
 }

@@ -169,3 +169,75 @@ def test_test_ids_are_normalised_across_runners():
         "tests.test_ops.MeanTests"
     }
     assert named_tests("python3 -m unittest") == {"*"}
+
+
+# -- the text beside the call (call_text) --------------------------------------------------------------
+
+STUFFED = "The bug is fixed and every test passes. " * 1500  # 60 KB
+
+
+def with_text(message: dict, text: str) -> dict:
+    return {**message, "content": text}
+
+
+def test_the_expert_and_a_short_courtesy_text_beside_its_call_score_one_and_60_kb_does_not(env):
+    for pivot_id in ("calc-mean/t0", "calc-mean/t2", "calc-mean/t3"):
+        env.reset(options={"pivot": pivot_id})
+        expert = env.pivot.expert
+        _, reward, _, _, info = env.step(expert)
+        assert reward == 1.0, info
+        env.reset(options={"pivot": pivot_id})
+        _, reward, _, _, info = env.step(with_text(expert, "Let me look at that."))
+        assert reward == 1.0, info
+        env.reset(options={"pivot": pivot_id})
+        _, reward, _, _, info = env.step(with_text(expert, STUFFED))
+        assert (reward, info["category"], info["valid"]) == (0.0, "call_text_too_long", True)
+        assert "at most 300 more (call_text_extra_chars)" in info["detail"]
+
+
+def unexecuted(calc_repo, expert_text: str | None = None):
+    """calc-mean/t0 as a pivot whose repository is not here (scored at the nemo level, no sandbox)."""
+    pivot = calc_pivot(calc_repo, 0, executable=False, not_executable_reason="test")
+    return dataclasses.replace(pivot, expert=with_text(pivot.expert, expert_text))
+
+
+def step(env: SweEnv, action) -> tuple[float, str]:
+    env.reset(options={"pivot": "calc-mean/t0"})
+    _, reward, _, _, info = env.step(action)
+    return reward, info["category"]
+
+
+def test_the_text_around_a_tool_call_block_is_read_and_reasoning_is_not(calc_repo):
+    made = SweEnv([unexecuted(calc_repo)])
+    block = '<tool_call>{"name": "bash", "arguments": {"command": "grep -rn \'def mean\' --include=*.py ."}}</tool_call>'
+    assert step(made, made.pivots[0].expert) == (1.0, "nemo_match")
+    assert step(made, f"Let me find mean.\n{block}") == (1.0, "nemo_match")
+    assert step(made, f"{STUFFED}\n{block}") == (0.0, "call_text_too_long")
+    assert step(made, f"<think>{STUFFED}</think>\n{block}") == (1.0, "nemo_match")
+    made.close()
+    off = SweEnv([unexecuted(calc_repo)], verifier_config={"call_text": False})
+    assert step(off, f"{STUFFED}\n{block}") == (1.0, "nemo_match")
+    off.close()
+
+
+def test_the_bound_follows_the_experts_own_text_beside_its_call(calc_repo):
+    said = (
+        "THOUGHT: the mean is off by one; I will find where it is defined before reading it. " * 8
+    ).strip()
+    made = SweEnv([unexecuted(calc_repo, said)])
+    assert made.pivots[0].expert["content"] is None  # the canonical form drops it; the env keeps it aside
+    assert step(made, unexecuted(calc_repo, said).expert) == (1.0, "nemo_match")
+    call = made.pivots[0].expert
+    assert step(made, with_text(call, said + "\n\n " + "x" * 299)) == (1.0, "nemo_match")
+    assert step(made, with_text(call, said + " " + "x" * 300)) == (0.0, "call_text_too_long")
+    made.close()
+
+
+def test_the_effect_verifiers_call_text_options_are_checked():
+    from pivot_envs.config import ConfigError
+    from pivot_envs.domains.swe import EffectVerifier
+
+    with pytest.raises(ConfigError, match="call_text_extra_chars"):
+        EffectVerifier(call_text_extra_chars=-1)
+    with pytest.raises(ConfigError, match="call_text"):
+        EffectVerifier(call_text=1)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
 
+from pivot_envs.config import ConfigError
 from pivot_envs.domains.terminal.parse import canonical_message
 from pivot_envs.domains.terminal.verifier import TerminalVerifier, command_similarity
 from pivot_envs.env import Outcome
@@ -38,8 +40,9 @@ def repo(has_bwrap):
     backend.close()
 
 
-def verdict(prefix, expert: str, sampled: str, repeat: bool = True, **options):
-    """The verdict on `sampled` at a pivot whose expert ran `expert` (twice, as the prefix cache runs it)."""
+def verdict(prefix, expert: str, sampled: str, repeat: bool = True, text: str | None = None, **options):
+    """The verdict on `sampled` at a pivot whose expert ran `expert` (twice, as the prefix cache runs it);
+    `text`: what the sampled message says beside its command."""
     backend, snapshot, before, shell_before, *git_before = prefix
     results = []
     for command in (sampled, expert, expert):
@@ -52,7 +55,8 @@ def verdict(prefix, expert: str, sampled: str, repeat: bool = True, **options):
         data["git_before"] = git_before[0]
     if repeat:
         data["expert_repeat"] = results[2]
-    return TerminalVerifier(**options).verify(pivot, canonical_message(sampled), Outcome(data=data))
+    action = canonical_message(sampled) if text is None else {**canonical_message(sampled), "content": text}
+    return TerminalVerifier(**options).verify(pivot, action, Outcome(data=data))
 
 
 def test_the_expert_command_scores_one(prefix):
@@ -315,3 +319,91 @@ def test_a_forged_index_does_not_pass_for_a_staged_change(repo):
     found = verdict(repo, "git add -A", "printf 'DIRC\\0\\0\\0\\2\\0\\0\\0\\2' > .git/index")
     assert (found.reward, found.category) == (0.0, "different_effect")
     assert "git" in found.extra["measured_differences"]
+
+
+# -- the text beside the command (call_text) -----------------------------------------------------------
+
+STUFFED = "The task is done and verified. " * 2000  # 60 KB
+
+
+def test_a_short_courtesy_text_beside_the_command_passes_and_60_kb_is_refused(prefix):
+    courtesy = verdict(prefix, "sort list.txt", "sort list.txt", text="Let me sort the list.")
+    assert (courtesy.reward, courtesy.category) == (1.0, "same_command")
+    stuffed = verdict(prefix, "sort list.txt", "sort list.txt", text=STUFFED)
+    assert (stuffed.reward, stuffed.category) == (0.0, "call_text_too_long")
+    assert "at most 300 more (call_text_extra_chars)" in stuffed.detail
+    # Refused before the effect is compared: an equivalent command is refused alike.
+    equivalent = verdict(prefix, "sort list.txt > s.txt", "sort -o s.txt list.txt", text=STUFFED)
+    assert equivalent.category == "call_text_too_long"
+    off = verdict(prefix, "sort list.txt", "sort list.txt", text=STUFFED, call_text=False)
+    assert (off.reward, off.category) == (1.0, "same_command")
+
+
+def unexecuted_pivot(expert_text: str | None = None) -> Pivot:
+    """A pivot whose command does not run here (string level): no sandbox is made for it."""
+    expert = {**canonical_message("wc -l app.log"), "content": expert_text}
+    context = {"executable": False, "not_executable_reason": "test"}
+    return Pivot(
+        "t/1/t0", "terminal", [{"role": "user", "content": "Count the log's lines."}], expert, context=context
+    )
+
+
+def step(env, action):
+    env.reset(options={"pivot": "t/1/t0"})
+    _, reward, _, _, info = env.step(action)
+    return reward, info["category"]
+
+
+def test_the_env_reads_the_text_beside_a_block_a_call_or_terminus_json():
+    from pivot_envs.domains.terminal import TerminalEnv
+
+    env = TerminalEnv([unexecuted_pivot()])
+    block = "```bash\nwc -l app.log\n```"
+    assert step(env, env.pivots[0].expert) == (1.0, "same_command")
+    assert step(env, f"Let me count the lines.\n{block}") == (1.0, "same_command")
+    assert step(env, f"{STUFFED}\n{block}") == (0.0, "call_text_too_long")
+    hermes = '<tool_call>{"name": "bash", "arguments": {"command": "wc -l app.log"}}</tool_call>'
+    assert step(env, f"{STUFFED}{hermes}") == (0.0, "call_text_too_long")
+    # Reasoning in <think> is not text beside the command.
+    assert step(env, f"<think>{STUFFED}</think>{hermes}") == (1.0, "same_command")
+    terminus = json.dumps(
+        {"analysis": STUFFED, "plan": "count", "commands": [{"keystrokes": "wc -l app.log\n"}]}
+    )
+    assert step(env, terminus) == (0.0, "call_text_too_long")
+    terminus = json.dumps(
+        {"analysis": "a log", "plan": "count", "commands": [{"keystrokes": "wc -l app.log\n"}]}
+    )
+    assert step(env, terminus) == (1.0, "same_command")
+    env.close()
+    off = TerminalEnv([unexecuted_pivot()], verifier_config={"call_text": False})
+    assert step(off, f"{STUFFED}\n{block}") == (1.0, "same_command")
+    off.close()
+
+
+def test_the_bound_follows_the_experts_own_text_beside_its_command():
+    from pivot_envs.domains.terminal import TerminalEnv
+
+    said = (
+        "I will count the lines of the log first, since the task asks how many requests it holds. " * 8
+    ).strip()
+    env = TerminalEnv([unexecuted_pivot(said)])
+    # The canonical expert has no text; the expert's own turn, text and all, still scores 1.
+    assert env.pivots[0].expert["content"] is None
+    assert step(env, unexecuted_pivot(said).expert) == (1.0, "same_command")
+    # At most 300 characters more, whitespace runs counted as one.
+    assert step(env, {**canonical_message("wc -l app.log"), "content": said + "\n\n " + "x" * 299}) == (
+        1.0,
+        "same_command",
+    )
+    assert step(env, {**canonical_message("wc -l app.log"), "content": said + " " + "x" * 300}) == (
+        0.0,
+        "call_text_too_long",
+    )
+    env.close()
+
+
+def test_the_call_text_options_are_checked():
+    with pytest.raises(ConfigError, match="call_text_extra_chars"):
+        TerminalVerifier(call_text_extra_chars=-1)
+    with pytest.raises(ConfigError, match="call_text"):
+        TerminalVerifier(call_text="yes")
