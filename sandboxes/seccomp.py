@@ -71,14 +71,19 @@ def program() -> bytes:
     return b"".join(_instruction(code, k, jt, jf) for code, k, jt, jf in instructions)
 
 
+PROGRAM = program()
+_PROGRAM_HEX = PROGRAM.hex()  # as container_command passes it, computed once
+
+
 def filter_file(directory: Path) -> Path:
-    """The program written to `directory`/seccomp.bpf, readable by anyone (it holds nothing secret)."""
+    """The program written to `directory`/seccomp.bpf, readable by anyone (it holds nothing secret).
+
+    A sandbox calls it once, on its new root; the file is replaced whole, so a reader never sees part of it."""
     path = directory / "seccomp.bpf"
-    if not path.exists():
-        partial = directory / f".seccomp.{os.getpid()}"
-        partial.write_bytes(program())
-        partial.chmod(0o644)
-        partial.replace(path)
+    partial = directory / f".seccomp.{os.getpid()}"
+    partial.write_bytes(PROGRAM)
+    partial.chmod(0o644)
+    partial.replace(path)
     return path
 
 
@@ -118,7 +123,7 @@ def container_command(argv: list[str]) -> list[str]:
     script = (
         'if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; fi; shift; exec "$@"'
     )
-    return ["sh", "-c", script, INSTALLER, program().hex(), *argv]
+    return ["sh", "-c", script, INSTALLER, _PROGRAM_HEX, *argv]
 
 
 def argv_prefix(path: Path) -> list[str]:
