@@ -643,6 +643,8 @@ def writes_outside(
                 if walked > most_entries:
                     found.append(f"/[more than {most_entries} entries outside the writable roots]")
                     break
+                # The walk skips the roots' directories only: a root's path holding something else (the
+                # whiteout of a removed root, a file in its place) is a write to the root, not outside.
                 if relative in roots or stat.S_ISDIR(info.st_mode):
                     continue
                 found.append("/" + relative)

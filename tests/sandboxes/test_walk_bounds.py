@@ -166,6 +166,15 @@ def test_a_writable_layer_flooded_outside_the_roots_is_walked_a_bounded_way_and_
     assert manifest_module.writes_outside(scratch, ["/app"], most_entries=30_000) == ["/zz/evil"]
 
 
+def test_something_in_a_roots_own_place_is_a_write_to_the_root_not_outside(scratch):
+    """The walk skips the roots' directories only; a root replaced by a file (or a removed root's
+    whiteout) is a write to the root itself, which `writes_outside` does not list; a file beside it is."""
+    (scratch / "app").write_text("the root /app, replaced by a file")
+    (scratch / "etc").mkdir()
+    (scratch / "etc" / "passwd").write_text("")
+    assert manifest_module.writes_outside(scratch, ["/app"]) == ["/etc/passwd"]
+
+
 def test_empty_files_cost_the_disk_limit_a_block_each(scratch):
     make_empty_files(scratch, 200_000)
     assert disk_usage(scratch) >= 200_000 * ENTRY_BYTES
