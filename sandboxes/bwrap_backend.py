@@ -398,9 +398,16 @@ class BwrapSandbox(PooledSandbox):
         # No --new-session here: the shell needs the pexpect terminal as its controlling terminal
         # (for C-c); that terminal belongs to pexpect, so nothing outside can be injected into.
         # The shell joins the sandbox's cgroup: its commands share the sandbox's memory and process limits.
+        # Without one, its processes are bounded as a command's are: RLIMIT_NPROC at the runner's value, set
+        # inside the sandbox's user namespace as the runner's `ulimit -u` is (on bwrap, before the namespace
+        # exists, the kernel would hold every sandbox's processes of the same user to it).
         if self.server is None:
             self.server = self.owner.start_server(self.directory, self.workdir)
         cgroup = self.server.cgroup.launch_prefix() if self.server.cgroup is not None else []
+        shell = ["bash", "--norc", "--noprofile", "-i"]
+        if not cgroup:
+            nproc = process_limit(self.owner.limits, NOBODY if self.owner._drop else os.getuid())
+            shell = ["bash", "--norc", "--noprofile", "-c", f'ulimit -u {nproc} && exec "$0" "$@"', *shell]
         # `env -i`: the host's environment stays out of the sandbox's PID 1 (see host_environment).
         path = host_environment()["PATH"]
         return [
@@ -413,7 +420,7 @@ class BwrapSandbox(PooledSandbox):
             *self.owner.argv(
                 self.directory,
                 self.workdir,
-                [*DROP_ALL.split(), "bash", "--norc", "--noprofile", "-i"],
+                [*DROP_ALL.split(), *shell],
                 new_session=False,
             ),
         ]

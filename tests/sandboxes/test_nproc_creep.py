@@ -56,13 +56,16 @@ def left(result) -> int:
     return int(result.output.split()[-1])
 
 
-def test_what_commands_leave_running_counts_against_one_fixed_ceiling_per_sandbox(has_bwrap, monkeypatch):
+def uncgrouped_backend(bwrap, monkeypatch) -> bwrap_backend.BwrapBackend:
+    """A bubblewrap backend whose sandboxes get no cgroup, as on a host that is not root."""
     if not nproc_per_namespace():
         pytest.skip("this kernel counts RLIMIT_NPROC per host user, not per user namespace (before 5.14)")
-    monkeypatch.setattr(bwrap_backend, "sandbox_cgroup", lambda limits: None)  # what a non-root host gets
-    backend = bwrap_backend.BwrapBackend(
-        has_bwrap, SandboxLimits(timeout=10.0, processes=PROCESSES), warm_pool=0
-    )
+    monkeypatch.setattr(bwrap_backend, "sandbox_cgroup", lambda limits: None)
+    return bwrap_backend.BwrapBackend(bwrap, SandboxLimits(timeout=10.0, processes=PROCESSES), warm_pool=0)
+
+
+def test_what_commands_leave_running_counts_against_one_fixed_ceiling_per_sandbox(has_bwrap, monkeypatch):
+    backend = uncgrouped_backend(has_bwrap, monkeypatch)
     ceiling = PROCESSES + cgroups.INFRASTRUCTURE_PROCESSES
     try:
         sandbox, other = backend.new_sandbox("/app"), backend.new_sandbox("/app")
@@ -85,3 +88,29 @@ def test_what_commands_leave_running_counts_against_one_fixed_ceiling_per_sandbo
     while processes_in(namespace) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_in(namespace) == 0
+
+
+def test_the_keystroke_shell_is_held_to_the_same_ceiling_without_a_cgroup(has_bwrap, monkeypatch):
+    """Keystroke actions run in an interactive bash that the runner does not start, so its `ulimit -u`
+    never applied: without a cgroup, forks from the keystroke shell were bounded by nothing. The
+    shell now sets the runner's RLIMIT_NPROC inside the sandbox's user namespace before it starts."""
+    from pivot_envs.sandboxes.shell import InteractiveShell
+
+    backend = uncgrouped_backend(has_bwrap, monkeypatch)
+    ceiling = PROCESSES + cgroups.INFRASTRUCTURE_PROCESSES
+    try:
+        sandbox = backend.new_sandbox("/app")
+        shell = InteractiveShell(sandbox.interactive_argv())
+        try:
+            assert shell.run("ulimit -u", timeout=10).output.split()[-1] == str(ceiling)
+            namespace = os.readlink(f"/proc/{child_pids(shell.child.pid)[0]}/ns/pid")  # its bwrap's
+            assert namespace != namespace_of(sandbox)
+            for _ in range(3):
+                shell.run(LEAVE, timeout=20)  # 60 sleepers asked for
+            held = processes_in(namespace)
+            assert held <= ceiling, held  # before: 60 sleepers and the shells
+            assert shell.run("echo alive", timeout=10).output.strip() == "alive"
+        finally:
+            shell.close()
+    finally:
+        backend.close()
