@@ -110,6 +110,11 @@ class PivotEnv(gym.Env):
     # False: observations share the pivot's messages and tools (read-only for the caller).
     copy_observations: bool = True
     verifiers: dict[str, Callable[..., Verifier]] = {"strict": StrictVerifier}
+    # For a domain whose canonical message drops the text a turn says beside its calls (terminal, SWE):
+    # a staticmethod that reads that text from a raw action or message. The env then hands the verifier the
+    # sampled action's text and the expert's (read before the domain makes the expert canonical) as
+    # outcome.data["call_text"] and ["expert_call_text"], for its `call_text` rule.
+    call_text_of: Callable[[Any], str] | None = None
 
     def __init__(
         self,
@@ -122,6 +127,11 @@ class PivotEnv(gym.Env):
         if not self.pivots:
             raise PivotSetError(f"{type(self).__name__}: the pivot set is empty")
         self._by_id = {pivot.id: i for i, pivot in enumerate(self.pivots)}
+        self._expert_call_texts: dict[str, str] = (
+            {}
+            if self.call_text_of is None
+            else {pivot.id: self.call_text_of(pivot.expert) for pivot in self.pivots}
+        )
         self.verifier: Verifier = self._make_verifier(
             verifier or self.default_verifier, verifier_config or {}
         )
@@ -236,6 +246,9 @@ class PivotEnv(gym.Env):
             except InfrastructureError as error:
                 outcome = Outcome(valid=False, detail=str(error))
             stage = "verify"
+            if outcome.valid and self.call_text_of is not None:
+                outcome.data.setdefault("call_text", self.call_text_of(action))
+                outcome.data.setdefault("expert_call_text", self._expert_call_texts.get(pivot.id, ""))
             if outcome.valid:
                 verdict = self.verifier.verify(pivot, parsed.message, outcome)
             else:

@@ -77,6 +77,8 @@ class SweEnv(SandboxedEnv, PivotEnv):
         "nemo": NemoVerifier,
         "effect": EffectVerifier,
     }
+    # The canonical form keeps the call only: the env hands the text beside it to the verifier (`call_text`).
+    call_text_of = staticmethod(text_beside)
 
     def __init__(
         self,
@@ -96,10 +98,6 @@ class SweEnv(SandboxedEnv, PivotEnv):
         if harness is not None and harness not in HARNESSES:
             raise UnknownNameError("harness", harness, HARNESSES)
         super().__init__(pivots, verifier, verifier_config, render_mode)
-        # The text beside each expert's call, which the canonical form drops: the effect verifier bounds
-        # the text beside a sampled call by it (`call_text`).
-        self._expert_texts = {pivot.id: text_beside(pivot.expert) for pivot in self.pivots}
-        self._call_text: str | None = None
         # Expert and parsed actions share one canonical form; pivots without tools get the harness's.
         self.pivots = [self._canonical(pivot) for pivot in self.pivots]
         self.config = SweConfig(sandbox, prefix_cache, warm_pool, build_image, harness)
@@ -124,8 +122,6 @@ class SweEnv(SandboxedEnv, PivotEnv):
         return bundled_pivots()
 
     def parse(self, action: Any) -> ParsedAction:
-        # The text beside the call, dropped by the canonical form, goes to the verifier in the outcome.
-        self._call_text = text_beside(action)
         return parse_action(action)
 
     def restore(self, pivot: Pivot) -> None:
@@ -139,7 +135,6 @@ class SweEnv(SandboxedEnv, PivotEnv):
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
         name, arguments = call_of(action)
         call_id = action["tool_calls"][0].get("id", "call_0")
-        texts = self._texts(pivot)
         if not executable(pivot):
             reason = str(
                 pivot.context.get("not_executable_reason") or "the pivot's repository is not available here"
@@ -148,7 +143,7 @@ class SweEnv(SandboxedEnv, PivotEnv):
             return Outcome(
                 messages=[{"role": "tool", "tool_call_id": call_id, "content": text}],
                 output={"executed": False, "reason": reason},
-                data={"executed": False, "reason": reason, **texts},
+                data={"executed": False, "reason": reason},
             )
         state = self._state
         if state is None or not state.replayable or self.sandbox is None:
@@ -182,17 +177,8 @@ class SweEnv(SandboxedEnv, PivotEnv):
                 "repo": repo,
                 "workdir": repo.workdir,
                 "timeout": self.limits.timeout,
-                **texts,
             },
         )
-
-    def _texts(self, pivot: Pivot) -> dict[str, str]:
-        """The text beside the parsed action's call (taken once: None without a parse before) and beside
-        the expert's, for the effect verifier's `call_text` rule."""
-        text, self._call_text = self._call_text, None
-        if text is None:
-            return {}
-        return {"call_text": text, "expert_call_text": self._expert_texts.get(pivot.id, "")}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         try:

@@ -61,6 +61,8 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
     domain = "terminal"
     default_verifier = "functional"
     verifiers = {"strict": StrictVerifier, "functional": TerminalVerifier}
+    # The canonical form keeps the command only: the env hands the text beside it to the verifier (`call_text`).
+    call_text_of = staticmethod(text_beside)
 
     def __init__(
         self,
@@ -77,10 +79,6 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
         if sandbox not in SANDBOXES:
             raise UnknownNameError("sandbox", sandbox, SANDBOXES)
         super().__init__(pivots, verifier, verifier_config, render_mode)
-        # The text beside each expert's command, which the canonical form drops: the functional verifier
-        # bounds the text beside a sampled command by it (`call_text`).
-        self._expert_texts = {pivot.id: text_beside(pivot.expert) for pivot in self.pivots}
-        self._call_text: str | None = None
         # Expert and parsed actions share one canonical form, so the strict verifier compares like with like.
         self.pivots = [self._canonical_expert(pivot) for pivot in self.pivots]
         self.config = TerminalConfig(sandbox, prefix_cache, warm_pool, build_image)
@@ -101,8 +99,6 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
         return bundled_pivots()
 
     def parse(self, action: Any) -> ParsedAction:
-        # The text beside the command, dropped by the canonical form, goes to the verifier in the outcome.
-        self._call_text = text_beside(action)
         # bash's syntax check costs a process: the verifier runs it only for commands that exit 2.
         return parse_action(action, check_syntax=False)
 
@@ -116,7 +112,6 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
 
     def execute(self, pivot: Pivot, action: dict[str, Any]) -> Outcome:
         call_id = action["tool_calls"][0].get("id", "call_0") if action.get("tool_calls") else "call_0"
-        texts = self._texts(pivot)
         if not executable(pivot):
             reason = str(
                 pivot.context.get("not_executable_reason") or "the pivot's task is not available here"
@@ -124,7 +119,7 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
             return Outcome(
                 messages=[{"role": "tool", "tool_call_id": call_id, "content": f"[not executed: {reason}]"}],
                 output={"executed": False, "reason": reason},
-                data={"executed": False, "reason": reason, **texts},
+                data={"executed": False, "reason": reason},
             )
         state = self._state
         if state is None or not state.replayable or self.sandbox is None:
@@ -165,17 +160,8 @@ class TerminalEnv(SandboxedEnv, PivotEnv):
                 "before": state.before,
                 "shell_before": state.shell_before,
                 "git_before": state.git_before,
-                **texts,
             },
         )
-
-    def _texts(self, pivot: Pivot) -> dict[str, str]:
-        """The text beside the parsed action's command (taken once: None without a parse before) and beside
-        the expert's, for the verifier's `call_text` rule."""
-        text, self._call_text = self._call_text, None
-        if text is None:
-            return {}
-        return {"call_text": text, "expert_call_text": self._expert_texts.get(pivot.id, "")}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         self._shell_exited = False
