@@ -27,6 +27,18 @@ class StageMismatchError(PivotEnvsError, RuntimeError):
     """A finished stage, run again to restore its files, gave another result than the one recorded."""
 
 
+def machine() -> dict[str, str]:
+    """What a stage's numbers depend on beyond its settings: torch's version and the CPU kernels it picked
+    (`torch.backends.cpu.get_cpu_capability()`: "avx2", "avx512", ...; set with ATEN_CPU_CAPABILITY).
+    The same seed repeats bit for bit only with the same kernels. Empty where torch was never imported."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {"torch": str(torch.__version__), "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+
+
 def digest(settings: Any) -> str:
     """A short stable digest of JSON-able settings."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -75,7 +87,13 @@ class Stages:
         self._finish(
             name,
             partial,
-            {"settings_digest": digest(settings), "settings": settings, "seconds": seconds, "result": result},
+            {
+                "settings_digest": digest(settings),
+                "settings": settings,
+                "seconds": seconds,
+                "result": result,
+                "machine": machine(),
+            },
         )
         print(f"[reproduce] stage {name} done in {seconds:.0f} s", flush=True)
         return result
@@ -93,9 +111,18 @@ class Stages:
         result = json.loads(json.dumps(work(partial), default=str))
         if result != record["result"]:
             shutil.rmtree(partial, ignore_errors=True)
+            here = machine().get("cpu_capability", "unknown")
+            recorded = record.get("machine", {}).get("cpu_capability")
+            kernels = (
+                f"It was recorded with the {recorded} CPU kernels and rebuilt with {here}"
+                if recorded
+                else f"It was rebuilt with the {here} CPU kernels (its record does not name its own)"
+            )
             raise StageMismatchError(
                 f"stage {name} rebuilt on this machine gives {result}, not the recorded {record['result']}: the "
-                f"stages built on its recorded files came from other ones. Delete {self.root} to start over"
+                f"stages built on its recorded files came from other ones. {kernels}: the same seed repeats bit "
+                f"for bit only with the same kernels, so set ATEN_CPU_CAPABILITY to the recorded ones "
+                f"(benchmarks/stages/reproduce-cpu-sft: avx2) and run again, or delete {self.root} to start over"
             )
         seconds = time.perf_counter() - began
         self._finish(name, partial, {**record, "rebuilt_seconds": seconds})

@@ -550,6 +550,8 @@ def test_an_interrupted_stage_is_run_again_from_scratch(tmp_path):
 
 
 def test_a_stage_whose_files_were_left_behind_is_rebuilt_and_must_give_its_recorded_result(tmp_path):
+    import torch  # a stage records the CPU kernels of the torch its process uses
+
     from pivot_envs.adapters.reproduce.stages import StageMismatchError, Stages
 
     def work(value):
@@ -570,8 +572,13 @@ def test_a_stage_whose_files_were_left_behind_is_rebuilt_and_must_give_its_recor
     (folder / "weights").unlink()
     with pytest.raises(
         StageMismatchError, match=r"stage base rebuilt on this machine gives .*'value': 2.*not the"
-    ):
+    ) as refused:
         Stages(tmp_path).rebuild("base", {"a": 1}, work(2))
+    # it names the CPU kernels (the committed stages repeat only with AVX2's) and how to choose them
+    recorded = json.loads((folder / "result.json").read_text())["machine"]
+    assert recorded == {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    assert f"recorded with the {recorded['cpu_capability']} CPU kernels" in str(refused.value)
+    assert "ATEN_CPU_CAPABILITY" in str(refused.value)
     assert not (folder / "weights").exists() and not (tmp_path / "stages" / "base.partial").exists()
     assert Stages(tmp_path).run("base", {"a": 1}, work(3)) == {"value": 1, "loss": 1.1}
     # a stage that never finished is simply run
