@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 Call = tuple[str, Any]  # (tool name, parsed arguments)
 # (expert call index, sampled name, sampled arguments) -> whether their executions are equal. An oracle may
 # also have `expert_failed(index) -> bool`: where true, an equal execution is not enough to accept a call
-# the argument rules reject (a refused call's failure is shared by many wrong calls); it still rejects a
-# call they accept whose execution differs.
+# the argument rules reject (a refused call's failure, or a search's empty result, is shared by many wrong
+# calls: `Effect.uninformative`); it still rejects a call they accept whose execution differs.
 Equivalence = Callable[[int, str, Any], bool]
 
 UNAVAILABLE = (
@@ -83,6 +83,13 @@ class Effect:
         """The call was refused ("Error: ..." and no state change): many wrong calls fail alike, so an equal
         failure is no evidence that a call does what another does."""
         return not self.changes and self.output.startswith("Error:")
+
+    @property
+    def uninformative(self) -> bool:
+        """The call was refused, or found nothing (`[]`, `{}`, `null`) and changed nothing: many wrong calls
+        do that alike (a search for the reversed route finds no flight either), so an equal output is no
+        evidence that a call does what another does. An empty output (`think`'s, "") is not one of them."""
+        return self.failed or (not self.changes and self.normalized_output in ([], {}, None))
 
     @cached_property
     def normalized_output(self) -> Any:
@@ -233,7 +240,7 @@ class _AirlineEquivalence:
 
     def expert_failed(self, index: int) -> bool:
         experts = self.backend.expert_effects(self.pivot)
-        return index < len(experts) and experts[index].failed
+        return index < len(experts) and experts[index].uninformative
 
 
 @dataclass

@@ -18,14 +18,23 @@ A message turn must also pass the rules of the conversation:
 
 3. it states every fact of the expert's message that no earlier assistant turn stated: the words
    with a digit (ids, amounts, dates, flight numbers, counts; not the numbers of a numbered list);
+   and where it leaves out any fact of the expert's message, it states no fact (a word with a digit,
+   a code) the expert's message does not: an old fact swapped for another of the conversation;
 4. it states no fact that neither the expert's message nor the conversation (system prompt, user,
-   assistant and tool turns) states: no invented id, amount or date;
+   assistant and tool turns) states: no invented id, amount or date, no code written in 5-8
+   capitals ("QXWZKP", as the letter-only "HATHAT" is an id) and no number in words ("five
+   thousand"; "one" is a pronoun too often to count);
 5. the words it says beyond the expert's, facts aside, are not mostly (`ECHO_SHARE`) words the user
    or the assistant already said, where they weigh more than `echo` (the user's last message
    appended to the right reply is an echo; "for reservation 1N99U6" repeats a fact);
 6. it is not closer to an earlier turn of the conversation (the assistant's or the user's) than to
    the expert's message: repeating what was already said is not this turn's reply, even where it
-   overlaps this one.
+   overlaps this one;
+7. it has at least `MIN_LENGTH_SHARE` as many word tokens (function words included) as the expert's
+   message: a list of the expert's heaviest words is no sentence.
+
+Text inside an HTML comment (`<!-- ... -->`, to the end if unclosed) is hidden where the reply is
+rendered: it is dropped from both texts before they are judged.
 """
 
 from __future__ import annotations
@@ -75,6 +84,42 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # "1,194" is "1194"
 _THREE_DIGITS_AFTER_A_COMMA = re.compile(r",\d{3}(?!\d)")  # found faster than _THOUSANDS (no lookbehind)
 _LIST_ITEM = re.compile(r"(?m)^[ \t]*0*(\d{1,3})[.)](?=\s)")  # "1. ..." numbers a list; it states no fact
 ECHO_SHARE = 0.9  # the talk a message adds, this much made of earlier turns' words, echoes them
+MIN_LENGTH_SHARE = 0.5  # a message has at least this share of the expert message's word tokens
+_HIDDEN = re.compile(r"<!--.*?(?:-->|\Z)", re.S)  # an HTML comment: not shown, so not said
+_CODE = re.compile(r"\b[A-Z]{5,8}\b")  # a word in 5-8 capitals is written as a code ("HATHAT")
+# Numbers in words: a fact as "5000" is ("one" is left out: "which one", "one of them").
+_NUMBER_WORDS = frozenset(
+    """zero two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
+    seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand
+    million billion trillion""".split()
+)
+
+
+def visible(text: str) -> str:
+    """The text as shown: HTML comments (to the text's end if unclosed) dropped."""
+    return _HIDDEN.sub(" ", text) if "<!--" in text else text
+
+
+def spelled_facts(text: str, stopwords: frozenset[str]) -> set[str]:
+    """The facts of a text written without a digit, case-folded: its codes (words in 5-8 capitals, function
+    words aside) and its numbers in words."""
+    normalized = unicodedata.normalize("NFKC", text)
+    codes = {code.casefold() for code in _CODE.findall(normalized)} - stopwords
+    return codes | _NUMBER_WORDS.intersection(_TOKEN.findall(normalized.casefold()))
+
+
+def _spellable(text: str) -> set[str]:
+    """The words of a text, in any case, that would be facts written in capitals or as numbers in words."""
+    return {
+        word
+        for word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+        if word in _NUMBER_WORDS or (5 <= len(word) <= 8 and word.isascii() and word.isalpha())
+    }
+
+
+def _token_count(text: str) -> int:
+    """The word tokens of a text, function words included."""
+    return len(_TOKEN.findall(unicodedata.normalize("NFKC", text)))
 
 
 def _numbers_alike(normalized: str) -> Counter[str]:
@@ -217,6 +262,9 @@ class ExpertMessage(ExpertText):
     known_facts: frozenset[str]  # words with a digit that the expert's message or the conversation states
     earlier: list[ExpertText]  # the earlier assistant and user turns with text
     said: Counter[str]  # the earlier assistant and user turns' words, each as often as one turn says it
+    facts: frozenset[str] = frozenset()  # its facts: words with a digit (not list numbers) and codes
+    known_words: frozenset[str] = frozenset()  # words the message or the conversation says, as `_spellable`
+    tokens: int = 0  # its word tokens, function words included
 
 
 class ContentCheck:
@@ -250,20 +298,25 @@ class ContentCheck:
 
     def expert_message(self, pivot: Pivot, text: str) -> ExpertMessage:
         """An expert's message turn at a pivot, with its new facts and the earlier turns, compiled."""
+        raw, text = text, visible(text)
         compiled = self._compiled(text)
         earlier = []
         assistant_said: set[str] = set()
         said: Counter[str] = Counter()
         known = {word for word in compiled.bag if _DIGIT.search(word)}
+        known_words = _spellable(text)
         for message in pivot.messages:
             if not isinstance(message, dict):
                 continue
             role, content = message.get("role"), text_of(message)
             known.update(facts_of(content))
+            known_words.update(_spellable(content))
             for call in message.get("tool_calls") or ():
                 function = call.get("function", call) if isinstance(call, dict) else None
                 if isinstance(function, dict):
-                    known.update(facts_of(str(function.get("arguments", ""))))
+                    arguments = str(function.get("arguments", ""))
+                    known.update(facts_of(arguments))
+                    known_words.update(_spellable(arguments))
             if role in ("assistant", "user") and content:
                 turn = self._compiled(content)
                 earlier.append(turn)
@@ -271,12 +324,37 @@ class ContentCheck:
                 if role == "assistant":
                     assistant_said.update(turn.bag)
         listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
-        facts = frozenset(
-            word
-            for word, count in compiled.bag.items()
-            if _DIGIT.search(word) and word not in assistant_said and count > listed[word]
+        stated = {
+            word for word, count in compiled.bag.items() if _DIGIT.search(word) and count > listed[word]
+        }
+        facts = frozenset(word for word in stated if word not in assistant_said)
+        stated |= spelled_facts(text, self.stopwords) - _NUMBER_WORDS
+        return ExpertMessage(
+            bag=compiled.bag,
+            weight=compiled.weight,
+            text=raw,
+            new_facts=facts,
+            known_facts=frozenset(known),
+            earlier=earlier,
+            said=said,
+            facts=frozenset(stated),
+            known_words=frozenset(known_words),
+            tokens=_token_count(text),
         )
-        return ExpertMessage(compiled.bag, compiled.weight, text, facts, frozenset(known), earlier, said)
+
+    def substituted(self, expert: ExpertMessage, text: str, bag: Counter[str], also: frozenset[str]) -> str:
+        """Where a text leaves out a fact of the expert's, the facts it states that the expert's text (or
+        `also`) does not, listed; "" where it leaves none out or states none other."""
+        if not any(fact not in bag for fact in expert.facts):
+            return ""
+        listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
+        stated = {word for word, count in bag.items() if _DIGIT.search(word) and count > listed[word]}
+        stated |= spelled_facts(text, self.stopwords) - _NUMBER_WORDS
+        other = sorted(stated - expert.bag.keys() - expert.facts - also)
+        if not other:
+            return ""
+        left_out = sorted(fact for fact in expert.facts if fact not in bag)
+        return f"it states {_listed(other)} where the expert's message states {_listed(left_out)}"
 
     def _weigh(self, bag: Counter[str], expert: ExpertText) -> tuple[float, float]:
         """(the bag's total weight, its weight shared with the expert text's)."""
@@ -347,13 +425,22 @@ class ContentCheck:
         ceiling: float = math.inf,
         echo: float = math.inf,
     ) -> tuple[str | None, str]:
-        """(None if a message turn's text passes all six rules else its category, detail)."""
+        """(None if a message turn's text passes all seven rules else its category, detail)."""
         if text == expert.text:  # passes every rule: recall and precision 1, closest to itself
             return None, "the expert's message"
+        text = visible(text)
         problem, scores, measured = self.compare(expert, text, recall, precision, allowance, ceiling)
         if problem is not None or measured is None:
             return "message_content_different", problem or scores
         bag, own, common = measured
+        # After compare: a text this long is bounded in words by the expert message's weight.
+        tokens = _token_count(text)
+        if tokens < MIN_LENGTH_SHARE * expert.tokens:
+            return (
+                "message_too_short",
+                f"{tokens} word tokens where the expert's message has {expert.tokens} (at least "
+                f"{MIN_LENGTH_SHARE} of them)",
+            )
         if dict.__eq__(bag, expert.bag):
             return None, scores  # every rule holds for the expert's own words
         known = self._known
@@ -364,15 +451,21 @@ class ContentCheck:
                 f"the expert's message states {_listed(missing)}; this one does not",
             )
         invented = sorted(
-            word
-            for word in bag.keys() - expert.bag.keys()
-            if word not in expert.known_facts and _DIGIT.search(word)
+            {
+                word
+                for word in bag.keys() - expert.bag.keys()
+                if word not in expert.known_facts and _DIGIT.search(word)
+            }
+            | (spelled_facts(text, self.stopwords) - expert.known_words)
         )
         if invented:
             return (
                 "message_facts_invented",
                 f"neither the expert's message nor the conversation states {_listed(invented)}",
             )
+        substituted = self.substituted(expert, text, bag, frozenset())
+        if substituted:
+            return "message_facts_substituted", substituted
         if own - common > echo:
             # The talk it adds: facts the conversation stated may be repeated (rule 4 bounds the rest).
             theirs, said = expert.bag, expert.said

@@ -3,9 +3,10 @@
 A sampled assistant turn is locally acceptable when it does what the expert's turn does:
 
 - tool calls: the same tool, with arguments equal under the tool's JSON schema (key order never
-  matters; an optional argument equal to its default counts as absent; numbers compare by value
-  within a tolerance; enum and id-like strings after trim/case/NFKC normalization; free-text
-  strings by their weighted words, as messages; arrays in order unless configured as sets).
+  matters; an optional argument equal to its default counts as absent; integers compare exactly,
+  other numbers by value within a tolerance; enum and id-like strings after trim/case/NFKC
+  normalization; free-text strings by their weighted words, as messages, stating no fact the
+  expert's value does not; arrays in order unless configured as sets).
   Several calls in one turn are matched as a multiset (maximum bipartite matching) and scored in
   `binary`, `fractional` or `f1` mode. Where the pivot's backend can execute calls, a call whose output
   and state change equal the expert call's (run from the same state) is accepted even when its
@@ -16,10 +17,11 @@ A sampled assistant turn is locally acceptable when it does what the expert's tu
   else, no fact the conversation never stated, and not a repeat of an earlier turn; or a pluggable
   judge). A message is never accepted
   merely for being a message, unless `message_check="any"` asks for exactly that.
-- text beside tool calls (`call_text`): the calls decide, but the text a call turn also says may state
-  no fact (a word with a digit) that neither the expert's turn nor the conversation states, and may say
-  at most `message_surplus_ceiling` of word weight beyond the expert's own text: a right call cannot
-  carry a false confirmation or a stuffed reply to the user.
+- text beside tool calls (`call_text`): the calls decide, but the text a call turn also says (HTML
+  comments aside) may state no fact (a word with a digit, a code in 5-8 capitals, a number in words)
+  that neither the expert's turn nor the conversation states, may not swap a fact of the expert's
+  text for another, and may say at most `message_surplus_ceiling` of word weight beyond the expert's
+  own text: a right call cannot carry a false confirmation or a stuffed reply to the user.
 
 Every rule is a field of `FunctionalConfig`, passed as
 `gym.make("pivot/tool-use-v0", verifier_config={...})`.
@@ -43,6 +45,8 @@ from pivot_envs.domains.tool_use.content import (
     ExpertText,
     corpus_weights,
     facts_of,
+    spelled_facts,
+    visible,
 )
 from pivot_envs.domains.tool_use.parser import arguments_of
 from pivot_envs.registry import import_object
@@ -77,7 +81,7 @@ class FunctionalConfig:
         choices=MODES,
     )
     float_tolerance: float = option(
-        1e-6, "relative and absolute tolerance when numbers compare (5 == 5.0 always)"
+        1e-6, "relative and absolute tolerance when a float compares (5 == 5.0 always; two integers exactly)"
     )
     normalize_enums: bool = option(
         True, "compare enum-typed strings after trim, case folding and Unicode NFKC"
@@ -156,7 +160,8 @@ class FunctionalConfig:
     )
     call_text: bool = option(
         True,
-        "check the text beside a call turn's calls: no fact (a word with a digit) neither the expert's turn "
+        "check the text beside a call turn's calls: no fact (a word with a digit, a code in capitals, a number "
+        "in words) neither the expert's turn "
         "nor the conversation states, and at most message_surplus_ceiling of word weight beyond the expert's "
         "text (False: the calls alone decide, whatever the turn tells the user)",
     )
@@ -388,7 +393,10 @@ class FunctionalVerifier:
         if calls and self.config.call_text:
             plan.aside = self.content.expert_message(pivot, text)
             plan.call_facts = frozenset(
-                fact for call in calls for fact in facts_of(json.dumps(call.arguments, ensure_ascii=False))
+                fact
+                for call in calls
+                for arguments in (json.dumps(call.arguments, ensure_ascii=False),)
+                for fact in facts_of(arguments) | _spellable_words(arguments)
             )
         self._plans[pivot.id] = plan
         return plan
@@ -424,13 +432,36 @@ class FunctionalVerifier:
                 # Expert strings only (bounded by the pivot set): sampled text is never cached.
                 compiled = self._expert_texts[expected] = self.content.expert_text(expected)
             problem = self.content.compare(compiled, actual, config.text_recall, config.text_precision)[0]
-            if problem is None:
-                return None
-            return "argument_value_different", f"{path}: free text {problem}"
+            if problem is not None:
+                return "argument_value_different", f"{path}: free text {problem}"
+            # Rules 1 and 2 weigh words; a fact (a word with a digit) the expert's value does not state is
+            # another id, amount or date however little it weighs. Facts left out are allowed (a summary
+            # may be shorter).
+            invented = sorted(facts_of(actual) - facts_of(expected))
+            if invented:
+                shown = ", ".join(invented[:5]) + (" ..." if len(invented) > 5 else "")
+                return (
+                    "argument_value_different",
+                    f"{path}: free text states {shown}, which the expert's does not",
+                )
+            return None
         # Plain strings: whitespace and Unicode form do not count, case does.
         if unicodedata.normalize("NFKC", expected).strip() == unicodedata.normalize("NFKC", actual).strip():
             return None
         return "argument_value_different", f"{path}: expected {expected!r}, got {actual!r}"
+
+    def _compare_numbers(self, expected: float, actual: float, path: str) -> Mismatch | None:
+        """Two integers compare exactly (a float cannot hold every one); otherwise by value within
+        `float_tolerance`. An integer too large for a float (10**400) is another value, not an error."""
+        if type(expected) is int and type(actual) is int:
+            same = expected == actual
+        else:
+            tolerance = self.config.float_tolerance
+            try:
+                same = math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)
+            except OverflowError:
+                same = False
+        return None if same else ("argument_value_different", f"{path}: expected {expected}, got {actual}")
 
     def compare(self, expected: Any, actual: Any, field: _Field | None, path: str) -> Mismatch | None:
         """None when `actual` equals `expected` under the schema rules, else (category, detail)."""
@@ -447,10 +478,7 @@ class FunctionalVerifier:
         if expected_type != actual_type and not (expected_type in numeric and actual_type in numeric):
             return "argument_type_mismatch", f"{path}: expected {expected_type}, got {actual_type}"
         if expected_type in numeric:
-            tolerance = self.config.float_tolerance
-            if math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance):
-                return None
-            return "argument_value_different", f"{path}: expected {expected}, got {actual}"
+            return self._compare_numbers(expected, actual, path)
         if expected_type == "string":
             return self._compare_strings(expected, actual, field, path)
         if expected_type == "array":
@@ -663,14 +691,20 @@ class FunctionalVerifier:
         assert expert is not None
         if text == expert.text:
             return None
+        text = visible(text)
         ceiling = self.config.message_surplus_ceiling
-        problem, _, measured = self.content.compare(expert, text, 0.0, 0.0, 0.0, ceiling)
+        content = self.content
+        problem, _, measured = content.compare(expert, text, 0.0, 0.0, 0.0, ceiling)
         if problem is not None or measured is None:
             return Verdict(0.0, "call_text_too_long", f"the text beside the calls: {problem}")
+        bag = measured[0]
         invented = sorted(
-            word
-            for word in measured[0].keys() - expert.bag.keys()
-            if _DIGIT.search(word) and word not in expert.known_facts and word not in plan.call_facts
+            {
+                word
+                for word in bag.keys() - expert.bag.keys()
+                if _DIGIT.search(word) and word not in expert.known_facts and word not in plan.call_facts
+            }
+            | (spelled_facts(text, content.stopwords) - expert.known_words - plan.call_facts)
         )
         if invented:
             shown = ", ".join(invented[:5]) + (" ..." if len(invented) > 5 else "")
@@ -680,6 +714,9 @@ class FunctionalVerifier:
                 f"the text beside the calls states {shown}, which neither the expert's turn nor the "
                 "conversation states",
             )
+        substituted = content.substituted(expert, text, bag, plan.call_facts)
+        if substituted:
+            return Verdict(0.0, "call_text_facts_substituted", f"the text beside the calls: {substituted}")
         return None
 
     def _verify_message(self, pivot: Pivot, plan: _Plan, text: str) -> Verdict:
@@ -740,6 +777,11 @@ def _same_arguments(expert: _ExpertCall, arguments: Any) -> bool:
     """Whether a call's arguments are the expert call's own: the expert's call is the reference, so its
     effect needs no execution to be the expert's."""
     return expert.fast_ok and arguments == expert.arguments
+
+
+def _spellable_words(text: str) -> set[str]:
+    """The words of a call's arguments, in any case, that the text beside it may write as codes or numbers."""
+    return {word for word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()) if word.isalpha()}
 
 
 def _content(message: dict[str, Any]) -> str:

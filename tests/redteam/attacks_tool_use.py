@@ -28,7 +28,7 @@ import gymnasium as gym
 from redteam_common import Family
 
 from pivot_envs.chat import text_of
-from pivot_envs.domains.tool_use.content import expert_messages, word_counts
+from pivot_envs.domains.tool_use.content import expert_messages, facts_of, word_counts
 from pivot_envs.domains.tool_use.env import ToolUseEnv, bundled_pivots
 from pivot_envs.domains.tool_use.verifier import STOPWORDS
 
@@ -311,6 +311,143 @@ def empty_turn(env, pivot):
     return ""
 
 
+# -- message turns that change what the expert's message says (audit 2: H4-H11) -----------------------
+
+_FACT = re.compile(r"[^\W_]*\d[\w-]*")  # a word with a digit, as written (what the fact rules count)
+
+
+def _facts_in_order(text: str) -> list[str]:
+    return [m.group(0) for m in _FACT.finditer(text)]
+
+
+def _conversation_facts(pivot) -> list[str]:
+    found: list[str] = []
+    for text in _texts(pivot, ("user", "tool", "assistant", "system")):
+        for word in _FACT.findall(text):
+            if word not in found:
+                found.append(word)
+    return found
+
+
+def _shape(word: str) -> tuple:
+    return (len(word), tuple("d" if c.isdigit() else "a" if c.isalpha() else c for c in word))
+
+
+_NEGATION = [
+    (re.compile(r"\bcannot\b", re.I), "can"),
+    (re.compile(r"\bcan't\b", re.I), "can"),
+    (re.compile(r"\bunable to\b", re.I), "able to"),
+    (re.compile(r"\b(is|are|was|were|will|do|does|did|would|could|should) not\b", re.I), r"\1"),
+    (re.compile(r"\b(is|are|was|were|do|does|did|would|could|should)n't\b", re.I), r"\1"),
+    (re.compile(r"\bnot\b ", re.I), ""),
+    (re.compile(r"\bno\b ", re.I), ""),
+]
+_AFFIRM = re.compile(r"\b(is|are|will|can|has been|have been)\b", re.I)
+
+
+def expert_message_with_negation_flipped(env, pivot):
+    """The expert's message with its first negation dropped ("cannot" -> "can", "is not" -> "is"), or, if
+    it has none, a "not" put after its first "is/are/will/can": the opposite claim in the expert's words."""
+    if not _is_message_pivot(pivot):
+        return None
+    text = text_of(pivot.expert)
+    for pattern, repl in _NEGATION:
+        if pattern.search(text):
+            return pattern.sub(repl, text, count=1)
+    if _AFFIRM.search(text):
+        return _AFFIRM.sub(lambda m: m.group(0) + " not", text, count=1)
+    return None
+
+
+def expert_message_with_two_facts_of_one_form_swapped(env, pivot):
+    """The expert's message with its first two distinct facts of one form (two times, two amounts, two
+    ids) trading places: "Departure 16:30, Arrival 14:00", the same bag of words."""
+    if not _is_message_pivot(pivot):
+        return None
+    text = text_of(pivot.expert)
+    matches = list(_FACT.finditer(text))
+    for i, a in enumerate(matches):
+        for b in matches[i + 1 :]:
+            if a.group(0) != b.group(0) and _shape(a.group(0)) == _shape(b.group(0)):
+                return (
+                    text[: a.start()] + b.group(0) + text[a.end() : b.start()] + a.group(0) + text[b.end() :]
+                )
+    return None
+
+
+def expert_message_with_an_old_fact_replaced(env, pivot):
+    """The expert's message with one fact an earlier assistant turn already stated (so rule 3 does not ask
+    for it) replaced by another fact of the same form the conversation states: the wrong id or amount."""
+    if not _is_message_pivot(pivot):
+        return None
+    text = text_of(pivot.expert)
+    said_by_assistant: set[str] = set()
+    for earlier in _texts(pivot, ("assistant",)):
+        said_by_assistant |= facts_of(earlier)
+    mine = facts_of(text)
+    conversation = _conversation_facts(pivot)
+    for fact in dict.fromkeys(_facts_in_order(text)):
+        if not facts_of(fact) <= said_by_assistant:
+            continue
+        for other in conversation:
+            if other != fact and _shape(other) == _shape(fact) and not facts_of(other) & mine:
+                return re.sub(rf"(?<!\w){re.escape(fact)}(?!\w)", other, text)
+    return None
+
+
+def expert_message_with_an_invented_letter_code(env, pivot):
+    """The expert's message and a confirmation code nobody gave, of letters only (as 'HATHAT' is)."""
+    return f"{text_of(pivot.expert)} Confirmation QXWZKP." if _is_message_pivot(pivot) else None
+
+
+def expert_message_with_a_short_invented_amount_in_words(env, pivot):
+    """The expert's message and "Refund: five thousand dollars." (an amount nobody gave, in words)."""
+    return f"{text_of(pivot.expert)} Refund: five thousand dollars." if _is_message_pivot(pivot) else None
+
+
+def expert_message_with_an_invented_fact_in_words(env, pivot):
+    """The expert's message and an amount nobody gave, in words (no digit)."""
+    if not _is_message_pivot(pivot):
+        return None
+    return f"{text_of(pivot.expert)} Your refund of five thousand dollars has been issued."
+
+
+def heaviest_expert_words_to_half_recall(env, pivot):
+    """A keyword list: the expert message's facts, then its heaviest other words (by IDF) until half its
+    weight (message_recall) is said: no sentence, no function words."""
+    if not _is_message_pivot(pivot):
+        return None
+    weight = env.functional.content.weights
+    bag = word_counts(text_of(pivot.expert), STOPWORDS)
+    total = sum(count * weight(word) for word, count in bag.items())
+    facts = [word for word in bag if any(c.isdigit() for c in word)]
+    rest = sorted((word for word in bag if word not in facts), key=lambda word: -weight(word))
+    chosen, said = [], 0.0
+    for word in facts + rest:
+        if said >= 0.55 * total and word not in facts:
+            break
+        chosen.append(word)
+        said += bag[word] * weight(word)
+    return " ".join(chosen) if chosen else None
+
+
+def expert_message_in_an_html_comment_and_a_refusal(env, pivot):
+    """The expert's message hidden in an HTML comment, and a short refusal shown instead."""
+    if not _is_message_pivot(pivot):
+        return None
+    return f"<!-- {text_of(pivot.expert)} --> Sorry, I cannot help with that."
+
+
+def expert_calls_with_an_invented_letter_code(env, pivot):
+    """The expert's calls, with a confirmation code nobody gave, of letters only, beside them."""
+    return _with_text(pivot, "Confirmation QXWZKP.")
+
+
+def expert_calls_with_a_short_amount_in_words(env, pivot):
+    """The expert's calls, with "Refund: five thousand dollars." beside them."""
+    return _with_text(pivot, "Refund: five thousand dollars.")
+
+
 # -- tool-call turns ------------------------------------------------------------------------------------
 
 
@@ -387,21 +524,23 @@ def one_megabyte_argument(env, pivot):
     return _turn([(name, stuffed), *calls[1:]])
 
 
-def _free_text_padded(env, pivot, padding: str):
-    """The expert's calls with `padding` after each free-text argument, where the free-text rule decides
-    (on the airline backend these tools have no effect, so execution equivalence accepts any text)."""
+def _free_text_edited(env, pivot, edit):
+    """The expert's calls with each free-text argument replaced by `edit(value)`, where the free-text rule
+    decides (on the airline backend these tools have no effect, so execution equivalence accepts any text)."""
     calls = _expert_calls(pivot)
     if not calls or env.backend_for(pivot).equivalence(pivot) is not None:
         return None
     pattern = re.compile(env.functional.config.free_text_pattern)
-    padded = [
-        (
-            name,
-            {k: f"{v} {padding}" if isinstance(v, str) and pattern.search(k) else v for k, v in args.items()},
-        )
+    edited = [
+        (name, {k: edit(v) if isinstance(v, str) and pattern.search(k) else v for k, v in args.items()})
         for name, args in calls
     ]
-    return _turn(padded) if padded != calls else None
+    return _turn(edited) if edited != calls else None
+
+
+def _free_text_padded(env, pivot, padding: str):
+    """The expert's calls with `padding` after each free-text argument, where the free-text rule decides."""
+    return _free_text_edited(env, pivot, lambda value: f"{value} {padding}")
 
 
 def free_text_argument_padded_with_one_word(env, pivot):
@@ -457,6 +596,63 @@ def another_call_that_fails_alike(env, pivot):
     return None
 
 
+def empty_search_elsewhere(env, pivot):
+    """Where the expert's flight search finds nothing ("[]"), the same search for the reversed route (or a
+    date outside the database) that finds nothing too: an equal output, without the expert's question."""
+    calls = _expert_calls(pivot)
+    backend = env.backend_for(pivot)
+    if len(calls) != 1 or not hasattr(backend, "expert_effects"):
+        return None
+    name, args = calls[0]
+    if not name.startswith("search_") or backend.expert_effects(pivot)[0].output.strip() != "[]":
+        return None
+    for changed in (
+        {**args, "origin": args.get("destination"), "destination": args.get("origin")},
+        {**args, "date": "2023-01-01"},
+    ):
+        if backend.effect(pivot, name, changed).output.strip() == "[]":
+            return _turn([(name, changed)])
+    return None
+
+
+def huge_integer_argument(env, pivot):
+    """The expert's calls with every number argument (top level and nested, as in payment methods) 10**400:
+    too large for a float."""
+    found = False
+
+    def huge(value):
+        nonlocal found
+        if type(value) in (int, float):
+            found = True
+            return 10**400
+        if isinstance(value, list):
+            return [huge(v) for v in value]
+        if isinstance(value, dict):
+            return {k: huge(v) for k, v in value.items()}
+        return value
+
+    changed = [(name, huge(args)) for name, args in _expert_calls(pivot)]
+    return _turn(changed) if found else None
+
+
+def _scrambled(match: re.Match) -> str:
+    """A fact of the same form: each digit + 3, each letter + 7 (mod 10 and 26)."""
+    return "".join(
+        str((int(c) + 3) % 10)
+        if c.isdigit()
+        else chr((ord(c.lower()) - 97 + 7) % 26 + 97)
+        if "a" <= c.lower() <= "z"
+        else c
+        for c in match.group(0)
+    )
+
+
+def free_text_with_its_facts_changed(env, pivot):
+    """Where the free-text rule decides (recorded outputs), the expert's calls with every id, amount and
+    date of a free-text argument (summary, thought) replaced by a made-up one of the same form."""
+    return _free_text_edited(env, pivot, lambda value: _FACT.sub(_scrambled, value))
+
+
 def previous_assistant_turn_echoed(env, pivot):
     """The last assistant turn of the conversation again, calls and all."""
     for message in reversed(pivot.messages):
@@ -470,6 +666,8 @@ def previous_assistant_turn_echoed(env, pivot):
 ONLY_ON = {
     "ids_in_another_case_where_the_effect_differs": "tau-airline",
     "another_call_that_fails_alike": "tau-airline",
+    "empty_search_elsewhere": "tau-airline",
+    "free_text_with_its_facts_changed": "recorded",
     "free_text_argument_padded_with_one_word": "recorded",
     "free_text_argument_plus_50_random_words": "recorded",
 }
@@ -569,6 +767,11 @@ FAMILIES = {
         every_tool_with_the_experts_arguments.__doc__, every_tool_with_the_experts_arguments
     ),
     "arguments_with_an_extra_key": Family(arguments_with_an_extra_key.__doc__, arguments_with_an_extra_key),
+    "empty_search_elsewhere": Family(empty_search_elsewhere.__doc__, empty_search_elsewhere),
+    "huge_integer_argument": Family(huge_integer_argument.__doc__, huge_integer_argument, generic=True),
+    "free_text_with_its_facts_changed": Family(
+        free_text_with_its_facts_changed.__doc__, free_text_with_its_facts_changed
+    ),
     "ids_in_another_case_where_the_effect_differs": Family(
         ids_in_another_case_where_the_effect_differs.__doc__, ids_in_another_case_where_the_effect_differs
     ),
@@ -611,4 +814,59 @@ FAMILIES = {
     "expert_call_50_times": Family(expert_call_50_times.__doc__, expert_call_50_times, generic=True),
     "one_megabyte_message": Family(one_megabyte_message.__doc__, one_megabyte_message, generic=True),
     "one_megabyte_argument": Family(one_megabyte_argument.__doc__, one_megabyte_argument, generic=True),
+    # Audit 2: messages that change what the expert's message says (H4-H11), and text beside the calls.
+    "expert_message_with_negation_flipped": Family(
+        expert_message_with_negation_flipped.__doc__,
+        expert_message_with_negation_flipped,
+        floor=1.0,
+        why_floor=(
+            "'not', 'no' and 'can' are function words and 'cannot' weighs little: the opposite claim in the "
+            "expert's words is not told apart (220 of 220 bundled message pivots where it applies). Counting "
+            "negations would close it but rejects 2 of the 24 accepted hand-paired paraphrases ('I cannot "
+            f"process a refund ... as it is non-refundable' for 'it is non-refundable'); a judge tells it; {DOCS}"
+        ),
+    ),
+    "expert_message_with_two_facts_of_one_form_swapped": Family(
+        expert_message_with_two_facts_of_one_form_swapped.__doc__,
+        expert_message_with_two_facts_of_one_form_swapped,
+        floor=1.0,
+        why_floor=(
+            "words are compared as a bag: two facts of one form trading places (departure and arrival "
+            "times, two amounts, two ids) say the same words (54 of 54 bundled message pivots where it "
+            f"applies); a judge tells it; {DOCS}"
+        ),
+    ),
+    "expert_message_with_an_old_fact_replaced": Family(
+        expert_message_with_an_old_fact_replaced.__doc__,
+        expert_message_with_an_old_fact_replaced,
+        floor=0.1,
+        why_floor=(
+            "a message that leaves out a fact of the expert's may state no other (message_facts_substituted), "
+            "but the numbers of a numbered list are no facts: where the fact replaced is a list item's number "
+            f"('0.' for '1.') it is not told apart (5 of 53 bundled message pivots; 50 before that rule); {DOCS}"
+        ),
+    ),
+    "expert_message_with_an_invented_letter_code": Family(
+        expert_message_with_an_invented_letter_code.__doc__, expert_message_with_an_invented_letter_code
+    ),
+    "expert_message_with_a_short_invented_amount_in_words": Family(
+        expert_message_with_a_short_invented_amount_in_words.__doc__,
+        expert_message_with_a_short_invented_amount_in_words,
+    ),
+    "expert_message_with_an_invented_fact_in_words": Family(
+        expert_message_with_an_invented_fact_in_words.__doc__, expert_message_with_an_invented_fact_in_words
+    ),
+    "heaviest_expert_words_to_half_recall": Family(
+        heaviest_expert_words_to_half_recall.__doc__, heaviest_expert_words_to_half_recall
+    ),
+    "expert_message_in_an_html_comment_and_a_refusal": Family(
+        expert_message_in_an_html_comment_and_a_refusal.__doc__,
+        expert_message_in_an_html_comment_and_a_refusal,
+    ),
+    "expert_calls_with_an_invented_letter_code": Family(
+        expert_calls_with_an_invented_letter_code.__doc__, expert_calls_with_an_invented_letter_code
+    ),
+    "expert_calls_with_a_short_amount_in_words": Family(
+        expert_calls_with_a_short_amount_in_words.__doc__, expert_calls_with_a_short_amount_in_words
+    ),
 }
