@@ -28,15 +28,32 @@ class StageMismatchError(PivotEnvsError, RuntimeError):
 
 
 def machine() -> dict[str, str]:
-    """What a stage's numbers depend on beyond its settings: torch's version and the CPU kernels it picked
-    (`torch.backends.cpu.get_cpu_capability()`: "avx2", "avx512", ...; set with ATEN_CPU_CAPABILITY).
-    The same seed repeats bit for bit only with the same kernels. Empty where torch was never imported."""
+    """What a stage's numbers depend on beyond its settings: torch's version, the CPU kernels torch picked
+    (`torch.backends.cpu.get_cpu_capability()`: "avx2", "avx512", ...; ATEN_CPU_CAPABILITY sets them) and
+    the CPU, whose model also decides MKL's matrix kernels (MKL_ENABLE_INSTRUCTIONS caps them). The same
+    seed repeats bit for bit only with the same kernels. Empty where torch was never imported."""
     import sys
 
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
-    return {"torch": str(torch.__version__), "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    return {
+        "torch": str(torch.__version__),
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "cpu": _cpu_model(),
+    }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def digest(settings: Any) -> str:
@@ -121,8 +138,9 @@ class Stages:
             raise StageMismatchError(
                 f"stage {name} rebuilt on this machine gives {result}, not the recorded {record['result']}: the "
                 f"stages built on its recorded files came from other ones. {kernels}: the same seed repeats bit "
-                f"for bit only with the same kernels, so set ATEN_CPU_CAPABILITY to the recorded ones "
-                f"(benchmarks/stages/reproduce-cpu-sft: avx2) and run again, or delete {self.root} to start over"
+                "for bit only with the same kernels, torch's (ATEN_CPU_CAPABILITY sets them) and MKL's (the CPU's "
+                "model picks them; MKL_ENABLE_INSTRUCTIONS caps them), so rebuild on a CPU like the recording "
+                f"one's (docs/reproduce.md), or delete {self.root} to start over"
             )
         seconds = time.perf_counter() - began
         self._finish(name, partial, {**record, "rebuilt_seconds": seconds})
