@@ -71,7 +71,10 @@ def test_the_timeout_kills_the_whole_process_tree(sandbox):
 
 def test_a_command_over_the_disk_limit_is_killed_and_the_sandbox_keeps_its_files(backend, sandbox):
     backend.limits = dataclasses.replace(backend.limits, disk_mb=40)
-    result = sandbox.run("for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; done; echo finished")
+    # Paced so that the host's poll (every 0.1 s) finds the sandbox over 40 MB before it holds twice
+    # that: a sandbox left beyond DiskFloor.most is refused its next command, by design, and an
+    # unpaced writer on a loaded machine got there between two polls (CI, docker).
+    result = sandbox.run("for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; sleep 0.5; done; echo finished")
     assert (
         result.exit_code == 137 and "disk limit (40 MB)" in result.output and "finished" not in result.output
     )
