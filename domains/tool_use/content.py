@@ -108,13 +108,21 @@ def spelled_facts(text: str, stopwords: frozenset[str]) -> set[str]:
     return codes | _NUMBER_WORDS.intersection(_TOKEN.findall(normalized.casefold()))
 
 
-def _spellable(text: str) -> set[str]:
-    """The words of a text, in any case, that would be facts written in capitals or as numbers in words."""
+def spellable(text: str) -> set[str]:
+    """The words of a text, in any case, that would be facts written in capitals or as numbers in words
+    (what `spelled_facts` finds in a text that writes them so)."""
     return {
         word
         for word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
         if word in _NUMBER_WORDS or (5 <= len(word) <= 8 and word.isascii() and word.isalpha())
     }
+
+
+def _stated_numbers(text: str, bag: Counter[str]) -> set[str]:
+    """The words with a digit that a text, whose bag of words is `bag`, states as facts: those it says more
+    often than it numbers list items with them ("1. ..." states no fact)."""
+    listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
+    return {word for word, count in bag.items() if _DIGIT.search(word) and count > listed[word]}
 
 
 def _token_count(text: str) -> int:
@@ -263,7 +271,7 @@ class ExpertMessage(ExpertText):
     earlier: list[ExpertText]  # the earlier assistant and user turns with text
     said: Counter[str]  # the earlier assistant and user turns' words, each as often as one turn says it
     facts: frozenset[str] = frozenset()  # its facts: words with a digit (not list numbers) and codes
-    known_words: frozenset[str] = frozenset()  # words the message or the conversation says, as `_spellable`
+    known_words: frozenset[str] = frozenset()  # words the message or the conversation says, as `spellable`
     tokens: int = 0  # its word tokens, function words included
 
 
@@ -304,29 +312,26 @@ class ContentCheck:
         assistant_said: set[str] = set()
         said: Counter[str] = Counter()
         known = {word for word in compiled.bag if _DIGIT.search(word)}
-        known_words = _spellable(text)
+        known_words = spellable(text)
         for message in pivot.messages:
             if not isinstance(message, dict):
                 continue
             role, content = message.get("role"), text_of(message)
             known.update(facts_of(content))
-            known_words.update(_spellable(content))
+            known_words.update(spellable(content))
             for call in message.get("tool_calls") or ():
                 function = call.get("function", call) if isinstance(call, dict) else None
                 if isinstance(function, dict):
                     arguments = str(function.get("arguments", ""))
                     known.update(facts_of(arguments))
-                    known_words.update(_spellable(arguments))
+                    known_words.update(spellable(arguments))
             if role in ("assistant", "user") and content:
                 turn = self._compiled(content)
                 earlier.append(turn)
                 said |= turn.bag
                 if role == "assistant":
                     assistant_said.update(turn.bag)
-        listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
-        stated = {
-            word for word, count in compiled.bag.items() if _DIGIT.search(word) and count > listed[word]
-        }
+        stated = _stated_numbers(text, compiled.bag)
         facts = frozenset(word for word in stated if word not in assistant_said)
         stated |= spelled_facts(text, self.stopwords) - _NUMBER_WORDS
         return ExpertMessage(
@@ -347,9 +352,7 @@ class ContentCheck:
         `also`) does not, listed; "" where it leaves none out or states none other."""
         if not any(fact not in bag for fact in expert.facts):
             return ""
-        listed = Counter(match.group(1) for match in _LIST_ITEM.finditer(text))
-        stated = {word for word, count in bag.items() if _DIGIT.search(word) and count > listed[word]}
-        stated |= spelled_facts(text, self.stopwords) - _NUMBER_WORDS
+        stated = _stated_numbers(text, bag) | (spelled_facts(text, self.stopwords) - _NUMBER_WORDS)
         other = sorted(stated - expert.bag.keys() - expert.facts - also)
         if not other:
             return ""

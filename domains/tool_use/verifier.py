@@ -45,6 +45,7 @@ from pivot_envs.domains.tool_use.content import (
     ExpertText,
     corpus_weights,
     facts_of,
+    spellable,
     spelled_facts,
     visible,
 )
@@ -396,7 +397,7 @@ class FunctionalVerifier:
                 fact
                 for call in calls
                 for arguments in (json.dumps(call.arguments, ensure_ascii=False),)
-                for fact in facts_of(arguments) | _spellable_words(arguments)
+                for fact in facts_of(arguments) | spellable(arguments)
             )
         self._plans[pivot.id] = plan
         return plan
@@ -777,11 +778,6 @@ def _same_arguments(expert: _ExpertCall, arguments: Any) -> bool:
     """Whether a call's arguments are the expert call's own: the expert's call is the reference, so its
     effect needs no execution to be the expert's."""
     return expert.fast_ok and arguments == expert.arguments
-
-
-def _spellable_words(text: str) -> set[str]:
-    """The words of a call's arguments, in any case, that the text beside it may write as codes or numbers."""
-    return {word for word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()) if word.isalpha()}
 
 
 def _content(message: dict[str, Any]) -> str:
