@@ -233,3 +233,167 @@ def test_an_endless_strip_number_in_a_version_4_index_costs_linear_time():
     start = time.perf_counter()
     assert index_entries(endless) is None
     assert time.perf_counter() - start < 0.5
+
+
+# The objects HEAD, the refs and the index name: present and sound, or one line that says what is not.
+
+
+def objects_line(tmp_path, name="r"):
+    lines = [line for line in git_state(tmp_path, name).splitlines() if line.startswith('"" objects\t')]
+    return lines[0].split("\t", 1)[1] if lines else None
+
+
+def loose(path):
+    """{object id: its loose file} of the repository at `path`."""
+    objects = path / ".git" / "objects"
+    return {f"{d.name}{f.name}": f for d in objects.glob("??") for f in d.iterdir()}
+
+
+def overwrite(file, data):
+    file.chmod(0o644)
+    file.write_bytes(data)
+
+
+def test_an_intact_repository_has_no_objects_line(tmp_path):
+    path = repo(tmp_path / "r")
+    assert objects_line(tmp_path) is None
+    assert len(loose(path)) == 7  # 3 blobs, 3 trees, 1 commit: all loose
+
+
+def test_deleted_objects_read_as_missing(tmp_path):
+    path = repo(tmp_path / "r")
+    intact = git_state(tmp_path, "r")
+    for file in loose(path).values():
+        file.unlink()
+    # the commit HEAD's ref names and the 3 index blobs (the commit's tree is read from the commit, gone too)
+    assert objects_line(tmp_path) == "4 missing"
+    assert git_state(tmp_path, "r") == intact + '\n"" objects\t4 missing'
+
+
+def test_an_object_overwritten_with_garbage_reads_as_corrupt(tmp_path):
+    path = repo(tmp_path / "r")
+    blob = git(path, "rev-parse", "HEAD:two").strip()
+    overwrite(loose(path)[blob], os.urandom(100))
+    assert objects_line(tmp_path) == "1 corrupt"
+    overwrite(loose(path)[blob], b"")
+    assert objects_line(tmp_path) == "1 corrupt"
+
+
+def test_an_object_replaced_by_another_valid_objects_file_reads_as_corrupt(tmp_path):
+    """A sound zlib stream, a sound header, the right type: only its SHA-1 tells it is another object."""
+    path = repo(tmp_path / "r")
+    objects = loose(path)
+    one, two = git(path, "rev-parse", "HEAD:a/b/one.txt").strip(), git(path, "rev-parse", "HEAD:two").strip()
+    overwrite(objects[two], objects[one].read_bytes())
+    assert objects_line(tmp_path) == "1 corrupt"
+    tree = git(path, "rev-parse", "HEAD^{tree}").strip()  # the commit's tree: one level is checked too
+    overwrite(objects[two], objects[one].read_bytes())
+    overwrite(objects[tree], objects[git(path, "rev-parse", "HEAD:a").strip()].read_bytes())
+    assert objects_line(tmp_path) == "2 corrupt"
+
+
+def test_a_packed_repository_reads_as_intact_and_as_its_loose_self(tmp_path):
+    """`git gc` packs the objects and the refs: the state is the same text, so a sample that packs is not
+    refused for it."""
+    path = repo(tmp_path / "r")
+    git(path, "branch", "feature")
+    git(path, "tag", "-a", "-m", "t", "v1")  # a tag object: packed-refs holds a peeled line too
+    loose_state = git_state(tmp_path, "r")
+    git(path, "gc", "-q")
+    assert loose(path) == {}
+    assert git_state(tmp_path, "r") == loose_state
+    assert objects_line(tmp_path) is None
+    (pack,) = (path / ".git" / "objects" / "pack").glob("*.pack")
+    pack.unlink()  # the idx alone: its objects are gone
+    assert objects_line(tmp_path) == "5 missing"  # the commit, the tag, the 3 blobs
+
+
+def test_a_pack_overwritten_with_garbage_reads_as_missing(tmp_path):
+    path = repo(tmp_path / "r")
+    git(path, "gc", "-q")
+    (pack,) = (path / ".git" / "objects" / "pack").glob("*.pack")
+    overwrite(pack, os.urandom(pack.stat().st_size))
+    assert objects_line(tmp_path) == "4 missing"
+
+
+def test_garbage_idx_links_directories_and_huge_files_do_not_raise(tmp_path):
+    path = repo(tmp_path / "r")
+    git(path, "gc", "-q")
+    packs = path / ".git" / "objects" / "pack"
+    (idx,) = packs.glob("*.idx")
+    data = idx.read_bytes()
+    for garbage in (
+        os.urandom(len(data)),
+        data[:8] + b"\xff" * 1024 + data[1032:],  # every fanout entry 2**32 - 1: far past the file
+        data[:8] + bytes(reversed(data[8:1032])) + data[1032:],  # a fanout that decreases
+        data[:-50],
+        b"",
+    ):
+        overwrite(idx, garbage)
+        assert objects_line(tmp_path) == "4 missing"
+    idx.unlink()
+    idx.mkdir()  # a directory where a file is expected
+    assert objects_line(tmp_path) == "4 missing"
+    idx.rmdir()
+    idx.symlink_to(tmp_path / "elsewhere.idx")
+    (tmp_path / "elsewhere.idx").write_bytes(data)
+    assert objects_line(tmp_path) == "4 missing"  # an idx that is a link is not read
+    second = repo(tmp_path / "s")
+    objects = loose(second)
+    blob = git(second, "rev-parse", "HEAD:two").strip()
+    objects[blob].unlink()
+    objects[blob].mkdir()
+    assert objects_line(tmp_path, "s") == "1 corrupt"
+    objects[blob].rmdir()
+    objects[blob].symlink_to(objects[git(second, "rev-parse", "HEAD:a/b/one.txt").strip()])
+    assert objects_line(tmp_path, "s") == "1 corrupt"  # a link is not followed
+    objects[blob].unlink()
+    with open(objects[blob], "wb") as handle:
+        handle.truncate(10 << 30)  # sparse, 10 GiB of zeros: not a zlib stream, found in its first bytes
+    start = time.perf_counter()
+    assert objects_line(tmp_path, "s") == "1 corrupt"
+    assert time.perf_counter() - start < 1.0
+
+
+def test_an_inflating_bomb_costs_the_byte_budget_and_reads_as_unchecked(tmp_path, monkeypatch):
+    import zlib
+
+    monkeypatch.setattr(gitstate, "OBJECT_BYTES", 4 << 20)
+    path = repo(tmp_path / "r")
+    blob = git(path, "rev-parse", "HEAD:two").strip()
+    size = 1 << 30  # a 1 GiB blob in about 1 MB: its header is sound, its hash too costly to check
+    body = zlib.compressobj(9)
+    bomb = body.compress(f"blob {size}\0".encode()) + b"".join(
+        body.compress(bytes(1 << 20)) for _ in range(1024)
+    )
+    overwrite(loose(path)[blob], bomb + body.flush())
+    start = time.perf_counter()
+    assert objects_line(tmp_path) == "1 unchecked"
+    assert time.perf_counter() - start < 1.0
+    overwrite(loose(path)[blob], zlib.compress(b"blob x\0"))  # a header that does not parse
+    assert objects_line(tmp_path) == "1 corrupt"
+
+
+def test_objects_past_the_object_budget_read_as_unchecked(tmp_path, monkeypatch):
+    monkeypatch.setattr(gitstate, "OBJECTS", 2)
+    repo(tmp_path / "r")
+    assert objects_line(tmp_path) == "3 unchecked"  # the commit and one blob checked; 2 blobs, the tree not
+
+
+def test_objects_reached_only_through_alternates_read_as_missing(tmp_path):
+    source = repo(tmp_path / "source")
+    git(tmp_path, "clone", "-q", "--shared", str(source), "clone")
+    assert (tmp_path / "clone" / ".git" / "objects" / "info" / "alternates").exists()
+    assert objects_line(tmp_path, "clone") == "4 missing"  # alternates are not followed
+    assert objects_line(tmp_path, "source") is None
+
+
+def test_a_gitlink_and_the_empty_blob_are_not_looked_up(tmp_path):
+    path = repo(tmp_path / "r")
+    (path / "empty").write_text("")
+    git(path, "add", "empty")
+    for file in loose(path).values():
+        if file.parent.name + file.name == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391":
+            file.unlink()  # git knows the empty blob without its file
+    git(path, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},sub")  # another repository's commit
+    assert objects_line(tmp_path) is None
