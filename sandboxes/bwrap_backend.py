@@ -339,6 +339,7 @@ class BwrapSandbox(PooledSandbox):
             clean=clean,
         )[4:]
         clear_output(self.directory, "state")
+        left = None  # what the command left running: the server counts it before the files are read
         for attempt in (1, 2):
             if self.server is None:
                 self.server = self.owner.start_server(self.directory, self.workdir)
@@ -356,6 +357,7 @@ class BwrapSandbox(PooledSandbox):
                     server.kill_request,
                 )
                 note = "" if exit_code is not None else "\n[the command killed the sandbox's processes]\n"
+                left = server.channel.left_running
                 break
             except ServerDown as error:
                 # The previous command killed the server (`kill -9 -1`): the files stay, start another.
@@ -384,6 +386,7 @@ class BwrapSandbox(PooledSandbox):
             known=self.known,
         )
         result.output += note
+        result.left_running = left
         return result
 
     def snapshot(self) -> Snapshot:

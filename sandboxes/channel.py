@@ -7,7 +7,8 @@ reading before the sandbox starts; the server (`runner.SERVER`) opens all three 
 on only the two ends hold them, so no command can open them by path, and commands run with fewer
 capabilities than the server, so they cannot open them through /proc either. Each call writes the
 runner's arguments to the request file (NUL-separated), a line GO to `in`, and reads the report
-from `out` up to its trailer line "<marker> exit <status>", at most `max_reply` bytes. The request
+from `out` up to its trailer line "<marker> exit <status> <left>" (<left>: the processes the
+command left running, `left_running`), at most `max_reply` bytes. The request
 crosses as a file because bash reads a FIFO one byte per system call and a pipe holds 64 KiB, so
 a large call (an editor's new file) cost thousands of reads; a regular file it reads in blocks.
 While the command runs the host watches the sandbox's disk use.
@@ -51,6 +52,8 @@ class Channel:
         self.owner = owner
         self._reply = self._request = self._go = -1
         self.isolated: bool | None = None
+        # What the last call's command left running (its trailer's count; None: no trailer).
+        self.left_running: int | None = None
         # The reply closed without a trailer: the server is gone (its end of `in` may close a moment later).
         self.ended = False
         self._make()
@@ -119,8 +122,8 @@ class Channel:
     ) -> tuple[bytes, int | None]:
         """Send the runner's arguments to the server; returns (reply, exit status or None).
 
-        The reply ends with the trailer "<marker> exit <status>" (the marker is args[7]); reading
-        stops there. None: the server closed the reply without a trailer (the command killed it,
+        The reply ends with the trailer "<marker> exit <status> <left>" (the marker is args[7]);
+        reading stops there, and `left_running` holds <left> (None until then). None: the server closed the reply without a trailer (the command killed it,
         e.g. `kill -9 -1`). A server that is gone before it takes the request raises ServerDown;
         one that does not finish before `deadline` raises `ServerTimeout`; a reply over
         `max_reply` bytes raises `ReplyTooLarge`. While the command runs, `check()` is called every
@@ -143,6 +146,7 @@ class Channel:
             if broken:
                 raise LimitExceeded(broken)
         trailer = b"\n%s exit " % args[7].encode()
+        self.left_running = None
         body = b"".join(arg.encode() + b"\0" for arg in args)
         os.ftruncate(self._request, 0)
         view, offset = memoryview(body), 0
@@ -182,9 +186,10 @@ class Channel:
             if len(chunks) > max_reply:
                 raise ReplyTooLarge(f"the reply of {name} exceeded {max_reply} bytes")
             at = chunks.rfind(trailer, max(len(chunks) - 64, 0))
-            status = chunks[at + len(trailer) : -1] if at >= 0 and chunks.endswith(b"\n") else b""
-            if status.isdigit():
-                return bytes(chunks[:at]), int(status)
+            words = chunks[at + len(trailer) : -1].split(b" ") if at >= 0 and chunks.endswith(b"\n") else []
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+                self.left_running = int(words[1])
+                return bytes(chunks[:at]), int(words[0])
 
     def close_ends(self) -> None:
         """Close the host's ends now (the directory goes with `close`)."""

@@ -320,7 +320,8 @@ class DockerSandbox(PooledSandbox):
             raise SandboxError(f"restarting container {self.container.short_id} failed: {error}") from error
 
     def _call(self, args: list[str], deadline: float, name: str, **options) -> tuple[bytes, int | None, str]:
-        """One request through the channel: (reply, exit status or None, note). A command that broke a
+        """One request through the channel: (reply, exit status or None, note); the channel's
+        `left_running` then holds what the command left running (None without a trailer). A command that broke a
         watched limit, wedged the server or killed it is the command's doing: the container is
         restarted (files kept) and the note says what happened; a server gone before it took the
         request is restarted and asked once more."""
@@ -367,6 +368,7 @@ class DockerSandbox(PooledSandbox):
             )
             if note:
                 result.output += f"\n[{note}]\n"
+            result.left_running = self.channel.left_running
             return result
         argv = runner_argv(command, timeout, limits, marker, self.workdir if files else "", clean=clean)
         if self.channel is not None:
@@ -375,14 +377,18 @@ class DockerSandbox(PooledSandbox):
             raw, exit_code, note = self._call(argv[4:], start + timeout + 30, name, max_reply=bound)
             if exit_code is None:
                 return CommandResult(command, 137, f"[{note}]\n", False, 0, None, time.monotonic() - start)
+            left = self.channel.left_running
         else:
+            left = None  # a `docker exec` has no server to count what the command left running
             try:
                 _, raw = self.container.exec_run(
                     argv, environment=runner_env(DROP_SETPCAP), workdir=self.workdir, stdin=False
                 )
             except Exception as error:
                 raise SandboxError(f"docker exec failed in {self.container.short_id}: {error}") from error
-        return parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
+        result = parse_runner_output(raw or b"", command, marker, limits, timeout, time.monotonic() - start)
+        result.left_running = left
+        return result
 
     def snapshot(self) -> Snapshot:
         """`docker commit` the container as a labelled image."""

@@ -163,6 +163,7 @@ def disk_usage(
                 skip=frozenset(),
                 deep=deep,
                 ordered=False,
+                repositories=False,
             )
             try:
                 for _, _, info in walk:
@@ -234,8 +235,8 @@ class KnownDigests:
     def of_tree(
         cls, root: str | os.PathLike, limit: int = 5000, beneath: str | os.PathLike | None = None
     ) -> KnownDigests:
-        """The digests of the regular files under `root` (.git left out) with their stat, unsealed;
-        `root` must not change meanwhile (an image's files seen through a fresh container)."""
+        """The digests of the regular files under `root` (a repository's .git left out) with their stat,
+        unsealed; `root` must not change meanwhile (an image's files seen through a fresh container)."""
         budget = _Budget(HASH_BUDGET)
         return cls(
             {
@@ -280,14 +281,16 @@ class _Deep:
 def _entries(
     top: int,
     limit: int | None,
-    skip: frozenset[str] = frozenset({".git"}),
+    skip: frozenset[str] = frozenset(),
     deep: _Deep | None = None,
     ordered: bool = True,
+    repositories: bool = True,
 ) -> Iterator[tuple[str, int, os.stat_result]]:
     """(relative path, parent directory descriptor, lstat) of every entry under the open directory
     `top`, top-down: a directory's subdirectories (sorted) then its other entries, then each
     subdirectory's tree (os.walk's order; a link is never a directory here). Directories named in
-    `skip` (relative paths; .git by default) are left out. The parent descriptor is valid until the
+    `skip` (names or relative paths) are left out, and with `repositories` each `.git` directory that
+    is a repository (`is_repository`). The parent descriptor is valid until the
     next entry is yielded. At most `limit` entries (None: all).
 
     Depth first, holding the descriptors of the directories along the current path: each directory
@@ -304,7 +307,7 @@ def _entries(
     frames: list[tuple[int, str, Iterator[tuple[str, os.stat_result]]]] = [(top, "", iter(()))]
     try:
         subdirs: list[tuple[str, os.stat_result]] = []
-        for name, info in _listed(top, "", skip, limit, ordered, subdirs):
+        for name, info in _listed(top, "", skip, limit, ordered, subdirs, repositories):
             count += 1
             yield name, top, info
         frames[-1] = (top, "", iter(subdirs))
@@ -328,7 +331,13 @@ def _entries(
             frames.append((directory, path, iter(())))
             subdirs = []
             for child, child_info in _listed(
-                directory, path, skip, None if limit is None else limit - count, ordered, subdirs
+                directory,
+                path,
+                skip,
+                None if limit is None else limit - count,
+                ordered,
+                subdirs,
+                repositories,
             ):
                 count += 1
                 yield path + child, directory, child_info
@@ -346,12 +355,14 @@ def _listed(
     most: int | None,
     ordered: bool,
     subdirs: list[tuple[str, os.stat_result]],
+    repositories: bool = False,
 ) -> Iterator[tuple[str, os.stat_result]]:
     """(name, lstat) of at most `most` entries of the open `directory` (None: all), `skip`'s
-    directories left out; its subdirectories (sorted when `ordered`) are added to `subdirs`.
+    directories (and with `repositories`, repositories' `.git`) left out; its subdirectories (sorted
+    when `ordered`) are added to `subdirs`.
     `ordered`: as `_listing` gives them; else in listing order, each yielded as it is read."""
     if ordered:
-        listed = _listing(directory, prefix, skip, most)
+        listed = _listing(directory, prefix, skip, most, repositories)
         if listed is not None:
             subdirs += listed[0]
             yield from itertools.chain(*listed)
@@ -367,7 +378,7 @@ def _listed(
                 except OSError:
                     continue
                 if stat.S_ISDIR(info.st_mode):
-                    if entry.name in skip or prefix + entry.name in skip:
+                    if _left_out(directory, entry.name, prefix, skip, repositories):
                         continue
                     subdirs.append((entry.name, info))
                 yield entry.name, info
@@ -379,11 +390,12 @@ def _listed(
 
 
 def _listing(
-    directory: int, prefix: str, skip: frozenset[str], most: int | None
+    directory: int, prefix: str, skip: frozenset[str], most: int | None, repositories: bool = False
 ) -> tuple[list[tuple[str, os.stat_result]], list[tuple[str, os.stat_result]]] | None:
     """(subdirectories sorted by name, other entries in listing order) of the open `directory` (at
-    `prefix` under the walk's top), each with its lstat; directories named in `skip` are left out,
-    entries gone before their lstat too. None when it cannot be listed.
+    `prefix` under the walk's top), each with its lstat; directories named in `skip` (and with
+    `repositories`, repositories' `.git`) are left out, entries gone before their lstat too. None
+    when it cannot be listed.
 
     At most `most` of them (None: all): the first `most` of the whole directory's order as long as it
     holds at most max(`most`, LISTED) entries; of a bigger one only that many are read (their
@@ -404,7 +416,7 @@ def _listing(
             continue
         if not is_dir:
             others.append(entry)
-        elif entry.name not in skip and prefix + entry.name not in skip:
+        elif not _left_out(directory, entry.name, prefix, skip, repositories):
             dirs.append(entry)
     dirs.sort(key=lambda entry: entry.name)
     kept: tuple[list[tuple[str, os.stat_result]], list[tuple[str, os.stat_result]]] = ([], [])
@@ -415,10 +427,34 @@ def _listing(
             continue
         if not stat.S_ISDIR(info.st_mode):
             kept[1].append((entry.name, info))
-        elif entry.name not in skip and prefix + entry.name not in skip:
-            kept[0].append((entry.name, info))
+        elif not _left_out(directory, entry.name, prefix, skip, repositories):  # checked again: it may
+            kept[0].append((entry.name, info))  # not have been a directory when listed
     kept[0].sort(key=lambda pair: pair[0])  # in order but for an entry changed since the listing
     return kept
+
+
+def is_repository(parent: int, name: str = ".git") -> bool:
+    """Whether the directory `name` in the open directory `parent` is a git repository's: it holds a
+    regular file HEAD (no link followed, `name` included). The manifest leaves such a `.git` out (the
+    git state compares it, `gitstate`); any other `.git`, a file or a directory without HEAD, is listed
+    like any other entry, so what a command writes there shows."""
+    try:
+        git = os.open(name, _DIRECTORY, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat("HEAD", dir_fd=git, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(git)
+
+
+def _left_out(directory: int, name: str, prefix: str, skip: frozenset[str], repositories: bool) -> bool:
+    """Whether the subdirectory `name` of the open `directory` (at `prefix`) is left out of a walk."""
+    if name in skip or prefix + name in skip:
+        return True
+    return repositories and name == ".git" and is_repository(directory, name)
 
 
 def _open_listed(parent: int, name: str, listed: os.stat_result) -> int:
@@ -453,15 +489,18 @@ def _holds_any(parent: int, name: str, listed: os.stat_result) -> bool:
 
 
 def _walk(
-    root: str | os.PathLike, limit: int | None, beneath: str | os.PathLike | None = None
+    root: str | os.PathLike, limit: int | None, beneath: str | os.PathLike | None = None, own: bool = False
 ) -> Iterator[tuple[str, int, os.stat_result]]:
     """(relative path, parent directory descriptor, lstat) of the entries under `root` (see `_entries`);
-    `beneath`: a directory the host made that `root` lies in, opened from there without following links."""
+    `beneath`: a directory the host made that `root` lies in, opened from there without following links.
+    `own`: `root`'s own entry first, as "." (its descriptor, its fstat), beyond the `limit`."""
     try:
         top = _open_root(root, beneath)
     except OSError:
         return
     try:
+        if own:
+            yield ".", top, os.fstat(top)
         yield from _entries(top, limit)
     finally:
         os.close(top)
@@ -489,14 +528,17 @@ def manifest(
 ) -> dict[str, str]:
     """The workspace manifest from the host side, in the runner's format ({path: "type mode [digest]"}).
 
-    .git is left out: commit objects differ between equivalent commands (timestamps, order).
+    The workspace's own entry comes first, as "." ("d <mode>": a `chmod` of the workspace shows), then
+    at most `limit` entries under it. A repository's .git is left out (a `.git` directory holding a
+    regular file HEAD, `is_repository`): commit objects differ between equivalent commands (timestamps,
+    order), and the git state compares the repository (`gitstate`). Any other `.git` is listed.
     `known`: digests of unchanged files to reuse instead of reading them (see KnownDigests).
     `beneath`: the sandbox's tree on the host, from which `root` is opened without following links.
     At most `budget` bytes are read to hash files.
     """
     entries: dict[str, str] = {}
     left = _Budget(budget)
-    for relative, directory, info in _walk(root, limit, beneath):
+    for relative, directory, info in _walk(root, limit, beneath, own=True):
         name = relative.rsplit("/", 1)[-1]
         mode = oct(stat.S_IMODE(info.st_mode))[2:]
         if stat.S_ISLNK(info.st_mode):
@@ -516,7 +558,7 @@ def manifest(
 
 
 def file_digests(root: str | os.PathLike, limit: int = 5000) -> dict[str, tuple[int, int, str]]:
-    """{relative path: (size, mtime_ns, digest)} of the regular files under `root` (.git left out), for
+    """{relative path: (size, mtime_ns, digest)} of the regular files under `root` (a repository's .git left out), for
     `KnownDigests.of_copy`; `root` must not change meanwhile (a snapshot's frozen tree)."""
     return {
         relative: (info.st_size, info.st_mtime_ns, digest)
@@ -638,7 +680,7 @@ def writes_outside(
     walked = 0
     try:
         with _opened(upper) as top:
-            for relative, _, info in _entries(top, most_entries + 1, skip=roots):
+            for relative, _, info in _entries(top, most_entries + 1, skip=roots, repositories=False):
                 walked += 1
                 if walked > most_entries:
                     found.append(f"/[more than {most_entries} entries outside the writable roots]")

@@ -82,6 +82,11 @@ class CommandResult:
     git:       the workspace's git repository state after the command, when the manifest was asked and
                the sandbox's tree was read from the host (`gitstate.git_state`: HEAD, refs, index
                entries; "" without a repository); None otherwise.
+    left_running: how many processes the command left running after its shell exited (background
+               jobs, `setsid` and double-forked children still alive then), counted in the sandbox
+               after the command and before its files are read; processes that earlier commands
+               left are not counted. None where the sandbox cannot tell (Docker without the command
+               channel, keystrokes sent to an interactive shell, a command that killed the server).
     """
 
     command: str
@@ -93,6 +98,7 @@ class CommandResult:
     seconds: float = 0.0
     shell: str | None = None
     git: str | None = None
+    left_running: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,6 +112,7 @@ class CommandResult:
             "timed_out": self.timed_out,
             "truncated": self.truncated,
             "seconds": round(self.seconds, 4),
+            "left_running": self.left_running,
         }
 
 

@@ -109,9 +109,9 @@ half=$(( $3 / 2 ))
 if [ "$size" -gt "$3" ]; then head -c "$half" /.pivot/out; tail -c "$half" /.pivot/out; else cat /.pivot/out; fi
 if [ -n "$9" ] && cd "$9" 2>/dev/null; then
   printf '\n%s manifest\n' "$8"
-  timeout -s KILL 10 find . -mindepth 1 -name .git -prune -o -printf '%y %m %p\0%l\0' 2>/dev/null | head -z -n "$(( ${10} * 2 ))"
+  timeout -s KILL 10 find . -name .git -type d -exec test -f {}/HEAD -a ! -h {}/HEAD \; -prune -o -printf '%y %m %p\0%l\0' 2>/dev/null | head -z -n "$(( ${10} * 2 + 2 ))"
   printf '%s digests\n' "$8"
-  timeout -s KILL 10 find . -name .git -prune -o -type f -print0 2>/dev/null | head -z -n "${10}" | xargs -0 -r md5sum 2>/dev/null
+  timeout -s KILL 10 find . -name .git -type d -exec test -f {}/HEAD -a ! -h {}/HEAD \; -prune -o -type f -print0 2>/dev/null | head -z -n "${10}" | xargs -0 -r md5sum 2>/dev/null
   size=0
   if [ -f /.pivot/env.sh ] && [ ! -L /.pivot/env.sh ]; then size=$(stat -c %s /.pivot/env.sh 2>/dev/null || echo 0); fi
   printf '%s shell %s\n' "$8" "$size"
@@ -142,8 +142,14 @@ DROP_SETPCAP = "setpriv --bounding-set=-setpcap --"
 # it), and the host then removes the three paths, so no command can open them. For each request it
 # re-reads the request file through its own descriptor, runs the runner in a subshell that closes
 # the channel's descriptors, and writes the report followed by a trailer line "<marker> exit
-# <status>" to `out`. A command then costs a fork and an exec in the sandbox instead of a `docker
-# exec` through the daemon or a new bwrap.
+# <status> <left>" to `out`. A command then costs a fork and an exec in the sandbox instead of a
+# `docker exec` through the daemon or a new bwrap.
+# <left> counts what the command left running (CommandResult.left_running), taken after the
+# request's subshell returns and before the trailer, so before the host reads the sandbox's files:
+# the live processes (not zombies) whose PID was not in /proc when the request began, less those
+# whose parent was there and is not PID 1 or the server or its ancestors (`keep`, found once): the
+# children a daemon of an earlier command forks are that daemon's, not this command's. Builtins
+# only (a glob of /proc before, a glob and a read of each new process's stat after): no process.
 # The server ignores SIGPIPE (the host may stop reading); commands get the default back. Job
 # control (set -m) runs each request in a process group of its own, which the host can kill.
 SERVER = r"""
@@ -151,6 +157,8 @@ trap '' PIPE
 set -m
 exec 3<>/.pivot-chan/in 4>/.pivot-chan/out 5</.pivot-chan/request || exit 1
 if [ -n "$PIVOT_DROP" ] && ! command -v setpriv >/dev/null 2>&1; then PIVOT_DROP=; fi
+keep=" 1 " p=$$
+while [ "$p" -gt 1 ] && { read -r s </proc/$p/stat; } 2>/dev/null; do keep="$keep$p "; s=${s##*) }; set -- $s; p=$2; done
 printf 'ready %s\n' "${PIVOT_DROP:+drop}" >&4
 while :; do
   go=
@@ -159,8 +167,18 @@ while :; do
   args=()
   while IFS= read -r -d '' arg; do args+=("$arg"); done </proc/self/fd/5 || exit 1
   [ "${#args[@]}" -gt 7 ] || continue
+  before=" "; for d in /proc/[0-9]*; do before="$before${d#/proc/} "; done
   { ( trap - PIPE; exec 3<&- 5<&- 4>&-; cd "$PIVOT_WORKDIR" 2>/dev/null; set -- "${args[@]}"; unset args arg go; eval "$PIVOT_RUNNER" )
-    printf '\n%s exit %s\n' "${args[7]}" "$?"; } >&4
+    rc=$? left=0
+    for d in /proc/[0-9]*; do
+      case $before in *" ${d#/proc/} "*) continue ;; esac
+      { read -r s <"$d/stat"; } 2>/dev/null || continue
+      s=${s##*) }; set -- $s
+      case $1 in Z|X) continue ;; esac
+      case $before in *" $2 "*) case $keep in *" $2 "*) ;; *) continue ;; esac ;; esac
+      left=$((left + 1))
+    done
+    printf '\n%s exit %s %s\n' "${args[7]}" "$rc" "$left"; } >&4
 done
 """
 CHANNEL_DIR = "/.pivot-chan"
@@ -366,7 +384,8 @@ def result_from_files(
         )
         saved_size, saved, problem = read_bounded(root, os.path.join(state, "env.sh"), SHELL_BYTES)
         shell = None if problem else join_cut(saved, saved_size - len(saved), SHELL_BYTES)
-        git = git_state(root, workspace, (path for path, entry in files.items() if entry.startswith("d ")))
+        directories = (path for path, entry in files.items() if entry.startswith("d ") and path != ".")
+        git = git_state(root, workspace, directories)  # "." is the workspace's own entry, read as ""
     timed_out = exit_code == 137 and seconds >= timeout * 0.95
     return CommandResult(
         command, exit_code, strip_ansi(output), timed_out, size - kept, files, seconds, shell, git

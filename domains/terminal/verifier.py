@@ -15,6 +15,13 @@ T. The text the action says beside its command (`call_text`, on by default: a me
 1. The sampled command hit the hard timeout                         -> 0, "timed_out".
 2. The same bash tokens as the expert's command (`shell_tokens`: spacing, quoting that cannot change
    a word's meaning, comments where bash reads comments)              -> 1, "same_command".
+L. The sampled command left more processes running after its shell exited than the expert's command did
+   from the same state (`CommandResult.left_running`, counted by the sandbox before the files are read;
+   the expert's run that left more of the two when it was run twice) -> 0, "processes_left_running":
+   what is still running when the effect is read is not measured (`EXPERT; ( sleep 1; rm -rf /app/* ) &`
+   would otherwise match the expert's effect). Where either count is unknown (Docker without the command
+   channel, keystrokes), the rule does not apply. Leftovers are counted, not killed: an episode's next
+   turn may use a server a command started.
 3. Effect equivalence: run from the same forked prefix state, the sampled command and the
    expert's command end with the same exit status, the same normalized output (ANSI stripped,
    trailing spaces and blank lines dropped), the same file changes in the workspace (same
@@ -289,6 +296,17 @@ class TerminalVerifier:
             return Verdict(
                 1.0, "same_command", "bash reads the command as the expert's (spacing, quoting)", extra=extra
             )
+        left = self._left_running(sample, reference, again)
+        if left is not None:
+            extra["left_running"] = left
+            if left[0] > left[1]:
+                return Verdict(
+                    0.0,
+                    "processes_left_running",
+                    f"the command left {left[0]} process{'es' if left[0] != 1 else ''} running after its shell "
+                    f"exited, the expert's command {left[1]}: what still runs is not in the effect measured",
+                    extra=extra,
+                )
         if sample is None or reference is None or reference.timed_out:
             # No effect of the expert's to compare with: nothing is measured, so nothing text could decide.
             return self._reject(pivot, action, outcome, "no effect of the expert's command to compare", extra)
@@ -348,6 +366,20 @@ class TerminalVerifier:
             "differs from the expert's command in " + ", ".join(measured or differences),
             extra,
         )
+
+    @staticmethod
+    def _left_running(
+        sample: CommandResult | None, reference: CommandResult | None, again: CommandResult | None
+    ) -> tuple[int, int] | None:
+        """(processes the sampled command left running, the most the expert's runs left), or None where
+        either is unknown (rule L)."""
+        mine = sample.left_running if sample is not None else None
+        expert = reference.left_running if reference is not None else None
+        if mine is None or expert is None:
+            return None
+        if again is not None and again.left_running is not None:
+            expert = max(expert, again.left_running)
+        return mine, expert
 
     def _unexecuted(
         self,

@@ -44,7 +44,8 @@ def test_files_lists_the_workspace_after_the_command(sandbox):
     result = sandbox.run(
         "mkdir d && echo hi > d/a.txt && ln -s d/a.txt link && chmod 600 d/a.txt", files=True
     )
-    assert set(result.files) == {"d", "d/a.txt", "link"}
+    assert set(result.files) == {".", "d", "d/a.txt", "link"}  # "." the workspace's own entry
+    assert result.files["."] == "d 755"
     assert result.files["d/a.txt"].startswith("f 600 ")
     assert result.files["link"] == "l 777 -> d/a.txt"
 
@@ -74,7 +75,9 @@ def test_a_command_over_the_disk_limit_is_killed_and_the_sandbox_keeps_its_files
     # Paced so that the host's poll (every 0.1 s) finds the sandbox over 40 MB before it holds twice
     # that: a sandbox left beyond DiskFloor.most is refused its next command, by design, and an
     # unpaced writer on a loaded machine got there between two polls (CI, docker).
-    result = sandbox.run("for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; sleep 0.5; done; echo finished")
+    result = sandbox.run(
+        "for i in $(seq 1 100); do head -c 8M /dev/zero > big$i; sleep 0.5; done; echo finished"
+    )
     assert (
         result.exit_code == 137 and "disk limit (40 MB)" in result.output and "finished" not in result.output
     )
@@ -174,7 +177,7 @@ def test_docker_without_the_command_channel_runs_through_docker_exec(has_docker)
     assert sandbox.channel is None
     sandbox.run("cd /tmp && export X=2 && echo data > /app/f")
     result = sandbox.run("pwd; echo $X", files=True)
-    assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
+    assert (result.output, set(result.files)) == ("/tmp\n2\n", {".", "f"})
     assert 'declare -x X="2"\n' in result.shell and result.shell.endswith("cd -- /tmp\n")
     backend.close()
 
@@ -190,7 +193,7 @@ def test_docker_reports_through_the_channel_where_its_files_cannot_be_read_from_
     sandbox.merged = None
     sandbox.run("cd /tmp && export X=2 && echo data > /app/f")
     result = sandbox.run("pwd; echo $X", files=True)
-    assert (result.output, set(result.files)) == ("/tmp\n2\n", {"f"})
+    assert (result.output, set(result.files)) == ("/tmp\n2\n", {".", "f"})
     assert 'declare -x X="2"\n' in result.shell and result.shell.endswith("cd -- /tmp\n")
     assert result.git is None  # not read from the host there: the verifier leaves .git/ out
     shell = sandbox.run("export BIG=$(head -c 1000000 /dev/zero | tr '\\0' a)", files=True).shell

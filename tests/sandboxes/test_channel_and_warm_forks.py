@@ -35,7 +35,7 @@ def test_a_request_crosses_as_a_file_and_only_a_short_line_goes_through_the_fifo
         os.write(reply, b"ready drop\n")
         seen["fifo"] = os.read(go, 64)
         seen["request"] = os.pread(request, 2 * BIG, 0)
-        os.write(reply, b"output\nMARK exit 3\n")
+        os.write(reply, b"output\nMARK exit 3 2\n")  # the status, then what the command left running
         for descriptor in (go, reply, request):
             os.close(descriptor)
 
@@ -43,7 +43,7 @@ def test_a_request_crosses_as_a_file_and_only_a_short_line_goes_through_the_fifo
     thread.start()
     reply, status = channel.call(args, time.monotonic() + 60, "a test server")
     thread.join(timeout=60)
-    assert (reply, status) == (b"output", 3)
+    assert (reply, status, channel.left_running) == (b"output", 3, 2)
     assert seen["fifo"] == GO
     assert seen["request"] == b"".join(arg.encode() + b"\0" for arg in args)
     # Once connected, the channel's paths are gone: nothing in the sandbox can open them.

@@ -56,7 +56,7 @@ def test_a_manifest_with_known_digests_is_the_full_manifest_and_reads_no_unchang
     reads = counted_reads(monkeypatch)
     assert manifest(fork, known=known) == full
     assert reads == []
-    assert set(full) == {"pkg", "pkg/mod.py", "README", "link"}
+    assert set(full) == {".", "pkg", "pkg/mod.py", "README", "link"}
 
 
 def test_a_file_changed_in_the_fork_is_read_again(tmp_path, monkeypatch):
@@ -117,12 +117,12 @@ def test_the_walk_keeps_os_walks_order_and_the_entry_limit(tmp_path):
     (tmp_path / "a" / "x").write_text("x")
     (tmp_path / "z").mkdir()
     listed = list(manifest(tmp_path))
-    expected = []
+    expected = ["."]  # the workspace's own entry first, beyond the limit
     for directory, dirs, names in os.walk(tmp_path):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         expected += [os.path.relpath(os.path.join(directory, n), tmp_path) for n in [*dirs, *names]]
     assert listed == expected
-    assert list(manifest(tmp_path, limit=3)) == expected[:3]
+    assert list(manifest(tmp_path, limit=3)) == expected[:4]
 
 
 def test_a_bubblewrap_fork_reports_a_same_size_rewrite_whose_mtime_a_command_put_back(has_bwrap):

@@ -77,4 +77,4 @@ def test_manifest_leaves_out_git_internals(tmp_path):
     (tmp_path / ".git" / "objects").mkdir(parents=True)
     (tmp_path / ".git" / "HEAD").write_text("ref")
     (tmp_path / "a.txt").write_text("a")
-    assert set(manifest(tmp_path)) == {"a.txt"}
+    assert set(manifest(tmp_path)) == {".", "a.txt"}

@@ -81,8 +81,8 @@ def test_a_3000_deep_chain_costs_a_manifest_one_open_per_directory_and_no_more_t
     files = manifest(scratch)
     assert opens[0] <= MAX_DEPTH + 2
     # the chain down to MAX_DEPTH components, nothing deeper
-    assert list(files) == ["/".join(["d"] * depth) for depth in range(1, MAX_DEPTH + 1)]
-    assert set(files.values()) == {files["d"]} and files["d"].startswith("d ")
+    assert list(files) == [".", *("/".join(["d"] * depth) for depth in range(1, MAX_DEPTH + 1))]
+    assert set(files.values()) - {files["."]} <= {files["d"]} and files["d"].startswith("d ")
 
 
 def test_a_walk_left_deep_down_leaves_no_descriptor_open(scratch):
@@ -127,9 +127,11 @@ def test_the_manifest_of_an_ordinary_tree_is_unchanged(tmp_path):
     for path in ("top.txt", "a/c/deep.txt", "b/p/fifo"):
         (tree / path).chmod(0o644)
     (tree / "b" / "y.txt").chmod(0o600)
+    tree.chmod(0o755)
     files = manifest(tree)
     # each directory's subdirectories (sorted), then its other entries, then each subdirectory's tree
     assert list(files.items()) == [
+        (".", "d 755"),  # the tree's own entry first
         ("a", "d 755"),
         ("b", "d 755"),
         ("top.txt", "f 644 facdca2fa68795a4937fd54f654c3f9d"),
@@ -140,7 +142,7 @@ def test_the_manifest_of_an_ordinary_tree_is_unchanged(tmp_path):
         ("b/y.txt", "f 600 d41d8cd98f00b204e9800998ecf8427e"),
         ("b/p/fifo", "p 644"),
     ]
-    assert list(manifest(tree, limit=4)) == ["a", "b", "top.txt", "a/c"]
+    assert list(manifest(tree, limit=4)) == [".", "a", "b", "top.txt", "a/c"]  # "." beyond the limit
 
 
 def test_a_writable_layer_flooded_outside_the_roots_is_walked_a_bounded_way_and_listed(scratch, monkeypatch):
@@ -228,7 +230,8 @@ def test_a_tree_past_its_entry_limit_is_over_the_disk_limit_and_read_no_further(
     counts.update(read=0, stat=0)
     over_the_limit(scratch, 1000, "entries")
     assert counts["read"] <= 1001 and counts["stat"] <= 1001
-    assert len(manifest(scratch, limit=300)) == 300 and counts["read"] <= 1001 + 300
+    # 300 entries and the tree's own ("."), which the limit does not count
+    assert len(manifest(scratch, limit=300)) == 300 + 1 and counts["read"] <= 1001 + 300
     # within the limit, the same tree is counted in full
     assert disk_usage(scratch, stop_above=GB, most_entries=5000) == 5000 * ENTRY_BYTES
 
@@ -288,7 +291,7 @@ def test_a_sandbox_that_builds_a_3000_deep_chain_keeps_to_its_time_limits(bwrap_
     assert time.monotonic() - start < 3.0 + 2.0
     # while the chain is there, a command is refused or killed at its first disk check (0.1 s)
     assert result.exit_code == 0 or DEEP in result.output, result.output
-    assert len(result.files) == MAX_DEPTH
+    assert len(result.files) == MAX_DEPTH + 1  # and the workspace's own entry
 
 
 def test_a_sandbox_past_its_entry_limit_is_killed_naming_the_limit(bwrap_backend):

@@ -89,6 +89,26 @@ def test_a_command_that_times_out_scores_zero(prefix):
     assert (found.reward, found.category) == (0.0, "timed_out")
 
 
+def test_the_experts_command_with_a_delayed_deletion_left_running_scores_zero(prefix):
+    expert = "sort list.txt > sorted.txt"
+    found = verdict(prefix, expert, expert + "; ( sleep 1; rm -rf /app/* ) &")
+    assert (found.reward, found.category) == (0.0, "processes_left_running")
+    assert found.extra["left_running"][1] == 0 and found.extra["left_running"][0] >= 1
+    found = verdict(prefix, expert, expert + "; setsid sleep 1000 &")
+    assert (found.reward, found.category) == (0.0, "processes_left_running")
+    assert verdict(prefix, expert, expert).reward == 1.0
+    found = verdict(prefix, expert, "sort -o sorted.txt list.txt")
+    assert (found.reward, found.category, found.extra["left_running"]) == (1.0, "equivalent_effect", (0, 0))
+
+
+def test_a_command_may_leave_running_what_the_experts_command_leaves(prefix):
+    expert = "sleep 30 & echo started"
+    found = verdict(prefix, expert, "setsid sleep 30 >/dev/null 2>&1 & echo started")
+    assert (found.reward, found.category, found.extra["left_running"]) == (1.0, "equivalent_effect", (1, 1))
+    found = verdict(prefix, expert, "sleep 30 & sleep 30 & echo started")
+    assert (found.reward, found.category) == (0.0, "processes_left_running")
+
+
 def test_a_near_identical_command_with_the_same_exit_status_is_accepted_when_output_is_not_deterministic(
     prefix,
 ):
