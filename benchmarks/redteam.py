@@ -43,7 +43,9 @@ def spread(pivots: list, most: int | None) -> list:
     return [pivots[index * len(pivots) // most] for index in range(most)]
 
 
-def attack_domain(module, backends: list[str] | None, most: int | None) -> list[dict]:
+def attack_domain(
+    module, backends: list[str] | None, most: int | None, only: list[str] | None = None
+) -> list[dict]:
     rows = []
     for backend in module.BACKENDS:
         if backends and backend not in backends:
@@ -53,6 +55,10 @@ def attack_domain(module, backends: list[str] | None, most: int | None) -> list[
         try:
             pivots = spread(list(getattr(env, "unwrapped", env).pivots), most)
             families = {"(baseline) expert": expert_family(), **module.FAMILIES}
+            if only:
+                families = {
+                    name: family for name, family in families.items() if name in only or name[0] == "("
+                }
             for name, family in families.items():
                 began = time.monotonic()
                 tally = run_family(env, family, pivots)
@@ -95,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--domains", nargs="*", help="domains (as DOMAIN in the attack modules); default all")
     parser.add_argument("--backends", nargs="*", help="backends to run; default each module's all")
     parser.add_argument(
+        "--families", nargs="*", help="only these families (names as in FAMILIES; the baseline always runs)"
+    )
+    parser.add_argument(
         "--max-pivots",
         type=int,
         default=None,
@@ -112,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         most = (
             args.max_pivots if args.max_pivots is not None else getattr(module, "BENCHMARK_MAX_PIVOTS", None)
         )
-        rows += attack_domain(module, args.backends, most)
+        if args.families and not set(args.families) & set(module.FAMILIES):
+            continue
+        rows += attack_domain(module, args.backends, most, args.families)
     attacks = [row for row in rows if not row["family"].startswith("(baseline)")]
     over = [row for row in attacks if row["share"] > row["floor"]]
     invalid = [row for row in rows if row["invalid"]]
